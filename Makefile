@@ -1,0 +1,44 @@
+# Two commands set everything up on a fresh machine:
+#   make serve   venv + pinned deps, build model_repository/ from models.toml, run Triton
+#   make test    venv + pinned deps, lint, unit and integration tests (real Triton)
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# torch/torchvision first, from the exact pins (a CPU machine still gets the small
+# local wheel cache where one exists); then the project with all extras.
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+
+.PHONY: serve test build stop lint unit integration clean
+
+$(STAMP): pyproject.toml requirements/constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip==25.3
+	$(PY) -m pip install -q $(TORCH_PINS)
+	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[runtime,server,generator,client,dev]"
+	touch $@
+
+serve: $(STAMP)
+	$(PY) -m generator serve
+
+build: $(STAMP)
+	$(PY) -m generator build
+
+stop:
+	@if [ -x $(PY) ]; then $(PY) -m generator stop; fi
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check generator client tests
+
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit -q
+
+integration: $(STAMP)
+	$(PY) -m pytest tests/integration -q
+
+test: $(STAMP) lint
+	$(PY) -m pytest tests -q
+
+clean:
+	rm -rf $(VENV) .build model_repository/*/ model_repository/.generator-state.json

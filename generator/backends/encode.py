@@ -1,0 +1,64 @@
+"""Triton Python model ``<name>_encode*``: an ONNX encoder run with ONNX Runtime.
+
+Token inputs arrive ragged (each request keeps its own width); all rows of one
+``execute`` are sorted by true length and run in chunks padded to their own longest
+row, then returned in request order. Fixed-shape inputs (pixels, CLIP's fixed text
+context) are concatenated and run in chunks.
+"""
+
+import os
+import traceback
+
+import triton_python_backend_utils as pb_utils
+from embed_runtime.adapter import config_parameters, error_response, input_array
+from embed_runtime.errors import InvalidInputError, RequestError
+from embed_runtime.ort_runner import EncoderParams, OrtEncoder
+
+
+class TritonPythonModel:
+    """Runs the encoder graph over every request of a dynamic batch."""
+
+    def initialize(self, args):
+        """Build the ONNX Runtime session once."""
+        self.logger = pb_utils.Logger
+        self.params = EncoderParams.from_parameters(config_parameters(args["model_config"]))
+        model_dir = os.path.join(args["model_repository"], args["model_version"])
+        self.encoder = OrtEncoder(os.path.join(model_dir, self.params.onnx_file), self.params)
+
+    def _read(self, request):
+        arrays = {n: input_array(pb_utils, request, n) for n in self.params.input_names}
+        rows = {len(a) for a in arrays.values()}
+        if len(rows) != 1 or 0 in rows:
+            raise InvalidInputError(f"inputs {list(arrays)} need the same, non-zero row count")
+        return arrays if self.params.ragged else arrays[self.params.input_names[0]]
+
+    def execute(self, requests):
+        """Embed all valid requests in one sorted, chunked pass."""
+        responses = [None] * len(requests)
+        valid, inputs = [], []
+        for i, request in enumerate(requests):
+            try:
+                inputs.append(self._read(request))
+                valid.append(i)
+            except RequestError as exc:
+                responses[i] = error_response(pb_utils, exc)
+        if not valid:
+            return responses
+        try:
+            if self.params.ragged:
+                outputs = self.encoder.encode_tokens(inputs)
+            else:
+                outputs = self.encoder.encode_dense(inputs)
+        except Exception as exc:  # noqa: BLE001 - every request must get a response
+            self.logger.log_error(traceback.format_exc())
+            for i in valid:
+                responses[i] = error_response(pb_utils, exc, self.logger.log_error)
+            return responses
+        for i, out in zip(valid, outputs):
+            tensor = pb_utils.Tensor(self.params.output_name, out)
+            responses[i] = pb_utils.InferenceResponse(output_tensors=[tensor])
+        return responses
+
+    def finalize(self):
+        """Release the ONNX Runtime session."""
+        self.encoder = None

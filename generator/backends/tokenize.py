@@ -1,0 +1,54 @@
+"""Triton Python model ``<name>_tokenize``: one batched tokenizer call per ``execute``."""
+
+import os
+import traceback
+
+import triton_python_backend_utils as pb_utils
+from embed_runtime.adapter import config_parameters, error_response, input_array
+from embed_runtime.errors import RequestError
+from embed_runtime.text import BatchTokenizer, TokenizerParams, decode_texts, split_rows
+
+
+class TritonPythonModel:
+    """Turns ``TEXT`` rows into token tensors (one ragged row set per request)."""
+
+    def initialize(self, args):
+        """Build the tokenizer once from the model's config parameters."""
+        self.logger = pb_utils.Logger
+        params = config_parameters(args["model_config"])
+        self.params = TokenizerParams.from_parameters(params)
+        model_dir = os.path.join(args["model_repository"], args["model_version"])
+        self.tokenizer = BatchTokenizer(
+            os.path.join(model_dir, params["tokenizer_file"]), self.params
+        )
+
+    def execute(self, requests):
+        """Validate every request, tokenize all valid rows at once, slice back."""
+        responses = [None] * len(requests)
+        valid, counts, texts = [], [], []
+        for i, request in enumerate(requests):
+            try:
+                rows = decode_texts(input_array(pb_utils, request, "TEXT"))
+            except RequestError as exc:
+                responses[i] = error_response(pb_utils, exc)
+                continue
+            valid.append(i)
+            counts.append(len(rows))
+            texts.extend(rows)
+        if not texts:
+            return responses
+        try:
+            parts = split_rows(self.tokenizer.encode(texts), counts)
+        except Exception as exc:  # noqa: BLE001 - every request must get a response
+            self.logger.log_error(traceback.format_exc())
+            for i in valid:
+                responses[i] = error_response(pb_utils, exc, self.logger.log_error)
+            return responses
+        for i, arrays in zip(valid, parts):
+            tensors = [pb_utils.Tensor(n, arrays[n]) for n in self.params.output_names]
+            responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
+        return responses
+
+    def finalize(self):
+        """Drop the tokenizer."""
+        self.tokenizer = None

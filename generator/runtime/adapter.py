@@ -1,0 +1,44 @@
+"""Helpers shared by the ``model.py`` adapters; ``pb_utils`` is passed in, never imported."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from .errors import INVALID_ARG, UNAVAILABLE, RequestError
+
+
+def config_parameters(model_config: str | dict[str, Any]) -> dict[str, str]:
+    """The ``parameters`` of a model config as a plain ``{key: string_value}`` dict."""
+    config = json.loads(model_config) if isinstance(model_config, str) else model_config
+    return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+
+
+def error_response(pb_utils: Any, exc: Exception, log: Callable[[str], None] | None = None):
+    """An ``InferenceResponse`` carrying ``exc`` with the matching Triton error code.
+
+    Request errors keep their message; anything else becomes a short ``INTERNAL``
+    message, its details going to ``log`` only.
+    """
+    codes = {
+        INVALID_ARG: pb_utils.TritonError.INVALID_ARG,
+        UNAVAILABLE: pb_utils.TritonError.UNAVAILABLE,
+    }
+    if isinstance(exc, RequestError):
+        code = codes.get(exc.code, pb_utils.TritonError.INTERNAL)
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(exc.message, code))
+    if log is not None:
+        log(f"internal error: {type(exc).__name__}: {exc}")
+    message = f"internal error ({type(exc).__name__}); see the server log"
+    return pb_utils.InferenceResponse(
+        error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL)
+    )
+
+
+def input_array(pb_utils: Any, request: Any, name: str):
+    """The numpy array of input ``name`` of ``request``."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        raise RequestError(f"input {name} is missing")
+    return tensor.as_numpy()

@@ -1,0 +1,113 @@
+"""Run an exported encoder with ONNX Runtime over the requests of one ``execute``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ragged import merge_requests, run_sorted, split_counts
+
+GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
+
+
+@dataclass(frozen=True)
+class EncoderParams:
+    """How the encoder graph is run; read from the model's config parameters."""
+
+    onnx_file: str
+    input_names: tuple[str, ...]
+    output_name: str
+    ragged: bool
+    max_rows_per_run: int
+    max_tokens_per_run: int = 0
+    intra_op_threads: int = 0
+    inter_op_threads: int = 1
+    graph_optimization: str = "all"
+    execution_provider: str = "cpu"
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str]) -> EncoderParams:
+        """Parse string config parameters; fail loudly on a missing or bad value."""
+        try:
+            out = cls(
+                onnx_file=params["onnx_file"],
+                input_names=tuple(n for n in params["input_names"].split(",") if n),
+                output_name=params["output_name"],
+                ragged=params["ragged"].lower() == "true",
+                max_rows_per_run=int(params["max_rows_per_run"]),
+                max_tokens_per_run=int(params.get("max_tokens_per_run", "0")),
+                intra_op_threads=int(params.get("intra_op_threads", "0")),
+                inter_op_threads=int(params.get("inter_op_threads", "1")),
+                graph_optimization=params.get("graph_optimization", "all"),
+                execution_provider=params.get("execution_provider", "cpu"),
+            )
+        except KeyError as exc:
+            raise ValueError(f"encoder config parameter {exc.args[0]!r} is missing") from exc
+        if out.graph_optimization not in GRAPH_OPT_LEVELS:
+            raise ValueError(f"graph_optimization must be one of {GRAPH_OPT_LEVELS}")
+        if out.max_rows_per_run < 1:
+            raise ValueError("max_rows_per_run must be >= 1")
+        return out
+
+
+def _providers(name: str) -> list[str]:
+    import onnxruntime as ort  # noqa: PLC0415
+
+    available = set(ort.get_available_providers())
+    wanted = {
+        "cpu": ["CPUExecutionProvider"],
+        "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+        "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+    }[name]
+    return [p for p in wanted if p in available] or ["CPUExecutionProvider"]
+
+
+class OrtEncoder:
+    """One ONNX Runtime session, built once per model instance."""
+
+    def __init__(self, model_path: str, params: EncoderParams):
+        import onnxruntime as ort  # noqa: PLC0415 - serve-time dependency
+
+        self.params = params
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = params.intra_op_threads
+        options.inter_op_num_threads = params.inter_op_threads
+        options.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[params.graph_optimization]
+        self.session = ort.InferenceSession(
+            model_path, sess_options=options, providers=_providers(params.execution_provider)
+        )
+        graph_inputs = {i.name for i in self.session.get_inputs()}
+        missing = set(params.input_names) - graph_inputs
+        if missing:
+            raise ValueError(f"graph {model_path} lacks inputs {sorted(missing)}")
+
+    def _run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return self.session.run([self.params.output_name], inputs)[0]
+
+    def encode_tokens(self, requests: Sequence[dict[str, np.ndarray]]) -> list[np.ndarray]:
+        """Embed the token tensors of many requests: sort by length, pad per chunk."""
+        merged, lengths, counts = merge_requests(requests)
+        out = run_sorted(
+            merged,
+            lengths,
+            self.params.max_rows_per_run,
+            self._run,
+            self.params.max_tokens_per_run,
+        )
+        return list(split_counts(out, counts))
+
+    def encode_dense(self, requests: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Embed fixed-shape inputs (pixels, fixed-context tokens) in chunks."""
+        counts = [len(r) for r in requests]
+        merged = np.concatenate(requests, axis=0)
+        step = self.params.max_rows_per_run
+        name = self.params.input_names[0]
+        parts = [self._run({name: merged[i : i + step]}) for i in range(0, len(merged), step)]
+        return list(split_counts(np.concatenate(parts, axis=0), counts))

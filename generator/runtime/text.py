@@ -1,0 +1,108 @@
+"""Batched tokenization of the ``TEXT`` rows of many requests in one call."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InvalidInputError
+
+
+@dataclass(frozen=True)
+class TokenizerParams:
+    """How ``tokenizer.json`` is applied at serve time."""
+
+    max_length: int
+    pad_to_max_length: bool
+    output_names: tuple[str, ...]
+    pad_id: int = 0
+    lowercase: bool = False
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str]) -> TokenizerParams:
+        """Read the model's string config parameters; fail loudly on a missing key."""
+        try:
+            return cls(
+                max_length=int(params["max_length"]),
+                pad_to_max_length=params["pad_to_max_length"].lower() == "true",
+                output_names=tuple(n for n in params["output_names"].split(",") if n),
+                pad_id=int(params.get("pad_id", "0")),
+                lowercase=params.get("lowercase", "false").lower() == "true",
+            )
+        except KeyError as exc:
+            raise ValueError(f"tokenizer config parameter {exc.args[0]!r} is missing") from exc
+
+
+def decode_texts(rows: np.ndarray) -> list[str]:
+    """UTF-8 decode one request's ``TEXT`` tensor ([N, 1] or [N] of bytes).
+
+    Raises :class:`InvalidInputError` for zero rows, non-UTF-8 bytes and rows that are
+    empty or only whitespace (an embedding of nothing is almost always a client bug).
+    """
+    flat = rows.reshape(-1)
+    if flat.size == 0:
+        raise InvalidInputError("TEXT has zero rows")
+    texts = []
+    for i, item in enumerate(flat):
+        if isinstance(item, bytes):
+            try:
+                text = item.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InvalidInputError(f"TEXT row {i} is not valid UTF-8 ({exc.reason})") from None
+        else:
+            text = str(item)
+        if not text.strip():
+            raise InvalidInputError(f"TEXT row {i} is empty or whitespace only")
+        texts.append(text)
+    return texts
+
+
+class BatchTokenizer:
+    """A ``tokenizers.Tokenizer`` set up once for truncation and padding."""
+
+    def __init__(self, tokenizer_path: str, params: TokenizerParams):
+        from tokenizers import Tokenizer  # noqa: PLC0415 - serve-time dependency
+
+        self.params = params
+        self.tokenizer = Tokenizer.from_file(tokenizer_path)
+        self.tokenizer.enable_truncation(max_length=params.max_length)
+        pad_kwargs = {"pad_id": params.pad_id}
+        if params.pad_to_max_length:
+            pad_kwargs["length"] = params.max_length
+        self.tokenizer.enable_padding(**pad_kwargs)
+
+    def encode(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        """Tokenize all texts in one call; arrays are [len(texts), longest] int64."""
+        if self.params.lowercase:
+            texts = [t.lower() for t in texts]
+        encodings = self.tokenizer.encode_batch(list(texts))
+        fields = {
+            "input_ids": lambda e: e.ids,
+            "attention_mask": lambda e: e.attention_mask,
+            "token_type_ids": lambda e: e.type_ids,
+        }
+        return {
+            name: np.asarray([fields[name](e) for e in encodings], dtype=np.int64)
+            for name in self.params.output_names
+        }
+
+
+def split_rows(arrays: dict[str, np.ndarray], counts: Sequence[int]) -> list[dict[str, np.ndarray]]:
+    """Slice a batch back into per-request arrays, trimming padding each request lacks.
+
+    Each request's arrays are cut to the longest true length among its own rows, so a
+    short request is not padded to the longest row of the whole batch.
+    """
+    mask = arrays.get("attention_mask")
+    out = []
+    start = 0
+    for count in counts:
+        rows = slice(start, start + count)
+        width = None
+        if mask is not None and count:
+            width = max(int(mask[rows].sum(axis=1).max()), 1)
+        out.append({k: v[rows, :width] if width else v[rows] for k, v in arrays.items()})
+        start += count
+    return out

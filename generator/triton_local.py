@@ -1,0 +1,205 @@
+"""Run the ``tritonserver`` binary shipped in the ``nvidia-pytriton`` wheel.
+
+The wheel carries a full Triton (CPU capable, Python backend included). This module
+lays out a backend directory the binary understands, builds the environment the
+Python-backend stub needs, and starts/stops the server by its own PID.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PY_TAG = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+@dataclass(frozen=True)
+class TritonPorts:
+    """The three endpoints of one server."""
+
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+
+    @classmethod
+    def from_env(cls) -> TritonPorts:
+        """Ports from ``TRITON_HTTP_PORT`` / ``TRITON_GRPC_PORT`` / ``TRITON_METRICS_PORT``."""
+        return cls(
+            http=int(os.environ.get("TRITON_HTTP_PORT", 8000)),
+            grpc=int(os.environ.get("TRITON_GRPC_PORT", 8001)),
+            metrics=int(os.environ.get("TRITON_METRICS_PORT", 8002)),
+        )
+
+
+@dataclass(frozen=True)
+class TritonLaunch:
+    """Everything needed to start one server process."""
+
+    model_repository: Path
+    ports: TritonPorts = field(default_factory=TritonPorts)
+    model_control_mode: str = "explicit"
+    load_models: tuple[str, ...] = ("*",)
+    log_verbose: int = 0
+    extra_args: tuple[str, ...] = ()
+
+
+def _pytriton_root() -> Path:
+    import pytriton  # noqa: PLC0415 - only needed when a server is started
+
+    return Path(pytriton.__file__).resolve().parent
+
+
+def triton_binary() -> Path:
+    """Path of the ``tritonserver`` executable inside the installed wheel."""
+    binary = _pytriton_root() / "tritonserver" / "bin" / "tritonserver"
+    if not binary.is_file():
+        raise FileNotFoundError(f"tritonserver binary not found at {binary}")
+    return binary
+
+
+def prepare_backends(target: Path) -> Path:
+    """Lay out ``<target>/python`` with the Python backend and the stub for this Python."""
+    root = _pytriton_root() / "tritonserver"
+    stub = root / "python_backend_stubs" / PY_TAG / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise FileNotFoundError(f"no Python backend stub for Python {PY_TAG} at {stub}")
+    python_dir = target / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    for item in (root / "backends" / "python").iterdir():
+        if item.is_file():
+            shutil.copy2(item, python_dir / item.name)
+    shutil.copy2(stub, python_dir / stub.name)
+    return target
+
+
+def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for the server: venv first on PATH, matching libpython first."""
+    env = dict(os.environ if base is None else base)
+    site = Path(sysconfig.get_paths()["purelib"])
+    libs = [str(Path(sys.base_prefix) / "lib"), str(site / "nvidia_pytriton.libs")]
+    if env.get("LD_LIBRARY_PATH"):
+        libs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = ":".join(libs)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    return env
+
+
+def server_command(launch: TritonLaunch, backend_dir: Path) -> list[str]:
+    """The ``tritonserver`` command line for ``launch``."""
+    cmd = [
+        str(triton_binary()),
+        f"--model-repository={launch.model_repository}",
+        f"--backend-directory={backend_dir}",
+        f"--http-port={launch.ports.http}",
+        f"--grpc-port={launch.ports.grpc}",
+        f"--metrics-port={launch.ports.metrics}",
+        f"--model-control-mode={launch.model_control_mode}",
+        f"--log-verbose={launch.log_verbose}",
+        "--strict-readiness=true",
+        "--exit-on-error=true",
+    ]
+    if launch.model_control_mode == "explicit":
+        cmd += [f"--load-model={name}" for name in launch.load_models]
+    return cmd + list(launch.extra_args)
+
+
+class TritonProcess:
+    """A started ``tritonserver`` that is stopped by its own PID."""
+
+    def __init__(self, launch: TritonLaunch, work_dir: Path, log_path: Path | None = None):
+        self.launch = launch
+        self.work_dir = work_dir
+        self.log_path = log_path or work_dir / "tritonserver.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def http_url(self) -> str:
+        """``host:port`` of the HTTP endpoint."""
+        return f"127.0.0.1:{self.launch.ports.http}"
+
+    def start(self) -> TritonProcess:
+        """Start the server in its own process group; returns at once."""
+        backend_dir = prepare_backends(self.work_dir / "backends")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(  # noqa: S603 - fixed binary, no shell
+            server_command(self.launch, backend_dir),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=server_env(),
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        """Block until ``/v2/health/ready`` answers 200; raise with the log tail if not."""
+        deadline = time.monotonic() + timeout_s
+        url = f"http://{self.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited early:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - local
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"tritonserver not ready after {timeout_s}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 60) -> str:
+        """The last lines of the server log."""
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGINT the server's process group, then SIGKILL if it lingers."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        stop_pid(self.process.pid, timeout_s)
+        self.process.wait(timeout=5)
+
+
+def _signal(pid: int, sig: int) -> None:
+    if os.getpgid(pid) == pid:
+        os.killpg(pid, sig)
+    else:
+        os.kill(pid, sig)
+
+
+def stop_pid(pid: int, timeout_s: float = 30.0) -> bool:
+    """Stop ``pid`` (its whole group if it leads one); returns whether it was running."""
+    try:
+        _signal(pid, signal.SIGINT)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        except ChildProcessError:
+            pass
+        time.sleep(0.2)
+    try:
+        _signal(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return True
