@@ -1,0 +1,1 @@
+"""Build a Triton model repository for embedding models: export, validate, render."""

@@ -54,7 +54,7 @@ class TritonPythonModel:
             for i in valid:
                 responses[i] = error_response(pb_utils, exc, self.logger.log_error)
             return responses
-        for i, out in zip(valid, outputs):
+        for i, out in zip(valid, outputs, strict=True):
             tensor = pb_utils.Tensor(self.params.output_name, out)
             responses[i] = pb_utils.InferenceResponse(output_tensors=[tensor])
         return responses

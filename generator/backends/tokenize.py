@@ -44,7 +44,7 @@ class TritonPythonModel:
             for i in valid:
                 responses[i] = error_response(pb_utils, exc, self.logger.log_error)
             return responses
-        for i, arrays in zip(valid, parts):
+        for i, arrays in zip(valid, parts, strict=True):
             tensors = [pb_utils.Tensor(n, arrays[n]) for n in self.params.output_names]
             responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
         return responses

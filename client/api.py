@@ -1,0 +1,210 @@
+"""``EmbeddingClient``: a thin typed client over tritonclient (HTTP or gRPC).
+
+Example::
+
+    with EmbeddingClient("localhost:8000") as client:
+        vectors = client.embed_texts("all-MiniLM-L6-v2", ["a sentence", "another"])
+        images = client.embed_images("clip-vit-b-32", ["cat.jpg", "https://host/dog.png"])
+        clip_text = client.embed_texts("clip-vit-b-32_text", ["a photo of a cat"])
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+from tritonclient.utils import InferenceServerException
+
+from .errors import EmbeddingClientError
+from .payload import (
+    ImageItem,
+    bytes_tensor,
+    encode_texts,
+    image_target,
+    reassemble,
+    route_images,
+    split_batches,
+)
+from .records import (
+    ModelInfo,
+    ModelStats,
+    parse_repository_index,
+    summarize_statistics,
+    unwrap_model_config,
+)
+
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
+TEXT_INPUT = "TEXT"
+OUTPUT = "EMBEDDING"
+DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
+
+
+def default_url(protocol: str) -> str:
+    """Return ``localhost`` with Triton's default port for ``protocol``."""
+    return f"localhost:{DEFAULT_PORTS[protocol]}"
+
+
+class EmbeddingClient:
+    """Embed texts and images with models served by Triton; query server state.
+
+    Every failure (Triton error, unreachable server, unreadable local file, bad input)
+    raises :class:`EmbeddingClientError`. Embedding methods return float32 ``[N, D]``
+    arrays in input order; an empty input list returns an empty ``(0, 0)`` array without
+    calling the server. Inputs are split into requests of at most the model's
+    ``max_batch_size`` items (read once per model from its config) and about
+    ``max_request_bytes`` bytes (Triton caps HTTP bodies at 64 MB by default), so any
+    number of inputs can be passed. Not thread-safe: use one client per thread.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        protocol: str = "http",
+        timeout_s: float = 60.0,
+        *,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    ):
+        """Connect lazily to Triton at ``url`` (``host:port``, no scheme).
+
+        ``url`` defaults to ``localhost:8000`` for HTTP and ``localhost:8001`` for gRPC.
+        ``timeout_s`` bounds each call (HTTP: connection and network timeouts; gRPC:
+        the deadline of each call).
+        """
+        if protocol not in DEFAULT_PORTS:
+            raise EmbeddingClientError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
+        self.url = url or default_url(protocol)
+        if "://" in self.url:
+            raise EmbeddingClientError(f"url must be host:port without a scheme, got {self.url!r}")
+        self.protocol = protocol
+        self.timeout_s = timeout_s
+        self.max_request_bytes = max_request_bytes
+        self._max_batch: dict[str, int] = {}
+        self._closed = False
+        self._tc = importlib.import_module(f"tritonclient.{protocol}")
+        with self._errors():
+            if protocol == "http":
+                self._client = self._tc.InferenceServerClient(
+                    self.url, connection_timeout=timeout_s, network_timeout=timeout_s
+                )
+                self._call: dict[str, Any] = {}
+                self._json: dict[str, Any] = {}
+            else:
+                self._client = self._tc.InferenceServerClient(self.url)
+                self._call = {"client_timeout": timeout_s}
+                self._json = {"as_json": True}
+
+    def __enter__(self) -> EmbeddingClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the underlying connection; safe to call more than once."""
+        if not self._closed:
+            self._closed = True
+            self._client.close()
+
+    @contextmanager
+    def _errors(self, model: str | None = None) -> Iterator[None]:
+        try:
+            yield
+        except InferenceServerException as exc:
+            message = exc.message() or str(exc)
+            raise EmbeddingClientError(message, status=exc.status(), model=model) from exc
+        except OSError as exc:
+            raise EmbeddingClientError(
+                f"cannot reach Triton at {self.url} ({self.protocol}): {exc}", model=model
+            ) from exc
+
+    def embed_texts(self, model: str, texts: Sequence[str]) -> np.ndarray:
+        """Embed ``texts`` with the text ensemble ``model`` (CLIP: ``<name>_text``)."""
+        return self._embed(model, TEXT_INPUT, encode_texts(texts))
+
+    def embed_images(self, model: str, images: Sequence[ImageItem]) -> np.ndarray:
+        """Embed images with the CLIP model ``model``.
+
+        Each item is encoded image ``bytes`` (sent to ``<model>_image``), an http(s) URL
+        or ``data:`` URI string (sent to ``<model>_image_url``, fetched by the server), or
+        a local path (``str`` / ``PathLike``, read here and sent as bytes). A mixed list
+        is split between the two ensembles; rows come back in input order. A ``model``
+        ending in ``_image`` or ``_image_url`` names the ensemble directly.
+        """
+        base, forced = image_target(model)
+        groups = route_images(images, forced)
+        parts = [
+            (group.indices, self._embed(f"{base}_{group.kind}", group.input_name, group.payloads))
+            for group in groups
+        ]
+        return reassemble(len(images), parts)
+
+    def _embed(self, model: str, input_name: str, items: list[bytes]) -> np.ndarray:
+        if not items:
+            return np.zeros((0, 0), dtype=np.float32)
+        sizes = [len(item) for item in items]
+        slices = split_batches(sizes, self._max_batch_size(model), self.max_request_bytes)
+        chunks = [self._infer(model, input_name, items[s]) for s in slices]
+        return np.concatenate(chunks, axis=0)
+
+    def _infer(self, model: str, input_name: str, items: list[bytes]) -> np.ndarray:
+        data = bytes_tensor(items)
+        infer_input = self._tc.InferInput(input_name, list(data.shape), "BYTES")
+        with self._errors(model):
+            infer_input.set_data_from_numpy(data)
+            result = self._client.infer(
+                model, [infer_input], outputs=[self._tc.InferRequestedOutput(OUTPUT)], **self._call
+            )
+        embedding = result.as_numpy(OUTPUT)
+        if embedding is None or embedding.ndim != 2 or embedding.shape[0] != len(items):
+            shape = None if embedding is None else embedding.shape
+            raise EmbeddingClientError(
+                f"expected {OUTPUT} of shape [{len(items)}, D], got {shape}", model=model
+            )
+        return embedding.astype(np.float32, copy=False)
+
+    def _max_batch_size(self, model: str) -> int:
+        if model not in self._max_batch:
+            self._max_batch[model] = int(self.model_config(model).get("max_batch_size", 0))
+        return self._max_batch[model]
+
+    def is_server_ready(self) -> bool:
+        """Whether the server is ready; ``False`` also when it cannot be reached."""
+        try:
+            with self._errors():
+                return bool(self._client.is_server_ready(**self._call))
+        except EmbeddingClientError:
+            return False
+
+    def is_model_ready(self, model: str) -> bool:
+        """Whether ``model`` is loaded and ready; ``False`` if unknown or unreachable."""
+        try:
+            with self._errors(model):
+                return bool(self._client.is_model_ready(model, **self._call))
+        except EmbeddingClientError:
+            return False
+
+    def list_models(self) -> list[ModelInfo]:
+        """List the repository index: every model Triton knows, loaded or not."""
+        with self._errors():
+            index = self._client.get_model_repository_index(**self._json, **self._call)
+        return parse_repository_index(index)
+
+    def model_statistics(self, model: str | None = None) -> list[ModelStats]:
+        """Summarise Triton's statistics for ``model`` (all models if ``None``)."""
+        with self._errors(model):
+            stats = self._client.get_inference_statistics(model or "", **self._json, **self._call)
+        return summarize_statistics(stats)
+
+    def model_config(self, model: str) -> dict[str, Any]:
+        """Return ``model``'s config as JSON (gRPC renders 64-bit ints as strings)."""
+        with self._errors(model):
+            config = self._client.get_model_config(model, **self._json, **self._call)
+        return unwrap_model_config(config)
+
+    def server_metadata(self) -> dict[str, Any]:
+        """Return the server metadata (``name``, ``version``, ``extensions``)."""
+        with self._errors():
+            return dict(self._client.get_server_metadata(**self._json, **self._call))

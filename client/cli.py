@@ -1,0 +1,187 @@
+"""Command line over :class:`EmbeddingClient`.
+
+    python -m client embed --model all-MiniLM-L6-v2 "some text" "more text"
+    python -m client embed --model clip-vit-b-32 --image cat.jpg --image https://host/dog.png
+    python -m client embed --model clip-vit-b-32_text "a photo of a cat" --format npy --out t.npy
+    python -m client models
+    python -m client stats [--model M] [--json]
+    python -m client ready [--model M]
+
+Global options (before or after the command): ``--url`` (default: ``$TRITON_URL``, else
+localhost:8000, or localhost:8001 with ``--protocol grpc``), ``--protocol``, ``--timeout``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TextIO
+
+import numpy as np
+
+from .api import EmbeddingClient, default_url
+from .errors import EmbeddingClientError
+from .records import ModelInfo, ModelStats
+
+URL_ENV = "TRITON_URL"
+
+
+def _add_global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument(
+        "--url", default=default(None), help=f"host:port (default: ${URL_ENV} or localhost)"
+    )
+    parser.add_argument("--protocol", choices=["http", "grpc"], default=default("http"))
+    parser.add_argument(
+        "--timeout", type=float, default=default(60.0), help="seconds per call (default 60)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser (global options are accepted before or after the command)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m client", description="Embed with, and inspect, a Triton server."
+    )
+    _add_global_options(parser, suppress=False)
+    common = argparse.ArgumentParser(add_help=False)
+    _add_global_options(common, suppress=True)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    embed = sub.add_parser("embed", parents=[common], help="print embeddings")
+    embed.add_argument("--model", required=True, help="text model, <clip>_text, or <clip>")
+    embed.add_argument("texts", nargs="*", metavar="TEXT", help="texts to embed")
+    embed.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        dest="images",
+        metavar="PATH_OR_URL",
+        help="image file or http(s)/data: URL (repeatable; --model is the CLIP name)",
+    )
+    embed.add_argument("--format", choices=["json", "npy"], default="json")
+    embed.add_argument("--out", help="write here instead of stdout (required for npy)")
+
+    sub.add_parser("models", parents=[common], help="list the model repository")
+    stats = sub.add_parser("stats", parents=[common], help="summarise inference statistics")
+    stats.add_argument("--model", help="one model (default: all)")
+    stats.add_argument("--json", action="store_true", help="one JSON object per line")
+    ready = sub.add_parser("ready", parents=[common], help="exit 0 if ready, 1 if not")
+    ready.add_argument("--model", help="check this model instead of the server")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and check ``argv``; exits with a usage error on bad combinations."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "embed":
+        if bool(args.texts) == bool(args.images):
+            parser.error("embed: give either texts or --image, not both or neither")
+        if args.format == "npy" and not args.out:
+            parser.error("embed: --format npy needs --out")
+    return args
+
+
+def resolve_url(url: str | None, protocol: str, environ: Mapping[str, str]) -> str:
+    """Pick the server address: ``--url``, else ``$TRITON_URL``, else the protocol default."""
+    return url or environ.get(URL_ENV) or default_url(protocol)
+
+
+def format_models(models: Sequence[ModelInfo]) -> str:
+    """Render the repository index as an aligned table."""
+    rows = [("NAME", "VERSION", "STATE", "REASON")]
+    rows += [(m.name, m.version, m.state, m.reason) for m in models]
+    return _table(rows)
+
+
+def format_stats(stats: Sequence[ModelStats]) -> str:
+    """Render statistics summaries as an aligned table (times in ms)."""
+    rows = [tuple("MODEL VER INFER EXEC OK FAIL REQ QUEUE INPUT COMPUTE OUTPUT BATCHES".split())]
+    for s in stats:
+        batches = " ".join(f"{size}:{count}" for size, count in s.batch_sizes.items())
+        rows.append(
+            (
+                s.name,
+                s.version,
+                str(s.inference_count),
+                str(s.execution_count),
+                str(s.success_count),
+                str(s.fail_count),
+                f"{s.avg_request_ms:.2f}",
+                f"{s.avg_queue_ms:.2f}",
+                f"{s.avg_compute_input_ms:.2f}",
+                f"{s.avg_compute_infer_ms:.2f}",
+                f"{s.avg_compute_output_ms:.2f}",
+                batches or "-",
+            )
+        )
+    return _table(rows)
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _write_json_lines(inputs: Sequence[str], vectors: np.ndarray, stream: TextIO) -> None:
+    for item, vector in zip(inputs, vectors, strict=True):
+        stream.write(json.dumps({"input": item, "embedding": vector.tolist()}) + "\n")
+
+
+def _cmd_embed(client: EmbeddingClient, args: argparse.Namespace) -> int:
+    if args.images:
+        inputs, vectors = args.images, client.embed_images(args.model, args.images)
+    else:
+        inputs, vectors = args.texts, client.embed_texts(args.model, args.texts)
+    if args.format == "npy":
+        np.save(args.out, vectors)
+        print(f"wrote {vectors.shape[0]}x{vectors.shape[1]} float32 to {args.out}", file=sys.stderr)
+    elif args.out:
+        with open(args.out, "w", encoding="utf-8") as stream:
+            _write_json_lines(inputs, vectors, stream)
+    else:
+        _write_json_lines(inputs, vectors, sys.stdout)
+    return 0
+
+
+def _cmd_stats(client: EmbeddingClient, args: argparse.Namespace) -> int:
+    stats = client.model_statistics(args.model)
+    if args.json:
+        for s in stats:
+            print(json.dumps(dataclasses.asdict(s)))
+    else:
+        print(format_stats(stats))
+    return 0
+
+
+def _cmd_ready(client: EmbeddingClient, args: argparse.Namespace) -> int:
+    ok = client.is_model_ready(args.model) if args.model else client.is_server_ready()
+    subject = f"model {args.model}" if args.model else f"server {client.url}"
+    print(f"{subject}: {'ready' if ok else 'not ready'}")
+    return 0 if ok else 1
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Run the CLI; return the exit code (1 with Triton's message on stderr on error)."""
+    args = parse_args(argv)
+    url = resolve_url(args.url, args.protocol, os.environ if environ is None else environ)
+    try:
+        with EmbeddingClient(url, args.protocol, args.timeout) as client:
+            if args.command == "embed":
+                return _cmd_embed(client, args)
+            if args.command == "models":
+                print(format_models(client.list_models()))
+                return 0
+            if args.command == "stats":
+                return _cmd_stats(client, args)
+            return _cmd_ready(client, args)
+    except EmbeddingClientError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
