@@ -1,11 +1,11 @@
 """Command line: build the repository, add/remove a model, list, serve, stop.
 
-    python -m generator build                 # every entry of models.toml (skips unchanged)
-    python -m generator add NAME --family sentence-transformers --source ID_OR_DIR
-    python -m generator remove NAME
-    python -m generator list
-    python -m generator serve                 # build, then exec tritonserver (foreground)
-    python -m generator stop
+python -m generator build                 # every entry of models.toml (skips unchanged)
+python -m generator add NAME --family sentence-transformers --source ID_OR_DIR
+python -m generator remove NAME
+python -m generator list
+python -m generator serve                 # build, then exec tritonserver (foreground)
+python -m generator stop
 """
 
 from __future__ import annotations
@@ -18,8 +18,14 @@ from pathlib import Path
 from .build import RepositoryWriter, build_repository, entry_fingerprint, remove_entry
 from .manifest import ManifestError, load_manifest
 from .manifest_edit import append_entry, remove_entry_text
-from .triton_local import TritonLaunch, TritonPorts, prepare_backends, server_command, server_env
-from .triton_local import stop_pid
+from .triton_local import (
+    TritonLaunch,
+    TritonPorts,
+    prepare_backends,
+    server_command,
+    server_env,
+    stop_pid,
+)
 
 DEFAULT_MANIFEST = Path(os.environ.get("EMBED_MANIFEST", "models.toml"))
 DEFAULT_REPO = Path(os.environ.get("EMBED_MODEL_REPOSITORY", "model_repository"))
@@ -111,8 +117,11 @@ def _cmd_serve(args) -> int:
     cmd = server_command(launch, backends)
     args.pid_file.parent.mkdir(parents=True, exist_ok=True)
     args.pid_file.write_text(str(os.getpid()))
-    print(f"starting tritonserver: HTTP {launch.ports.http}, gRPC {launch.ports.grpc}, "
-          f"metrics {launch.ports.metrics}; models: {', '.join(names)}", flush=True)
+    print(
+        f"starting tritonserver: HTTP {launch.ports.http}, gRPC {launch.ports.grpc}, "
+        f"metrics {launch.ports.metrics}; models: {', '.join(names)}",
+        flush=True,
+    )
     os.execve(cmd[0], cmd, server_env())
     return 1
 

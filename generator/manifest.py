@@ -145,7 +145,9 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
         return None
     before = len(errors)
     for key, value in raw.items():
-        _check_type(where, key, value, _OPTIONAL_SAMPLES.get(key, _ENTRY_FIELDS[key].default), errors)
+        _check_type(
+            where, key, value, _OPTIONAL_SAMPLES.get(key, _ENTRY_FIELDS[key].default), errors
+        )
     if len(errors) > before:
         return None
     entry = ModelEntry(**raw)

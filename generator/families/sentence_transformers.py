@@ -18,8 +18,9 @@ import numpy as np
 from ..build_types import ModelDir
 from ..manifest import Manifest, ModelEntry, resolve_path
 from ..onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
-from ..render import Batching, Instances, IOSpec, Step, ensemble, onnxruntime_model, python_model
+from ..render import IOSpec
 from ..runtime.text import BatchTokenizer, TokenizerParams
+from .common import chain_dir, encoder_dir, tokenize_dir
 
 VALIDATION_TEXTS = (
     "A man is eating food.",
@@ -130,7 +131,7 @@ def _check_tokenizer(model, path: Path, params: TokenizerParams) -> list[str]:
     runtime = BatchTokenizer(str(path), params)
     failures = []
     for text in VALIDATION_TEXTS:
-        want = model.tokenize([text])["input_ids"][0].tolist()
+        want = model.preprocess([text])["input_ids"][0].tolist()
         got = runtime.encode([text])["input_ids"][0].tolist()
         if want != got:
             failures.append(f"tokenizer differs from sentence-transformers on {text[:40]!r}")
@@ -150,101 +151,27 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     if failures:
         raise RuntimeError(f"{entry.name}: tokenizer parity failed:\n  " + "\n  ".join(failures))
 
-    dim = int(model.get_sentence_embedding_dimension())
+    dim = int(model.get_embedding_dimension())
     spec = _graph_spec(input_names, dim)
     encoder = _encoder_module(model, input_names, entry.normalize)
     onnx_path = work / "model.onnx"
-    sample = model.tokenize(list(VALIDATION_TEXTS[:3]))
+    sample = model.preprocess(list(VALIDATION_TEXTS[:3]))
     export_module(encoder, spec, {n: sample[n] for n in input_names}, onnx_path)
     cases = []
     for batch in (VALIDATION_TEXTS[:1], VALIDATION_TEXTS[1:5], VALIDATION_TEXTS):
-        enc = model.tokenize(list(batch))
+        enc = model.preprocess(list(batch))
         cases.append({n: enc[n].numpy().astype(np.int64) for n in input_names})
     validate_graph(onnx_path, spec, encoder, cases)
 
+    tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
     return [
-        _tokenize_dir(entry, tokenizer_json, tok_params, input_names),
-        _encode_dir(entry, onnx_path, spec),
-        _ensemble_dir(entry, input_names, dim),
+        tokenize_dir(entry, tokenize, tokenizer_json, tok_params, -1),
+        encoder_dir(entry, encode, onnx_path, spec, ragged=True),
+        chain_dir(
+            entry,
+            entry.name,
+            IOSpec("TEXT", "TYPE_STRING", (1,)),
+            dim,
+            [(tokenize, ["TEXT"], input_names), (encode, input_names, ["EMBEDDING"])],
+        ),
     ]
-
-
-def _tokenize_dir(
-    entry: ModelEntry, tokenizer_json: Path, params: TokenizerParams, input_names: list[str]
-) -> ModelDir:
-    name = f"{entry.name}_tokenize"
-    config = python_model(
-        name,
-        entry.max_batch_size,
-        [IOSpec("TEXT", "TYPE_STRING", (1,))],
-        [IOSpec(n, "TYPE_INT64", (-1,)) for n in input_names],
-        {
-            "max_length": str(params.max_length),
-            "pad_to_max_length": "false",
-            "pad_id": str(params.pad_id),
-            "output_names": ",".join(input_names),
-            "tokenizer_file": "tokenizer.json",
-            "lowercase": str(params.lowercase).lower(),
-        },
-        Batching(True, entry.max_queue_delay_us // 2),
-        Instances(entry.preprocess_instances),
-    )
-    return ModelDir(name, config, "tokenize", {"tokenizer.json": tokenizer_json})
-
-
-def _encoder_parameters(entry: ModelEntry, spec: GraphSpec, ragged: bool) -> dict[str, str]:
-    return {
-        "onnx_file": "model.onnx",
-        "input_names": ",".join(spec.input_names),
-        "output_name": spec.output_names[0],
-        "ragged": str(ragged).lower(),
-        "max_rows_per_run": str(entry.max_rows_per_run),
-        "intra_op_threads": str(entry.ort_threads),
-        "graph_optimization": entry.graph_optimization,
-        "execution_provider": "cuda" if entry.device == "gpu" else "cpu",
-    }
-
-
-def _encode_dir(entry: ModelEntry, onnx_path: Path, spec: GraphSpec) -> ModelDir:
-    name = f"{entry.name}_encode"
-    kind = "KIND_GPU" if entry.device == "gpu" else "KIND_CPU"
-    instances = Instances(entry.encoder_instances, kind)
-    batching = Batching(True, entry.max_queue_delay_us)
-    outputs = [IOSpec.from_tensor(t) for t in spec.outputs]
-    if entry.encoder_backend == "onnxruntime":
-        inputs = [IOSpec.from_tensor(t) for t in spec.inputs]
-        config = onnxruntime_model(name, entry.max_batch_size, inputs, outputs, batching, instances)
-        return ModelDir(name, config, None, {"model.onnx": onnx_path})
-    inputs = [IOSpec.from_tensor(t, ragged=True) for t in spec.inputs]
-    config = python_model(
-        name,
-        entry.max_batch_size,
-        inputs,
-        outputs,
-        _encoder_parameters(entry, spec, ragged=True),
-        batching,
-        instances,
-    )
-    return ModelDir(name, config, "encode", {"model.onnx": onnx_path})
-
-
-def _ensemble_dir(entry: ModelEntry, input_names: list[str], dim: int) -> ModelDir:
-    config = ensemble(
-        entry.name,
-        entry.max_batch_size,
-        [IOSpec("TEXT", "TYPE_STRING", (1,))],
-        [IOSpec("EMBEDDING", "TYPE_FP32", (dim,))],
-        [
-            Step(
-                f"{entry.name}_tokenize",
-                (("TEXT", "TEXT"),),
-                tuple((n, n) for n in input_names),
-            ),
-            Step(
-                f"{entry.name}_encode",
-                tuple((n, n) for n in input_names),
-                (("EMBEDDING", "EMBEDDING"),),
-            ),
-        ],
-    )
-    return ModelDir(entry.name, config, None, {})

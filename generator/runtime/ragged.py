@@ -78,7 +78,9 @@ def _chunk(rows: list[int], lengths: np.ndarray) -> Chunk:
 
 def chunk_inputs(merged: dict[str, np.ndarray], chunk: Chunk) -> dict[str, np.ndarray]:
     """The arrays of one chunk, cut to the chunk's own width."""
-    return {name: np.ascontiguousarray(arr[chunk.rows, : chunk.width]) for name, arr in merged.items()}
+    return {
+        name: np.ascontiguousarray(arr[chunk.rows, : chunk.width]) for name, arr in merged.items()
+    }
 
 
 def run_sorted(

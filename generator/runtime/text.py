@@ -35,7 +35,7 @@ class TokenizerParams:
             raise ValueError(f"tokenizer config parameter {exc.args[0]!r} is missing") from exc
 
 
-def decode_texts(rows: np.ndarray) -> list[str]:
+def decode_texts(rows: np.ndarray, name: str = "TEXT") -> list[str]:
     """UTF-8 decode one request's ``TEXT`` tensor ([N, 1] or [N] of bytes).
 
     Raises :class:`InvalidInputError` for zero rows, non-UTF-8 bytes and rows that are
@@ -43,18 +43,20 @@ def decode_texts(rows: np.ndarray) -> list[str]:
     """
     flat = rows.reshape(-1)
     if flat.size == 0:
-        raise InvalidInputError("TEXT has zero rows")
+        raise InvalidInputError(f"{name} has zero rows")
     texts = []
     for i, item in enumerate(flat):
         if isinstance(item, bytes):
             try:
                 text = item.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise InvalidInputError(f"TEXT row {i} is not valid UTF-8 ({exc.reason})") from None
+                raise InvalidInputError(
+                    f"{name} row {i} is not valid UTF-8 ({exc.reason})"
+                ) from None
         else:
             text = str(item)
         if not text.strip():
-            raise InvalidInputError(f"TEXT row {i} is empty or whitespace only")
+            raise InvalidInputError(f"{name} row {i} is empty or whitespace only")
         texts.append(text)
     return texts
 

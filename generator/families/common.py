@@ -1,0 +1,89 @@
+"""Model dirs every family renders the same way: tokenizer, encoder, ensemble."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..build_types import ModelDir
+from ..manifest import ModelEntry
+from ..onnx_export import GraphSpec
+from ..render import Batching, Instances, IOSpec, Step, ensemble, onnxruntime_model, python_model
+from ..runtime.text import TokenizerParams
+
+
+def tokenize_dir(
+    entry: ModelEntry, name: str, tokenizer_json: Path, params: TokenizerParams, dims: int
+) -> ModelDir:
+    """A ``tokenize`` Python model: ``TEXT`` -> token tensors of width ``dims`` (-1: ragged)."""
+    config = python_model(
+        name,
+        entry.max_batch_size,
+        [IOSpec("TEXT", "TYPE_STRING", (1,))],
+        [IOSpec(n, "TYPE_INT64", (dims,)) for n in params.output_names],
+        {
+            "max_length": str(params.max_length),
+            "pad_to_max_length": str(params.pad_to_max_length).lower(),
+            "pad_id": str(params.pad_id),
+            "lowercase": str(params.lowercase).lower(),
+            "output_names": ",".join(params.output_names),
+            "tokenizer_file": "tokenizer.json",
+        },
+        Batching(True, entry.max_queue_delay_us // 2),
+        Instances(entry.preprocess_instances),
+    )
+    return ModelDir(name, config, "tokenize", {"tokenizer.json": tokenizer_json})
+
+
+def encoder_dir(
+    entry: ModelEntry, name: str, onnx_path: Path, spec: GraphSpec, ragged: bool
+) -> ModelDir:
+    """An encoder: the Python ORT runner, or Triton's native ``onnxruntime`` backend."""
+    kind = "KIND_GPU" if entry.device == "gpu" else "KIND_CPU"
+    instances = Instances(entry.encoder_instances, kind)
+    batching = Batching(True, entry.max_queue_delay_us)
+    outputs = [IOSpec.from_tensor(t) for t in spec.outputs]
+    if entry.encoder_backend == "onnxruntime":
+        inputs = [IOSpec.from_tensor(t) for t in spec.inputs]
+        config = onnxruntime_model(name, entry.max_batch_size, inputs, outputs, batching, instances)
+        return ModelDir(name, config, None, {"model.onnx": onnx_path})
+    parameters = {
+        "onnx_file": "model.onnx",
+        "input_names": ",".join(spec.input_names),
+        "output_name": spec.output_names[0],
+        "ragged": str(ragged).lower(),
+        "max_rows_per_run": str(entry.max_rows_per_run),
+        "intra_op_threads": str(entry.ort_threads),
+        "graph_optimization": entry.graph_optimization,
+        "execution_provider": "cuda" if entry.device == "gpu" else "cpu",
+    }
+    inputs = [IOSpec.from_tensor(t, ragged=ragged) for t in spec.inputs]
+    config = python_model(
+        name, entry.max_batch_size, inputs, outputs, parameters, batching, instances
+    )
+    return ModelDir(name, config, "encode", {"model.onnx": onnx_path})
+
+
+def chain_dir(
+    entry: ModelEntry,
+    name: str,
+    public_input: IOSpec,
+    dim: int,
+    steps: Sequence[tuple[str, Sequence[str], Sequence[str]]],
+) -> ModelDir:
+    """An ensemble running ``steps`` (model, input names, output names) one after another.
+
+    Tensor names are shared between steps: a step's outputs feed the next step's inputs
+    of the same name; the last step must output ``EMBEDDING``.
+    """
+    config = ensemble(
+        name,
+        entry.max_batch_size,
+        [public_input],
+        [IOSpec("EMBEDDING", "TYPE_FP32", (dim,))],
+        [
+            Step(model, tuple((n, n) for n in ins), tuple((n, n) for n in outs))
+            for model, ins, outs in steps
+        ],
+    )
+    return ModelDir(name, config, None, {})

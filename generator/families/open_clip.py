@@ -1,0 +1,99 @@
+"""Family ``open-clip``: text and image towers plus in-Triton preprocessing.
+
+Models dirs of one entry ``<name>``: ``<name>_tokenize`` (HF ``tokenizers`` JSON that
+reproduces open_clip's tokenizer, fixed context), ``<name>_encode_text``,
+``<name>_preprocess_image`` (Pillow + numpy, parameters from the model's own
+``PreprocessCfg``), ``<name>_encode_image``, and the ensembles ``<name>_text``,
+``<name>_image`` and ``<name>_image_url`` (the last one through the shared
+``fetch_image``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..build_types import ModelDir
+from ..manifest import Manifest, ModelEntry, resolve_path
+from ..render import Batching, Instances, IOSpec, python_model
+from ..runtime.text import TokenizerParams
+from ..shared_models import FETCH_IMAGE
+from .common import chain_dir, encoder_dir, tokenize_dir
+from .open_clip_assets import (
+    embedding_dim,
+    export_towers,
+    image_graph_spec,
+    load_open_clip,
+    preprocess_params_from_model,
+    text_graph_spec,
+    write_tokenizer_json,
+)
+
+
+def _load(entry: ModelEntry, manifest: Manifest):
+    arch = entry.arch or ""
+    if arch.endswith(".json"):
+        arch = str(resolve_path(manifest, arch))
+    checkpoint = None
+    if entry.checkpoint:
+        path = resolve_path(manifest, entry.checkpoint)
+        if not path.is_file():
+            raise FileNotFoundError(f"{entry.name}: checkpoint {path} does not exist")
+        checkpoint = str(path)
+    return load_open_clip(arch, pretrained=entry.pretrained, checkpoint=checkpoint)
+
+
+def _preprocess_dir(entry: ModelEntry, name: str, parameters: dict[str, str], size) -> ModelDir:
+    config = python_model(
+        name,
+        entry.max_batch_size,
+        [IOSpec("IMAGE", "TYPE_STRING", (1,))],
+        [IOSpec("pixel_values", "TYPE_FP32", (3, *size))],
+        {**parameters, "decode_threads": "2"},
+        Batching(True, entry.max_queue_delay_us // 2),
+        Instances(entry.preprocess_instances),
+    )
+    return ModelDir(name, config, "preprocess_image", {})
+
+
+def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
+    """Export and validate both towers; describe the model dirs of one CLIP model."""
+    model, _, tokenizer = _load(entry, manifest)
+    context = int(getattr(tokenizer, "context_length", 0) or model.context_length)
+    pre = preprocess_params_from_model(model)
+    dim = embedding_dim(model)
+    tokenizer_json = work / "tokenizer.json"
+    write_tokenizer_json(tokenizer, tokenizer_json, context)
+    export_towers(model, work, context, pre.size, tokenizer)
+
+    n = entry.name
+    tok_params = TokenizerParams(context, True, ("input_ids",), 0)
+    text_spec, image_spec = text_graph_spec(context, dim), image_graph_spec(pre.size, dim)
+    image_steps = [
+        (f"{n}_preprocess_image", ["IMAGE"], ["pixel_values"]),
+        (f"{n}_encode_image", ["pixel_values"], ["EMBEDDING"]),
+    ]
+    string = "TYPE_STRING"
+    return [
+        tokenize_dir(entry, f"{n}_tokenize", tokenizer_json, tok_params, context),
+        encoder_dir(entry, f"{n}_encode_text", work / "text_encoder.onnx", text_spec, False),
+        _preprocess_dir(entry, f"{n}_preprocess_image", pre.to_parameters(), pre.size),
+        encoder_dir(entry, f"{n}_encode_image", work / "image_encoder.onnx", image_spec, False),
+        chain_dir(
+            entry,
+            f"{n}_text",
+            IOSpec("TEXT", string, (1,)),
+            dim,
+            [
+                (f"{n}_tokenize", ["TEXT"], ["input_ids"]),
+                (f"{n}_encode_text", ["input_ids"], ["EMBEDDING"]),
+            ],
+        ),
+        chain_dir(entry, f"{n}_image", IOSpec("IMAGE", string, (1,)), dim, image_steps),
+        chain_dir(
+            entry,
+            f"{n}_image_url",
+            IOSpec("IMAGE_URL", string, (1,)),
+            dim,
+            [(FETCH_IMAGE, ["IMAGE_URL"], ["IMAGE"]), *image_steps],
+        ),
+    ]

@@ -1,0 +1,413 @@
+"""open_clip assets: preprocess params, ``tokenizer.json``, ONNX towers and a tiny test model.
+
+Tokenizer parity. :func:`write_tokenizer_json` rebuilds open_clip's ``SimpleTokenizer``
+(clean ``'lower'``) as a ``tokenizers`` pipeline: the same byte-level BPE vocab and merges
+(``</w>`` suffix), pre-tokenizer regex and special tokens, truncation that keeps
+``<end_of_text>`` last, padding with id 0. ``ftfy.fix_text`` + ``html.unescape`` cannot
+run inside ``tokenizers``, so the normalizer replays them as fixed rewrites: HTML
+entities (``&amp;`` twice, then ``&quot; &lt; &gt; &nbsp;``, the Latin-1 and typographic
+named entities, ``&apos;`` and numeric references of quotes, ``&<>`` and typographic
+punctuation); ftfy's per-character fixes read from ftfy's own tables at build time (C1
+controls as Windows-1252, Latin ligatures, full/half-width forms, curly quotes, control
+characters, terminal escapes) in one ``Precompiled`` char-map pass; NFC; whitespace
+collapse; Python's final-sigma rule; lower case. Every code point assigned in Python's
+Unicode database tokenizes identically alone and in context. Known differences:
+
+- mojibake repair (``ftfy.fix_encoding``: ``"cafÃ©"`` -> ``"café"``) is not done;
+- entities outside the set above (``&hearts;``, ``&#8364;``, ``&EACUTE;``), ``&amp;``
+  escaped three or more times, entities spelled in full-width characters, and entities
+  in text containing ``<`` whose character ftfy would then rewrite (``&ldquo;``);
+- ``<start_of_text>`` / ``<end_of_text>`` typed directly after punctuation;
+- ``Σ`` after a letter that is both cased and case-ignorable (``ᶯΣ``);
+- code points unassigned in Python 3.11's Unicode 14 tables (Unicode 15/16 additions):
+  ``regex`` and Oniguruma classify them differently.
+"""
+
+from __future__ import annotations
+
+import html.entities
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from ..onnx_export import (
+    ExportValidationError,
+    GraphSpec,
+    ParityReport,
+    TensorSpec,
+    export_module,
+    validate_graph,
+)
+from ..runtime.image import PreprocessParams, preprocess
+
+TINY_ARCH = "tiny-clip"
+VALIDATION_TEXTS = (
+    "a photo of a cat",
+    "A diagram of Triton batching requests from many clients into one execution.",
+    "¿Dónde está la biblioteca? 東京は日本の首都です。",
+    "emoji 🙂🚀 and punctuation!!! ... ???",
+    "x",
+    "The quick brown fox jumps over the lazy dog. " * 20,
+)
+_TYPOGRAPHIC = (
+    "ndash mdash lsquo rsquo sbquo ldquo rdquo bdquo hellip bull trade euro dagger".split()
+)
+_NUMERIC = "'\"&<>" + "\xa0\u2013\u2014\u2018\u2019\u201c\u201d\u2026"
+
+
+def preprocess_params_from_model(model_or_preprocess_cfg, **overrides) -> PreprocessParams:
+    """:class:`PreprocessParams` from a model, a ``PreprocessCfg`` or its dict.
+
+    open_clip's quirks are resolved here: interpolation ``'random'`` means bicubic at
+    eval time, and the non-square 'shortest' path always resizes bicubic.
+    """
+    import dataclasses  # noqa: PLC0415
+
+    import open_clip  # noqa: PLC0415
+
+    cfg = model_or_preprocess_cfg
+    if dataclasses.is_dataclass(cfg):
+        cfg = dataclasses.asdict(cfg)
+    elif not isinstance(cfg, dict):
+        cfg = open_clip.get_model_preprocess_cfg(cfg)
+    size = cfg.get("size", 224)
+    size = (int(size), int(size)) if isinstance(size, int) else (int(size[-2]), int(size[-1]))
+    mean = cfg.get("mean") or open_clip.OPENAI_DATASET_MEAN
+    std = cfg.get("std") or open_clip.OPENAI_DATASET_STD
+    mean, std = ((v if isinstance(v, (list, tuple)) else (v,) * 3) for v in (mean, std))
+    resize_mode = cfg.get("resize_mode") or "shortest"
+    interpolation = "bilinear" if cfg.get("interpolation") == "bilinear" else "bicubic"
+    if resize_mode == "shortest" and size[0] != size[1]:
+        interpolation = "bicubic"
+    values = dict(
+        size=size,
+        resize_mode=resize_mode,
+        interpolation=interpolation,
+        mean=tuple(float(v) for v in mean),
+        std=tuple(float(v) for v in std),
+        fill_color=int(cfg.get("fill_color", 0)),
+    )
+    values.update(overrides)
+    return PreprocessParams(**values)
+
+
+def _char_class(chars) -> str:
+    return "[" + "".join(f"\\x{{{ord(c):x}}}" for c in sorted(chars)) + "]"
+
+
+def _ftfy_char_fixes() -> dict[str, str]:
+    """Characters ftfy rewrites on their own (``""``: removed); not NUL or whitespace-only."""
+    import ftfy  # noqa: PLC0415
+    from ftfy import chardata  # noqa: PLC0415
+
+    candidates = set(chardata.LIGATURES) | set(chardata.WIDTH_MAP) | set(chardata.CONTROL_CHARS)
+    candidates |= set(range(0x80, 0xA0)) | {0x2BC, *range(0x2018, 0x2020)}
+    fixes = {}
+    for code in sorted(candidates):
+        char = chr(code)
+        fixed = ftfy.fix_text(char, unescape_html=False, fix_encoding=False, normalization=None)
+        if code and fixed != char and not (char.isspace() and fixed.isspace()):
+            fixes[char] = fixed
+    return fixes
+
+
+def _html_entities() -> list[tuple[str, str]]:
+    """(reference, text) for Latin-1 and typographic named entities and a few numeric ones."""
+    names = html.entities.name2codepoint
+    pairs = {f"&{n};": chr(c) for n, c in names.items() if 0xA0 <= c <= 0xFF or n in _TYPOGRAPHIC}
+    pairs["&apos;"] = "'"
+    for char in _NUMERIC:
+        code = ord(char)
+        for ref in (f"&#{code};", f"&#{code:03d};", f"&#x{code:x};", f"&#x{code:X};"):
+            pairs[ref] = char
+    return sorted(pairs.items())
+
+
+def _precompiled_charsmap(mapping: dict[str, str]) -> bytes:
+    """SentencePiece ``precompiled_charsmap`` bytes mapping each key to its text.
+
+    Layout read by ``tokenizers``' ``Precompiled`` normalizer: u32 trie size, a
+    darts-clone double array over the keys' UTF-8 bytes whose leaves hold offsets into
+    the NUL-separated replacement strings that follow. One pass replaces every key.
+    """
+    strings, offsets, trie = bytearray(), {}, {}
+    for key, text in sorted(mapping.items()):
+        if text not in offsets:
+            offsets[text] = len(strings)
+            strings += text.encode() + b"\0"
+        node = trie
+        for byte in key.encode():
+            node = node.setdefault(byte, {})
+        node[-1] = offsets[text]
+    units, used, bases = [0], {0}, set()
+    queue = [(trie, 0)]
+    while queue:
+        node, pos = queue.pop()
+        labels = sorted(0 if c == -1 else c for c in node)
+        base = 1
+        while base in bases or any(base ^ c in used for c in labels) or (pos ^ base) >= 1 << 21:
+            base += 1
+        bases.add(base)
+        units.extend([0] * (base + 256 - len(units)))
+        units[pos] |= (pos ^ base) << 10 | (1 << 8 if -1 in node else 0)
+        for label in labels:
+            used.add(base ^ label)
+            if label == 0:
+                units[base] = 1 << 31 | node[-1]
+            else:
+                units[base ^ label] = label
+                queue.append((node[label], base ^ label))
+    return struct.pack(f"<I{len(units)}I", 4 * len(units), *units) + bytes(strings)
+
+
+def _clip_normalizer():
+    from tokenizers import Regex, normalizers  # noqa: PLC0415
+
+    amp = normalizers.Replace(Regex("&(?:amp|AMP);?"), "&")
+    steps = [amp, amp]
+    for name, text in (("quot", '"'), ("lt", "<"), ("gt", ">")):
+        steps.append(normalizers.Replace(Regex(f"&(?:{name}|{name.upper()});?"), text))
+    steps.append(normalizers.Replace(Regex("&(?:nbsp;?|NBSP;)"), "\xa0"))
+    steps += [normalizers.Replace(ref, text) for ref, text in _html_entities()]
+    steps.append(normalizers.Replace(Regex(r"\x{1b}\[(?:\d|;)*[a-zA-Z]|\x{0}"), ""))
+    fixes = _ftfy_char_fixes()
+    # Precompiled rewrites a short grapheme whole from its first character: cut a fixed
+    # character off a following combining mark with \x01, which ftfy deletes anyway.
+    extend = r"[\p{M}\x{200c}\x{200d}\x{ff9e}\x{ff9f}\x{e33}\x{eb3}]"
+    steps.append(normalizers.Replace(Regex(f"(?<={_char_class(fixes)})(?={extend})"), "\x01"))
+    steps.append(normalizers.Precompiled(_precompiled_charsmap(fixes)))
+    steps.append(normalizers.NFC())
+    steps.append(normalizers.Replace("\u0345", " "))  # dropped by open_clip's IGNORECASE regex
+    spaces = [chr(c) for c in range(0x110000) if chr(c).isspace()]
+    steps += [normalizers.Replace(Regex(_char_class(spaces) + "+"), " "), normalizers.Strip()]
+    final_sigma = r"(?<=\p{Cased}\p{Case_Ignorable}*)\x{3a3}(?!\p{Case_Ignorable}*\p{Cased})"
+    steps.append(normalizers.Replace(Regex(final_sigma), "\u03c2"))  # Python's lower() rule
+    steps.append(normalizers.Lowercase())
+    return normalizers.Sequence(steps)
+
+
+def write_tokenizer_json(open_clip_tokenizer, path: Path, context_length: int) -> None:
+    """Write a ``tokenizers`` JSON equivalent to open_clip's ``SimpleTokenizer``.
+
+    ``Tokenizer.from_file(path).encode_batch(texts)`` yields ids of length
+    ``context_length`` equal to ``open_clip_tokenizer(texts)`` (see the module
+    docstring for the documented exceptions). Raises NotImplementedError for other
+    tokenizers (HF / SigLIP) and for non-default cleaning or reduction.
+    """
+    from open_clip.tokenizer import SimpleTokenizer  # noqa: PLC0415
+    from tokenizers import (  # noqa: PLC0415
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+    )
+
+    tok = open_clip_tokenizer
+    if not isinstance(tok, SimpleTokenizer):
+        raise NotImplementedError(
+            f"only open_clip's SimpleTokenizer (CLIP BPE) can be written as tokenizer.json; "
+            f"got {type(tok).__name__} (HF / SigLIP tokenizers are not supported yet)"
+        )
+    if getattr(tok.clean_fn, "__name__", "") != "_clean_lower" or tok.reduction_fn is not None:
+        raise NotImplementedError("only SimpleTokenizer(clean='lower') without reduction_mask")
+    merges = [pair for pair, _ in sorted(tok.bpe_ranks.items(), key=lambda kv: kv[1])]
+    tokenizer = Tokenizer(
+        models.BPE(vocab=dict(tok.encoder), merges=merges, end_of_word_suffix="</w>")
+    )
+    tokenizer.normalizer = _clip_normalizer()
+    pattern = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="removed", invert=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    specials = [tok.decoder[i] for i in tok.all_special_ids]
+    tokenizer.add_special_tokens([AddedToken(s, special=True, normalized=True) for s in specials])
+    sot, eot = tok.decoder[tok.sot_token_id], tok.decoder[tok.eot_token_id]
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{sot} $A {eot}",
+        pair=f"{sot} $A {eot} $B {eot}",
+        special_tokens=[(sot, tok.sot_token_id), (eot, tok.eot_token_id)],
+    )
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace("</w>", "\u0120"), decoders.ByteLevel()]
+    )
+    tokenizer.enable_truncation(max_length=context_length)
+    tokenizer.enable_padding(length=context_length, pad_id=0, pad_token=tok.decoder[0])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _tower(model, method: str):
+    import torch  # noqa: PLC0415
+
+    class Tower(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.clip = model
+
+        def forward(self, inputs):
+            return getattr(self.clip, method)(inputs, normalize=True)
+
+    return Tower().eval()
+
+
+def text_tower(model):
+    """``nn.Module``: ``input_ids`` [N, L] int64 -> L2-normalised text embedding [N, D]."""
+    return _tower(model, "encode_text")
+
+
+def image_tower(model):
+    """``nn.Module``: ``pixel_values`` [N, 3, H, W] -> L2-normalised image embedding [N, D]."""
+    return _tower(model, "encode_image")
+
+
+def embedding_dim(model) -> int:
+    """Width D of the joint embedding space."""
+    dim = getattr(getattr(model, "visual", None), "output_dim", None)
+    if dim is None:
+        dim = model.text_projection.shape[-1]
+    return int(dim)
+
+
+def text_graph_spec(context_length: int, dim: int) -> GraphSpec:
+    """Graph of the text encoder: ``input_ids`` [L] int64 -> ``EMBEDDING`` [D] float32."""
+    return GraphSpec(
+        inputs=(TensorSpec("input_ids", "int64", (context_length,)),),
+        outputs=(TensorSpec("EMBEDDING", "float32", (dim,)),),
+    )
+
+
+def image_graph_spec(image_size: tuple[int, int], dim: int) -> GraphSpec:
+    """Graph of the image encoder: ``pixel_values`` [3, H, W] -> ``EMBEDDING`` [D]."""
+    return GraphSpec(
+        inputs=(TensorSpec("pixel_values", "float32", (3, *image_size)),),
+        outputs=(TensorSpec("EMBEDDING", "float32", (dim,)),),
+    )
+
+
+def _image_cases(image_size: tuple[int, int]) -> list[dict[str, np.ndarray]]:
+    from PIL import Image  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    params = PreprocessParams(size=image_size)
+    height, width = image_size
+    grid = np.mgrid[0 : height * 2, 0 : width * 3].astype(np.float32)
+    art = np.stack([grid[0] * 2, grid[1], grid[0] + grid[1]], axis=-1) % 256
+    real = preprocess(Image.fromarray(art.astype(np.uint8)), params)[None]
+    cases = [{"pixel_values": real}]
+    for batch in (1, 3, 5):
+        noise = rng.standard_normal((batch, 3, height, width), dtype=np.float32)
+        cases.append({"pixel_values": noise})
+    return cases
+
+
+def _text_cases(tokenizer, context_length: int) -> list[dict[str, np.ndarray]]:
+    ids = tokenizer(list(VALIDATION_TEXTS), context_length=context_length).numpy()
+    ids = ids.astype(np.int64)
+    return [{"input_ids": ids[:1]}, {"input_ids": ids[1:4]}, {"input_ids": ids}]
+
+
+def export_towers(
+    model, out_dir: Path, context_length: int, image_size: int | tuple[int, int], tokenizer=None
+) -> dict[str, ParityReport]:
+    """Export ``text_encoder.onnx`` and ``image_encoder.onnx`` and check both vs PyTorch.
+
+    Validation runs real tokenized sentences (batch 1, 3, 6) and a preprocessed image
+    plus random pixels (batch 1, 3, 5) at atol 1e-4 / min cosine 0.9999. Failures of both
+    graphs are raised together as one :class:`ExportValidationError`.
+    """
+    import torch  # noqa: PLC0415
+    from open_clip.tokenizer import SimpleTokenizer  # noqa: PLC0415
+
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    tokenizer = tokenizer or SimpleTokenizer(context_length=context_length)
+    model = model.eval()
+    dim = embedding_dim(model)
+    jobs = {
+        "text_encoder": (
+            text_tower(model),
+            text_graph_spec(context_length, dim),
+            _text_cases(tokenizer, context_length),
+        ),
+        "image_encoder": (image_tower(model), image_graph_spec(size, dim), _image_cases(size)),
+    }
+    reports, failures = {}, []
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)  # the fused MHA kernel has no ONNX export
+    try:
+        for name, (module, spec, cases) in jobs.items():
+            path = out_dir / f"{name}.onnx"
+            sample = {k: torch.from_numpy(v) for k, v in cases[-1].items()}
+            try:
+                export_module(module, spec, sample, path)
+                reports[name] = validate_graph(path, spec, module, cases, 1e-4, 0.9999)
+            except ExportValidationError as exc:
+                failures += [f"{name}: {f}" for f in exc.failures]
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+    if failures:
+        raise ExportValidationError(out_dir, failures)
+    return reports
+
+
+def tiny_model_config() -> dict:
+    """A tiny ViT CLIP architecture (random init, for tests): D=64, 64x64 images."""
+    return {
+        "embed_dim": 64,
+        "vision_cfg": dict(image_size=64, layers=2, width=64, head_width=32, patch_size=16),
+        "text_cfg": dict(context_length=77, vocab_size=49408, width=64, heads=2, layers=2),
+    }
+
+
+def load_open_clip(arch: str, pretrained: str | None = None, checkpoint: str | None = None):
+    """``(model, eval_preprocess, tokenizer)`` for a manifest entry.
+
+    ``arch`` is an open_clip architecture name, ``local-dir:``/``hf-hub:`` source, or a
+    path to an architecture JSON (registered with ``open_clip.add_model_config``; its
+    file stem is the architecture name). ``checkpoint`` is a local weights file.
+    """
+    import open_clip  # noqa: PLC0415
+
+    if arch.endswith(".json") and Path(arch).is_file():
+        open_clip.add_model_config(Path(arch))
+        arch = Path(arch).stem
+    model, _, preprocess_val = open_clip.create_model_and_transforms(
+        arch, pretrained=checkpoint or pretrained
+    )
+    return model.eval(), preprocess_val, open_clip.get_tokenizer(arch)
+
+
+def create_tiny_checkpoint(path: Path, seed: int = 0) -> dict:
+    """Save a random-init :func:`tiny_model_config` model's state_dict to ``path``.
+
+    Also writes ``tiny-clip.json`` (the architecture) and ``open_clip_config.json`` next to
+    it, so the weights load the way a user loads any architecture + local file::
+
+        open_clip.add_model_config(path.parent / "tiny-clip.json")
+        open_clip.create_model_and_transforms("tiny-clip", pretrained=str(path))
+
+    or ``load_open_clip(str(path.parent / "tiny-clip.json"), checkpoint=str(path))``, or
+    ``create_model_and_transforms(f"local-dir:{path.parent}")`` when the file is named
+    like ``open_clip_pytorch_model.bin``. Returns the model config.
+    """
+    import open_clip  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    cfg = tiny_model_config()
+    torch.manual_seed(seed)
+    model = open_clip.CLIP(**cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), path)
+    (path.parent / f"{TINY_ARCH}.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    local = {"model_cfg": cfg, "preprocess_cfg": {"size": cfg["vision_cfg"]["image_size"]}}
+    (path.parent / "open_clip_config.json").write_text(json.dumps(local, indent=2) + "\n")
+    return cfg

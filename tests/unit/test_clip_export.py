@@ -1,0 +1,138 @@
+"""open_clip towers exported to ONNX agree with PyTorch; tiny checkpoints load like real ones."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+open_clip = pytest.importorskip("open_clip")
+ort = pytest.importorskip("onnxruntime")
+from PIL import Image  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+
+from generator.families import open_clip_assets  # noqa: E402
+from generator.families.open_clip_assets import (  # noqa: E402
+    TINY_ARCH,
+    create_tiny_checkpoint,
+    export_towers,
+    load_open_clip,
+    preprocess_params_from_model,
+    tiny_model_config,
+    write_tokenizer_json,
+)
+from generator.onnx_export import ExportValidationError  # noqa: E402
+from generator.runtime.image import decode_image, preprocess_batch  # noqa: E402
+
+TEXTS = ["a photo of a cat", "A DIAGRAM, with “quotes” &amp; entities", "東京の夜景 🌃", "x" * 300]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny checkpoint saved under the name open_clip's ``local-dir:`` loader looks for."""
+    ckpt = tmp_path_factory.mktemp("tiny") / "open_clip_pytorch_model.bin"
+    cfg = create_tiny_checkpoint(ckpt, seed=0)
+    model, preprocess_val, tokenizer = load_open_clip(
+        str(ckpt.parent / f"{TINY_ARCH}.json"), checkpoint=str(ckpt)
+    )
+    return ckpt, cfg, model, preprocess_val, tokenizer
+
+
+@pytest.fixture(scope="module")
+def exported(tiny, tmp_path_factory):
+    _, cfg, model, _, _ = tiny
+    out = tmp_path_factory.mktemp("onnx")
+    reports = export_towers(model, out, cfg["text_cfg"]["context_length"], 64)
+    return out, reports
+
+
+def test_tiny_checkpoint_loads_by_arch_name_and_file(tiny):
+    ckpt, cfg, model, _, tokenizer = tiny
+    assert cfg == tiny_model_config()
+    saved = torch.load(ckpt, weights_only=True)
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+    open_clip.add_model_config(ckpt.parent / f"{TINY_ARCH}.json")
+    again, _, _ = open_clip.create_model_and_transforms(TINY_ARCH, pretrained=str(ckpt))
+    assert all(torch.equal(saved[k], v) for k, v in again.state_dict().items())
+    assert isinstance(tokenizer, open_clip.SimpleTokenizer)
+
+
+def test_tiny_checkpoint_loads_as_local_dir(tiny):
+    ckpt, _, _, _, _ = tiny
+    model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{ckpt.parent}")
+    saved = torch.load(ckpt, weights_only=True)
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+
+
+def test_same_seed_gives_same_weights(tmp_path):
+    a = create_tiny_checkpoint(tmp_path / "a" / "w.pt", seed=3)
+    create_tiny_checkpoint(tmp_path / "b" / "w.pt", seed=3)
+    wa, wb = (torch.load(tmp_path / d / "w.pt", weights_only=True) for d in "ab")
+    assert a == tiny_model_config() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_both_towers_export_within_tolerance(exported):
+    out, reports = exported
+    assert set(reports) == {"text_encoder", "image_encoder"}
+    for report in reports.values():
+        assert report.cases >= 3
+        assert report.max_abs_diff <= 1e-4 and report.min_cosine >= 0.9999
+    for name, input_name in (("text_encoder", "input_ids"), ("image_encoder", "pixel_values")):
+        session = ort.InferenceSession(str(out / f"{name}.onnx"))
+        assert [i.name for i in session.get_inputs()] == [input_name]
+        assert [o.name for o in session.get_outputs()] == ["EMBEDDING"]
+
+
+def test_serving_path_matches_open_clip_end_to_end(tiny, exported, tmp_path):
+    """tokenizer.json + runtime preprocess + ONNX == open_clip tokenizer/transform + PyTorch."""
+    _, _, model, preprocess_val, tokenizer = tiny
+    out, _ = exported
+    write_tokenizer_json(tokenizer, tmp_path / "tokenizer.json", 77)
+    ids = np.array(
+        [e.ids for e in Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode_batch(TEXTS)]
+    )
+    text_session = ort.InferenceSession(str(out / "text_encoder.onnx"))
+    (text_emb,) = text_session.run(["EMBEDDING"], {"input_ids": ids.astype(np.int64)})
+
+    rng = np.random.default_rng(0)
+    blobs = []
+    for size in ((640, 480), (31, 200), (64, 64)):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (*size[::-1], 3), dtype=np.uint8)).save(buf, "PNG")
+        blobs.append(buf.getvalue())
+    params = preprocess_params_from_model(model)
+    pixels = preprocess_batch([decode_image(b, params) for b in blobs], params)
+    image_session = ort.InferenceSession(str(out / "image_encoder.onnx"))
+    (image_emb,) = image_session.run(["EMBEDDING"], {"pixel_values": pixels})
+
+    with torch.no_grad():
+        want_text = model.encode_text(tokenizer(TEXTS), normalize=True).numpy()
+        torch_pixels = torch.stack([preprocess_val(Image.open(io.BytesIO(b))) for b in blobs])
+        want_image = model.encode_image(torch_pixels, normalize=True).numpy()
+    assert text_emb.shape == (4, 64) and image_emb.shape == (3, 64)
+    assert np.abs(text_emb - want_text).max() <= 1e-4
+    assert np.abs(image_emb - want_image).max() <= 1e-4
+    assert np.allclose(np.linalg.norm(image_emb, axis=1), 1.0, atol=1e-5)
+
+
+def test_failures_of_both_towers_are_reported_together(tiny, tmp_path, monkeypatch):
+    _, _, model, _, _ = tiny
+
+    def reject(path, spec, module, cases, *args, **kwargs):
+        raise ExportValidationError(path, [f"{len(cases)} cases rejected"])
+
+    monkeypatch.setattr(open_clip_assets, "validate_graph", reject)
+    with pytest.raises(ExportValidationError) as info:
+        export_towers(model, tmp_path, 77, 64)
+    assert [f.split(":")[0] for f in info.value.failures] == ["text_encoder", "image_encoder"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("RUN_FULL_SIZE_CLIP"), reason="set RUN_FULL_SIZE_CLIP=1")
+def test_full_size_vit_b_32_random_init_exports(tmp_path):
+    model, _, _ = open_clip.create_model_and_transforms("ViT-B-32", pretrained=None)
+    reports = export_towers(model.eval(), tmp_path, 77, 224)
+    assert all(r.max_abs_diff <= 1e-4 for r in reports.values())

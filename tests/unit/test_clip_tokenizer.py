@@ -1,0 +1,289 @@
+"""The generated CLIP ``tokenizer.json`` gives open_clip's SimpleTokenizer ids."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+open_clip = pytest.importorskip("open_clip")
+from open_clip.tokenizer import SimpleTokenizer  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+
+from generator.families.open_clip_assets import write_tokenizer_json  # noqa: E402
+from generator.runtime.text import BatchTokenizer, TokenizerParams  # noqa: E402
+
+SUBJECTS = ["a dog", "Two cats", "an old man", "the Eiffel Tower", "a red car", "my friend's bike"]
+SCENES = ["on the beach", "at night.", "in the rain!", "near a river, at sunset", "(blurry)"]
+ASCII = [f"A photo of {s} {p}" for s, p in itertools.product(SUBJECTS, SCENES)]
+PUNCTUATION = [
+    "Hello, World!!",
+    "what?!?",
+    "e-mail: x@y.z",
+    "C++ / C# / F#",
+    "a_b-c.d",
+    "#hashtag @user",
+    "...",
+    "!!!",
+    "(parens) [brackets] {braces}",
+    "50% off -- now $9.99",
+    "it's, we're, I'd, they'll",
+    "Don't STOP",
+    "path/to/file.txt",
+    "https://example.com/a?b=c&d=e",
+    "a--b__c~~d",
+    "'quoted'",
+    '"double"',
+    "semi;colon:colon",
+    "x^2 + y^2 = z^2",
+    "<b>bold</b>",
+    "1/2 = 0.5",
+    "~`|\\",
+]
+NUMBERS = [
+    "3.14159",
+    "1,000,000 people",
+    "2024-01-31",
+    "room 101",
+    "+49 30 1234567",
+    "1e-10",
+    "007",
+    "12:30 pm",
+    "v1.2.3",
+    "100km/h",
+    "0x1F",
+    "٣ arabic-indic digit",
+    "Ⅻ roman",
+    "²³ superscripts",
+]
+EMOJI = [
+    "emoji 🙂🚀",
+    "👍🏽 thumbs",
+    "family 👨‍👩‍👧‍👦",
+    "flag 🇩🇪 and 🏴󠁧󠁢󠁷󠁬󠁳󠁿",
+    "❤️ love",
+    "🎉🎉🎉",
+    "a😀b",
+    "keycap 1️⃣",
+    "✨sparkles✨",
+    "☕ coffee",
+]
+CJK = [
+    "東京は日本の首都です。",
+    "一只猫坐在桌子上",
+    "고양이가 테이블 위에 앉아 있다",
+    "中文，标点！符号？",
+    "（括号）：冒号；",
+    "カタカナとひらがな",
+    "ﾊﾝｶｸｶﾀｶﾅ",
+    "ｶﾞｷﾞｸﾞ",
+    "ＦＵＬＬＷＩＤＴＨ　ｔｅｘｔ１２３",
+    "半角と全角：ＡＢＣ",
+    "漢字　全角スペース",
+    "조선말",
+    "汉字 mixed with English words",
+]
+ACCENTED = [
+    "café naïve résumé",
+    "Ünïcödé façade",
+    "Ñandú",
+    "Straße groß",
+    "ØÆÅ øæå",
+    "İstanbul",
+    "Ελληνικά γράμματα",
+    "ΣΑΣ ΟΔΥΣΣΕΥΣ σοφός",
+    "Привет, мир",
+    "עברית",
+    "العربية",
+    "हिन्दी",
+    "ไทย",
+    "Tiếng Việt",
+    "e\u0301 decomposed",
+    "A\u030a ring",
+    "ﬁne ﬂour ﬀ",
+    "Œuvre œil",
+    "“curly” ‘quotes’",
+    "«guillemets»",
+    "em—dash en–dash",
+    "ellipsis…",
+    "bullet • point",
+    "™ © ®",
+    "µ micro",
+    "½ ¼",
+    "Ǆ dz digraph",
+    "ǅungla",
+    "ß ẞ",
+    "ﬃ ligature",
+]
+ENTITIES = [
+    "fish &amp; chips",
+    "&lt;tag&gt;",
+    "&quot;quoted&quot;",
+    "it&#39;s",
+    "it&#039;s",
+    "it&#x27;s",
+    "caf&eacute;",
+    "&copy; 2024",
+    "a&nbsp;b",
+    "&amp;amp; double",
+    "&amp;lt;double&amp;gt;",
+    "AT&T",
+    "R&D",
+    "&ndash; &mdash; &hellip;",
+    "&lsquo;x&rsquo; &ldquo;y&rdquo;",
+    "&apos;",
+    "&euro;5",
+    "&trade;",
+    "Tom &amp Jerry",
+    "&ltnot closed",
+    "&#8217;s",
+    "&#x2019;",
+    "x &#38; y",
+    "&Uuml;ber",
+    "&szlig;",
+    "&frac12;",
+]
+WHITESPACE = [
+    "  leading",
+    "trailing   ",
+    "  many    spaces  ",
+    "tab\tseparated",
+    "new\nline",
+    "crlf\r\nx",
+    "\u00a0nbsp\u00a0",
+    "\u2003em space",
+    "\u3000ideographic",
+    "a\u2028b",
+    "\t\n ",
+    " ",
+    "zero\u200bwidth",
+    "a\u200db",
+    "\ufeffbom",
+    "x\x0cform feed",
+]
+CONTROL = [
+    "a\x01b",
+    "bell\x07",
+    "\x1b[31mred\x1b[0m",
+    "nul\x00x",
+    "del\x7f",
+    "a\x85b",
+    "c1 \x93q\x94",
+]
+SPECIAL = ["<start_of_text> a <end_of_text>", "<START_OF_TEXT> upper", "x <end_of_text>"]
+LONG = [
+    "The quick brown fox jumps over the lazy dog. " * 12,
+    " ".join(f"word{i}" for i in range(100)),
+    "supercalifragilisticexpialidocious " * 20,
+    "東京" * 200,
+    "a" * 1000,
+    "🙂" * 80,
+]
+EMPTY = ["", "x", "a"]
+CASES = (
+    ASCII
+    + PUNCTUATION
+    + NUMBERS
+    + EMOJI
+    + CJK
+    + ACCENTED
+    + ENTITIES
+    + WHITESPACE
+    + CONTROL
+    + SPECIAL
+    + LONG
+    + EMPTY
+)
+CORPUS = (
+    CASES
+    + [c.upper() for c in CASES[:120]]
+    + [f"{a} {b}" for a, b in zip(CJK, EMOJI, strict=False)]
+)
+CORPUS += [f"{a}, {b}" for a, b in zip(ENTITIES, ACCENTED, strict=False)] + [
+    f"{a}{b}" for a, b in zip(NUMBERS, PUNCTUATION, strict=False)
+]
+
+# The documented exceptions (module docstring of generator/families/open_clip_assets.py).
+KNOWN_DIFFERENCES = [
+    "cafÃ© mojibake",
+    "&hearts; &#8364; &EACUTE; outside the entity set",
+    "&amp;amp;amp;lt; escaped three times",
+    "ＦＵＬＬ＆ａｍｐ；width entity",
+    "<b> &ldquo;quoted&rdquo;</b>",
+    "!!<start_of_text>",
+    "ᶯΣ",
+    "a\u0558b unicode 16",
+]
+
+
+@pytest.fixture(scope="module")
+def simple():
+    return SimpleTokenizer()
+
+
+@pytest.fixture(scope="module")
+def tokenizer_path(tmp_path_factory, simple):
+    path = tmp_path_factory.mktemp("clip_tok") / "tokenizer.json"
+    write_tokenizer_json(simple, path, context_length=77)
+    return path
+
+
+def _mismatches(simple, path, texts, context_length=77):
+    expected = simple(texts, context_length=context_length).numpy()
+    got = np.array([e.ids for e in Tokenizer.from_file(str(path)).encode_batch(texts)])
+    assert got.shape == expected.shape
+    return [t for t, e, g in zip(texts, expected, got, strict=True) if not np.array_equal(e, g)]
+
+
+def test_corpus_is_varied_and_large():
+    assert len(CORPUS) >= 300
+    assert any(len(t) > 400 for t in CORPUS) and "" in CORPUS
+
+
+def test_ids_equal_open_clip_on_corpus(simple, tokenizer_path):
+    assert _mismatches(simple, tokenizer_path, CORPUS) == []
+
+
+def test_documented_differences_are_the_only_known_ones(simple, tokenizer_path):
+    got = Tokenizer.from_file(str(tokenizer_path)).encode_batch(KNOWN_DIFFERENCES)
+    assert all(len(e.ids) == 77 and e.ids[0] == simple.sot_token_id for e in got)
+    fixed = set(KNOWN_DIFFERENCES) - set(_mismatches(simple, tokenizer_path, KNOWN_DIFFERENCES))
+    assert not fixed, f"no longer different, update the docstring: {sorted(fixed)}"
+
+
+def test_tokenizer_json_is_deterministic(simple, tokenizer_path, tmp_path):
+    write_tokenizer_json(simple, tmp_path / "again.json", context_length=77)
+    assert (tmp_path / "again.json").read_bytes() == tokenizer_path.read_bytes()
+
+
+def test_truncation_keeps_end_of_text_last(simple, tokenizer_path):
+    ids = Tokenizer.from_file(str(tokenizer_path)).encode(LONG[0]).ids
+    assert len(ids) == 77 and ids[0] == simple.sot_token_id and ids[-1] == simple.eot_token_id
+
+
+def test_other_context_length(simple, tmp_path):
+    path = tmp_path / "tokenizer.json"
+    write_tokenizer_json(simple, path, context_length=32)
+    assert _mismatches(simple, path, CASES, context_length=32) == []
+
+
+def test_runtime_batch_tokenizer_reproduces_ids(simple, tokenizer_path):
+    params = TokenizerParams(max_length=77, pad_to_max_length=True, output_names=("input_ids",))
+    texts = [t for t in CASES if t.strip()]
+    ids = BatchTokenizer(str(tokenizer_path), params).encode(texts)["input_ids"]
+    assert np.array_equal(ids, simple(texts).numpy())
+
+
+def test_decode_round_trips_plain_text(tokenizer_path):
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    tokenizer.no_padding()
+    ids = tokenizer.encode("A photo of a café!").ids
+    assert tokenizer.decode(ids).strip() == "a photo of a café !"
+
+
+def test_non_simple_tokenizers_are_refused(tmp_path):
+    with pytest.raises(NotImplementedError, match="SimpleTokenizer"):
+        write_tokenizer_json(object(), tmp_path / "tokenizer.json", 77)
+    with pytest.raises(NotImplementedError, match="clean='lower'"):
+        write_tokenizer_json(SimpleTokenizer(clean="whitespace"), tmp_path / "t.json", 77)
