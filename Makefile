@@ -19,10 +19,15 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[runtime,server,generator,client,dev]"
 	touch $@
 
-serve: $(STAMP)
+TINY_CLIP := .build/tiny-clip/open_clip_pytorch_model.bin
+
+$(TINY_CLIP): | $(STAMP)
+	$(PY) -m generator tiny-clip .build/tiny-clip
+
+serve: $(STAMP) $(TINY_CLIP)
 	$(PY) -m generator serve
 
-build: $(STAMP)
+build: $(STAMP) $(TINY_CLIP)
 	$(PY) -m generator build
 
 stop:

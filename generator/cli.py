@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     remove = sub.add_parser("remove", help="remove a model from the manifest and repository")
     remove.add_argument("name")
     sub.add_parser("list", help="print what is served")
+    tiny = sub.add_parser("tiny-clip", help="save a tiny random-init OpenCLIP checkpoint")
+    tiny.add_argument("out_dir", type=Path)
+    tiny.add_argument("--seed", type=int, default=0)
     serve = sub.add_parser("serve", help="build, then run tritonserver in the foreground")
     serve.add_argument("--no-build", action="store_true")
     serve.add_argument("--pid-file", type=Path, default=DEFAULT_PID)
@@ -107,6 +110,18 @@ def _cmd_list(args) -> int:
     return 0
 
 
+def _cmd_tiny_clip(args) -> int:
+    from .families.open_clip_assets import TINY_ARCH, create_tiny_checkpoint  # noqa: PLC0415
+
+    checkpoint = args.out_dir / "open_clip_pytorch_model.bin"
+    if checkpoint.is_file() and (args.out_dir / f"{TINY_ARCH}.json").is_file():
+        print(f"{checkpoint} exists")
+        return 0
+    create_tiny_checkpoint(checkpoint, seed=args.seed)
+    print(f"wrote {checkpoint} and {args.out_dir / (TINY_ARCH + '.json')}")
+    return 0
+
+
 def _cmd_serve(args) -> int:
     manifest = load_manifest(args.manifest)
     if not args.no_build:
@@ -144,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "add": _cmd_add,
         "remove": _cmd_remove,
         "list": _cmd_list,
+        "tiny-clip": _cmd_tiny_clip,
         "serve": _cmd_serve,
         "stop": _cmd_stop,
     }

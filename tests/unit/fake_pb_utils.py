@@ -1,0 +1,132 @@
+"""A small stand-in for Triton's ``triton_python_backend_utils`` (server-free tests).
+
+Only what the adapters in ``generator/backends`` use, with real behaviour: tensors hold
+numpy arrays, responses hold tensors or one error, and the logger records messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+
+class TritonError:
+    """An error carried by an ``InferenceResponse``."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+
+    def __init__(self, message: str, code: int = INTERNAL):
+        self._message = message
+        self._code = code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, {self._code})"
+
+
+class Tensor:
+    """A named tensor backed by a numpy array."""
+
+    def __init__(self, name: str, array: np.ndarray):
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"Tensor {name}: expected a numpy array, got {type(array)}")
+        self._name = name
+        self._array = array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+
+class InferenceRequest:
+    """A request as seen by ``execute``: a set of named input tensors."""
+
+    def __init__(self, inputs: Iterable[Tensor] = ()):
+        self._inputs = list(inputs)
+
+    def inputs(self) -> list[Tensor]:
+        return list(self._inputs)
+
+
+class InferenceResponse:
+    """Either output tensors or one error."""
+
+    def __init__(self, output_tensors: list[Tensor] | None = None, error: TritonError | None = None):
+        if output_tensors is not None and not all(isinstance(t, Tensor) for t in output_tensors):
+            raise TypeError("output_tensors must be Tensor objects")
+        if error is not None and not isinstance(error, TritonError):
+            raise TypeError("error must be a TritonError")
+        self._outputs = list(output_tensors or [])
+        self._error = error
+
+    def output_tensors(self) -> list[Tensor]:
+        return list(self._outputs)
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def output(self, name: str) -> np.ndarray:
+        """Test helper: the array of output ``name`` (KeyError if absent)."""
+        for tensor in self._outputs:
+            if tensor.name() == name:
+                return tensor.as_numpy()
+        raise KeyError(name)
+
+
+def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
+    """The input called ``name``, or None."""
+    for tensor in request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
+    """The output called ``name``, or None."""
+    for tensor in response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+class Logger:
+    """Records messages by level instead of writing to the server log."""
+
+    messages: list[tuple[str, str]] = []
+
+    @classmethod
+    def log_info(cls, message: str) -> None:
+        cls.messages.append(("info", message))
+
+    @classmethod
+    def log_warn(cls, message: str) -> None:
+        cls.messages.append(("warn", message))
+
+    @classmethod
+    def log_error(cls, message: str) -> None:
+        cls.messages.append(("error", message))
+
+    @classmethod
+    def log_verbose(cls, message: str) -> None:
+        cls.messages.append(("verbose", message))
+
+    @classmethod
+    def clear(cls) -> None:
+        cls.messages.clear()
