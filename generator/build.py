@@ -114,6 +114,10 @@ class RepositoryWriter:
 
     def write(self, model: ModelDir) -> None:
         """Assemble ``model`` in staging, then swap it into the repository."""
+        self.swap_in(self.stage(model), model.name)
+
+    def stage(self, model: ModelDir) -> Path:
+        """Assemble ``model`` under the scratch dir; returns where it was staged."""
         staging = self.state_dir / "staging" / model.name
         shutil.rmtree(staging, ignore_errors=True)
         version = staging / "1"
@@ -128,9 +132,11 @@ class RepositoryWriter:
             )
         for rel, src in model.files.items():
             shutil.copy2(src, version / rel)
-        self._swap(staging, self.repo / model.name)
+        return staging
 
-    def _swap(self, staging: Path, target: Path) -> None:
+    def swap_in(self, staging: Path, name: str) -> None:
+        """Replace the repository's ``name`` dir with a staged one (two renames)."""
+        target = self.repo / name
         trash = self.state_dir / "trash" / f"{target.name}-{time.time_ns()}"
         if target.exists():
             trash.parent.mkdir(parents=True, exist_ok=True)
@@ -179,8 +185,12 @@ def build_repository(
         work.mkdir(parents=True)
         try:
             dirs = family_builder(entry.family)(entry, manifest, work)
-            for model in dirs:
-                writer.write(model)
+            staged = [(writer.stage(model), model.name) for model in dirs]
+            for path, name in staged:
+                writer.swap_in(path, name)
+        except BaseException:
+            writer.clean()
+            raise
         finally:
             shutil.rmtree(work, ignore_errors=True)
         state[entry.name] = {"fingerprint": fingerprint, "dirs": [d.name for d in dirs]}

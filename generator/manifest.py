@@ -72,6 +72,15 @@ class ModelEntry:
         return dataclasses.asdict(self)
 
     @property
+    def model_dirs(self) -> tuple[str, ...]:
+        """Every model dir the entry builds: its ensembles and their steps."""
+        if self.family == "open-clip":
+            steps = ("tokenize", "encode_text", "preprocess_image", "encode_image")
+        else:
+            steps = ("tokenize", "encode")
+        return (*self.ensembles, *(f"{self.name}_{s}" for s in steps))
+
+    @property
     def ensembles(self) -> tuple[str, ...]:
         """Names of the ensembles a user calls for this entry."""
         if self.family == "open-clip":
@@ -99,6 +108,7 @@ class Manifest:
     models: tuple[ModelEntry, ...]
     fetch_image: FetchSettings = field(default_factory=FetchSettings)
     base_dir: Path = Path(".")
+    runtime: frozenset[str] = frozenset()
 
     def get(self, name: str) -> ModelEntry:
         """The entry called ``name``; KeyError if there is none."""
@@ -134,6 +144,9 @@ def _check_type(where: str, key: str, value: object, default: object, errors: li
 
 
 def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntry | None:
+    if not isinstance(raw, Mapping):
+        errors.append(f"models[{i}] must be a table ([[models]]), got {raw!r}")
+        return None
     where = f"models[{i}]" + (f" ({raw['name']})" if isinstance(raw.get("name"), str) else "")
     for key in ("name", "family"):
         if key not in raw:
@@ -192,13 +205,17 @@ def parse_manifest(data: Mapping[str, Any], base_dir: Path, source: str = "manif
         raw_models = []
     entries = [_parse_entry(i, raw, errors) for i, raw in enumerate(raw_models)]
     models = tuple(e for e in entries if e is not None)
-    seen: set[str] = set()
+    seen: dict[str, str] = {"fetch_image": "shared", "model_manager": "shared"}
     for entry in models:
-        for name in {entry.name, *entry.ensembles}:
-            if name in seen:
-                errors.append(f"duplicate model name {name!r}")
-            seen.add(name)
+        clash = next((n for n in dict.fromkeys(entry.model_dirs) if n in seen), None)
+        if clash is not None:
+            errors.append(f"duplicate model name {clash!r}")
+            continue
+        seen.update(dict.fromkeys(entry.model_dirs, entry.name))
     raw_fetch = data.get("fetch_image", {})
+    if not isinstance(raw_fetch, Mapping):
+        errors.append(f"'fetch_image' must be a table, got {raw_fetch!r}")
+        raw_fetch = {}
     bad_fetch = sorted(set(raw_fetch) - set(_FETCH_FIELDS))
     if bad_fetch:
         errors.append(f"fetch_image: unknown keys {bad_fetch}")
@@ -220,6 +237,31 @@ def load_manifest(path: Path) -> Manifest:
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError([f"not valid TOML: {exc}"], str(path)) from exc
     return parse_manifest(data, path.parent.resolve(), str(path))
+
+
+RUNTIME_MANIFEST = "runtime-models.toml"
+
+
+def load_serving_manifest(path: Path, repo: Path) -> Manifest:
+    """The manifest plus the models loaded at runtime (``<repo>/runtime-models.toml``).
+
+    Runtime loads are recorded there by the ``model_manager`` model so that a restart
+    serves the same set; their paths are absolute. A name in both files is an error.
+    """
+    main = load_manifest(path)
+    runtime_path = repo / RUNTIME_MANIFEST
+    if not runtime_path.is_file():
+        return main
+    runtime = load_manifest(runtime_path)
+    taken = {n for e in main.models for n in {e.name, *e.ensembles}}
+    clashes = sorted(e.name for e in runtime.models if {e.name, *e.ensembles} & taken)
+    if clashes:
+        raise ManifestError([f"runtime models {clashes} collide with {path}"], str(runtime_path))
+    return dataclasses.replace(
+        main,
+        models=main.models + runtime.models,
+        runtime=frozenset(e.name for e in runtime.models),
+    )
 
 
 def resolve_path(manifest: Manifest, value: str) -> Path:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
 
-from .manifest import load_manifest
+from .manifest import ManifestError, parse_manifest
 
 
 def _toml_value(value: object) -> str:
@@ -17,16 +18,30 @@ def _toml_value(value: object) -> str:
     return json.dumps(str(value))
 
 
+def _write_checked(path: Path, text: str) -> None:
+    """Validate ``text`` as a manifest, then replace ``path`` atomically."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError([f"not valid TOML: {exc}"], str(path)) from exc
+    parse_manifest(data, path.parent.resolve(), str(path))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def append_entry(path: Path, fields: dict[str, object]) -> None:
-    """Add a ``[[models]]`` table; refuses a name the manifest already has."""
-    if path.exists():
-        names = {e.name for e in load_manifest(path).models}
+    """Add a ``[[models]]`` table; refuses a name the manifest already has.
+
+    The file is only written when the result is a valid manifest.
+    """
+    text = path.read_text() if path.exists() else ""
+    if text:
+        names = {m.get("name") for m in tomllib.loads(text).get("models", [])}
         if fields["name"] in names:
             raise ValueError(f"model {fields['name']!r} is already in {path}")
     lines = ["", "[[models]]", *(f"{k} = {_toml_value(v)}" for k, v in fields.items())]
-    text = path.read_text() if path.exists() else ""
-    path.write_text(text.rstrip("\n") + "\n" + "\n".join(lines) + "\n")
-    load_manifest(path)
+    _write_checked(path, text.rstrip("\n") + "\n" + "\n".join(lines) + "\n")
 
 
 def remove_entry_text(path: Path, name: str) -> None:
@@ -37,5 +52,4 @@ def remove_entry_text(path: Path, name: str) -> None:
     kept = [b for b in blocks if not (b.startswith("[[models]]") and pattern.search(b))]
     if len(kept) == len(blocks):
         raise KeyError(f"model {name!r} is not in {path}")
-    path.write_text("".join(kept))
-    load_manifest(path)
+    _write_checked(path, "".join(kept))

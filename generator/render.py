@@ -75,7 +75,7 @@ class Accelerator:
 
 
 def _pbstr(value: object) -> str:
-    return json.dumps(str(value))
+    return json.dumps(str(value), ensure_ascii=False)
 
 
 _ENV = jinja2.Environment(

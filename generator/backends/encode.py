@@ -27,9 +27,9 @@ class TritonPythonModel:
 
     def _read(self, request):
         arrays = {n: input_array(pb_utils, request, n) for n in self.params.input_names}
-        rows = {len(a) for a in arrays.values()}
-        if len(rows) != 1 or 0 in rows:
-            raise InvalidInputError(f"inputs {list(arrays)} need the same, non-zero row count")
+        shapes = {a.shape if self.params.ragged else len(a) for a in arrays.values()}
+        if len(shapes) != 1 or any(len(a) == 0 for a in arrays.values()):
+            raise InvalidInputError(f"inputs {list(arrays)} need one shape and at least one row")
         return arrays if self.params.ragged else arrays[self.params.input_names[0]]
 
     def execute(self, requests):

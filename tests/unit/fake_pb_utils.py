@@ -65,7 +65,9 @@ class InferenceRequest:
 class InferenceResponse:
     """Either output tensors or one error."""
 
-    def __init__(self, output_tensors: list[Tensor] | None = None, error: TritonError | None = None):
+    def __init__(
+        self, output_tensors: list[Tensor] | None = None, error: TritonError | None = None
+    ):
         if output_tensors is not None and not all(isinstance(t, Tensor) for t in output_tensors):
             raise TypeError("output_tensors must be Tensor objects")
         if error is not None and not isinstance(error, TritonError):

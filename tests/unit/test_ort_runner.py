@@ -235,9 +235,7 @@ def test_encode_tokens_runs_length_sorted_chunks_within_limits(token_model: Path
 
 
 def test_encode_dense_chunks_by_max_rows_and_keeps_request_order(dense_model: Path) -> None:
-    enc = _encoder(
-        dense_model, input_names="pixel_values", ragged="false", max_rows_per_run="2"
-    )
+    enc = _encoder(dense_model, input_names="pixel_values", ragged="false", max_rows_per_run="2")
     calls = []
     real_run = enc._run
 

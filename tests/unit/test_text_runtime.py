@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,7 +111,7 @@ def test_decode_texts_uses_the_given_input_name_in_errors() -> None:
 
 def test_bundled_tokenizer_json_has_fixed_128_padding_baked_in(tokenizer_path: str) -> None:
     # The premise of the next tests: the file itself pads and truncates at 128.
-    data = json.loads(open(tokenizer_path).read())
+    data = json.loads(Path(tokenizer_path).read_text())
     assert data["padding"]["strategy"] == {"Fixed": 128}
     assert data["truncation"]["max_length"] == 128
 
@@ -229,10 +230,15 @@ def test_split_rows_trims_each_request_to_its_own_longest_row() -> None:
 def test_split_rows_keeps_rows_in_request_order() -> None:
     arrays = _batch([3, 1, 4, 1, 5], width=5)
     parts = split_rows(arrays, [1, 3, 1])
-    rebuilt = [row[: int(m.sum())].tolist() for p in parts for row, m in
-               zip(p["input_ids"], p["attention_mask"], strict=True)]
-    expected = [row[: int(m.sum())].tolist() for row, m in
-                zip(arrays["input_ids"], arrays["attention_mask"], strict=True)]
+    rebuilt = [
+        row[: int(m.sum())].tolist()
+        for p in parts
+        for row, m in zip(p["input_ids"], p["attention_mask"], strict=True)
+    ]
+    expected = [
+        row[: int(m.sum())].tolist()
+        for row, m in zip(arrays["input_ids"], arrays["attention_mask"], strict=True)
+    ]
     assert rebuilt == expected
 
 

