@@ -19,6 +19,7 @@ import numpy as np
 from tritonclient.utils import InferenceServerException
 
 from .errors import EmbeddingClientError
+from .lifecycle import LifecycleMixin
 from .payload import (
     ImageItem,
     bytes_tensor,
@@ -47,7 +48,7 @@ def default_url(protocol: str) -> str:
     return f"localhost:{DEFAULT_PORTS[protocol]}"
 
 
-class EmbeddingClient:
+class EmbeddingClient(LifecycleMixin):
     """Embed texts and images with models served by Triton; query server state.
 
     Every failure (Triton error, unreachable server, unreadable local file, bad input)

@@ -97,12 +97,12 @@ class RepositoryWriter:
         """Fingerprint and model dirs of every built entry."""
         if not self.state_file.is_file():
             return {}
-        return json.loads(self.state_file.read_text())
+        return json.loads(self.state_file.read_text(encoding="utf-8"))
 
     def save_state(self, state: dict[str, dict]) -> None:
         """Write the state atomically."""
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+        tmp.write_text(json.dumps(state, indent=2, sort_keys=True), encoding="utf-8")
         tmp.replace(self.state_file)
 
     def is_current(self, name: str, fingerprint: str, state: dict[str, dict]) -> bool:
@@ -122,7 +122,7 @@ class RepositoryWriter:
         shutil.rmtree(staging, ignore_errors=True)
         version = staging / "1"
         version.mkdir(parents=True)
-        (staging / "config.pbtxt").write_text(model.config)
+        (staging / "config.pbtxt").write_text(model.config, encoding="utf-8")
         if model.adapter:
             shutil.copy2(GENERATOR / "backends" / f"{model.adapter}.py", version / "model.py")
             shutil.copytree(

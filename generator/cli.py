@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 
 from .build import RepositoryWriter, build_repository, entry_fingerprint, remove_entry
-from .manifest import ManifestError, load_manifest
+from .manifest import ManifestError, load_serving_manifest
 from .manifest_edit import append_entry, remove_entry_text
+from .shared_models import startup_models
 from .triton_local import (
     TritonLaunch,
     TritonPorts,
@@ -64,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_build(args) -> int:
-    manifest = load_manifest(args.manifest)
+    manifest = load_serving_manifest(args.manifest, args.repo)
     report = build_repository(manifest, args.repo, only=args.only, force=args.force)
     for name in report.built:
         print(f"built   {name} ({report.seconds.get(name, 0)} s)")
@@ -86,7 +87,7 @@ def _cmd_add(args) -> int:
         "max_batch_size": args.max_batch_size,
     }
     append_entry(args.manifest, {k: v for k, v in fields.items() if v is not None})
-    manifest = load_manifest(args.manifest)
+    manifest = load_serving_manifest(args.manifest, args.repo)
     build_repository(manifest, args.repo, only=[args.name])
     print(f"added {args.name}: serves {', '.join(manifest.get(args.name).ensembles)}")
     return 0
@@ -100,7 +101,7 @@ def _cmd_remove(args) -> int:
 
 
 def _cmd_list(args) -> int:
-    manifest = load_manifest(args.manifest)
+    manifest = load_serving_manifest(args.manifest, args.repo)
     state = RepositoryWriter(args.repo).load_state()
     writer = RepositoryWriter(args.repo)
     for entry in manifest.models:
@@ -123,10 +124,10 @@ def _cmd_tiny_clip(args) -> int:
 
 
 def _cmd_serve(args) -> int:
-    manifest = load_manifest(args.manifest)
+    manifest = load_serving_manifest(args.manifest, args.repo)
     if not args.no_build:
         build_repository(manifest, args.repo)
-    names = tuple(name for entry in manifest.models for name in entry.ensembles)
+    names = startup_models(manifest)
     launch = TritonLaunch(args.repo.resolve(), TritonPorts.from_env(), load_models=names)
     backends = prepare_backends(args.work_dir.resolve() / "backends")
     cmd = server_command(launch, backends)

@@ -109,6 +109,7 @@ class Manifest:
     fetch_image: FetchSettings = field(default_factory=FetchSettings)
     base_dir: Path = Path(".")
     runtime: frozenset[str] = frozenset()
+    path: Path | None = None
 
     def get(self, name: str) -> ModelEntry:
         """The entry called ``name``; KeyError if there is none."""
@@ -233,10 +234,11 @@ def parse_manifest(data: Mapping[str, Any], base_dir: Path, source: str = "manif
 def load_manifest(path: Path) -> Manifest:
     """Read and validate a ``models.toml``."""
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError([f"not valid TOML: {exc}"], str(path)) from exc
-    return parse_manifest(data, path.parent.resolve(), str(path))
+    manifest = parse_manifest(data, path.parent.resolve(), str(path))
+    return dataclasses.replace(manifest, path=path.resolve())
 
 
 RUNTIME_MANIFEST = "runtime-models.toml"

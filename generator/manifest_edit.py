@@ -26,7 +26,7 @@ def _write_checked(path: Path, text: str) -> None:
         raise ManifestError([f"not valid TOML: {exc}"], str(path)) from exc
     parse_manifest(data, path.parent.resolve(), str(path))
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
 
 
@@ -35,7 +35,7 @@ def append_entry(path: Path, fields: dict[str, object]) -> None:
 
     The file is only written when the result is a valid manifest.
     """
-    text = path.read_text() if path.exists() else ""
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
     if text:
         names = {m.get("name") for m in tomllib.loads(text).get("models", [])}
         if fields["name"] in names:
@@ -46,7 +46,7 @@ def append_entry(path: Path, fields: dict[str, object]) -> None:
 
 def remove_entry_text(path: Path, name: str) -> None:
     """Drop the ``[[models]]`` table whose ``name`` is ``name``."""
-    text = path.read_text()
+    text = path.read_text(encoding="utf-8")
     blocks = re.split(r"(?m)^(?=\[\[models\]\]|\[fetch_image\])", text)
     pattern = re.compile(rf"(?m)^name\s*=\s*\"{re.escape(name)}\"\s*$")
     kept = [b for b in blocks if not (b.startswith("[[models]]") and pattern.search(b))]

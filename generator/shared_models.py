@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 
 from .build_types import ModelDir
 from .manifest import Manifest
 from .render import Batching, Instances, IOSpec, python_model
 
 FETCH_IMAGE = "fetch_image"
+MODEL_MANAGER = "model_manager"
+SHARED_MODELS = (FETCH_IMAGE, MODEL_MANAGER)
 
 
 def fetch_image_parameters(manifest: Manifest) -> dict[str, str]:
@@ -24,11 +27,37 @@ def fetch_image_parameters(manifest: Manifest) -> dict[str, str]:
     }
 
 
+def model_manager_dir(manifest: Manifest) -> ModelDir:
+    """The ``model_manager`` model: runtime load/unload/delete/list (JSON in, JSON out)."""
+    config = python_model(
+        MODEL_MANAGER,
+        0,
+        [IOSpec("REQUEST", "TYPE_STRING", (1,))],
+        [IOSpec("RESPONSE", "TYPE_STRING", (1,))],
+        {
+            "manifest": str(manifest.path),
+            "worker_python": sys.executable,
+            "build_timeout_s": "1800",
+        },
+        Batching(False),
+        Instances(1),
+    )
+    return ModelDir(MODEL_MANAGER, config, MODEL_MANAGER, {})
+
+
 def shared_model_dirs(manifest: Manifest, code_fp: str) -> list[tuple[ModelDir, str]]:
-    """The shared model dirs ``manifest`` needs, each with its fingerprint."""
+    """The shared model dirs ``manifest`` needs, each with its fingerprint.
+
+    ``model_manager`` comes with every manifest read from a file (it needs the path);
+    ``fetch_image`` with any open-clip entry.
+    """
+    out = []
+    if manifest.path is not None:
+        manager = model_manager_dir(manifest)
+        out.append((manager, hashlib.sha256((manager.config + code_fp).encode()).hexdigest()))
     clip = [e for e in manifest.models if e.family == "open-clip"]
     if not clip:
-        return []
+        return out
     params = fetch_image_parameters(manifest)
     config = python_model(
         FETCH_IMAGE,
@@ -40,4 +69,10 @@ def shared_model_dirs(manifest: Manifest, code_fp: str) -> list[tuple[ModelDir, 
         Instances(manifest.fetch_image.instances),
     )
     fingerprint = hashlib.sha256((config + code_fp).encode()).hexdigest()
-    return [(ModelDir(FETCH_IMAGE, config, FETCH_IMAGE, {}), fingerprint)]
+    return [*out, (ModelDir(FETCH_IMAGE, config, FETCH_IMAGE, {}), fingerprint)]
+
+
+def startup_models(manifest: Manifest) -> tuple[str, ...]:
+    """Models to load at start: every ensemble (steps follow), plus the manager."""
+    names = tuple(name for entry in manifest.models for name in entry.ensembles)
+    return (*names, MODEL_MANAGER) if manifest.path is not None else names

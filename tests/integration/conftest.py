@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from dataclasses import dataclass
@@ -11,7 +12,8 @@ import pytest
 
 from client import EmbeddingClient
 from generator.build import build_repository
-from generator.manifest import Manifest, parse_manifest
+from generator.manifest import Manifest, load_manifest
+from generator.shared_models import startup_models
 from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess
 
 TEXT_MODEL = "all-MiniLM-L6-v2"
@@ -54,6 +56,21 @@ def test_manifest_data(extra_models: list[dict] | None = None) -> dict:
     }
 
 
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value)
+
+
+def write_manifest(path: Path, data: dict) -> None:
+    """Write ``data`` (the shape of :func:`test_manifest_data`) as a models.toml."""
+    lines = []
+    for model in data["models"]:
+        lines += ["[[models]]", *(f"{k} = {_toml(v)}" for k, v in model.items()), ""]
+    lines += ["[fetch_image]", *(f"{k} = {_toml(v)}" for k, v in data["fetch_image"].items())]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 @dataclass(frozen=True)
 class Server:
     """A running server and how to reach it."""
@@ -88,12 +105,14 @@ def extra_models(tmp_path_factory) -> list[dict]:
 def server(tmp_path_factory, extra_models) -> Server:
     """Build the repository and start Triton once for the whole session."""
     base = tmp_path_factory.mktemp("triton")
-    manifest = parse_manifest(test_manifest_data(extra_models), base)
+    manifest_path = base / "models.toml"
+    write_manifest(manifest_path, test_manifest_data(extra_models))
+    manifest = load_manifest(manifest_path)
     repo = base / "model_repository"
     build_repository(manifest, repo, log=lambda _msg: None)
     http, grpc, metrics = free_ports(3)
     ports = TritonPorts(http, grpc, metrics)
-    names = tuple(n for e in manifest.models for n in e.ensembles)
+    names = startup_models(manifest)
     process = TritonProcess(TritonLaunch(repo, ports, load_models=names), base / "work")
     process.start()
     try:

