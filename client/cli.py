@@ -6,6 +6,8 @@
     python -m client models
     python -m client stats [--model M] [--json]
     python -m client ready [--model M]
+    python -m client bench --model M --clients 16 --texts-per-request 1 --requests 200
+    python -m client perf-data --out DIR --model-kind text|clip
 
 Global options (before or after the command): ``--url`` (default: ``$TRITON_URL``, else
 localhost:8000, or localhost:8001 with ``--protocol grpc``), ``--protocol``, ``--timeout``.
@@ -23,6 +25,7 @@ from typing import TextIO
 
 import numpy as np
 
+from . import bench_cli
 from .api import EmbeddingClient, default_url
 from .errors import EmbeddingClientError
 from .records import ModelInfo, ModelStats
@@ -73,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--json", action="store_true", help="one JSON object per line")
     ready = sub.add_parser("ready", parents=[common], help="exit 0 if ready, 1 if not")
     ready.add_argument("--model", help="check this model instead of the server")
+    bench_cli.add_parsers(sub, common)
     return parser
 
 
@@ -172,7 +176,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     """Run the CLI; return the exit code (1 with Triton's message on stderr on error)."""
     args = parse_args(argv)
     url = resolve_url(args.url, args.protocol, os.environ if environ is None else environ)
+    if args.command == "perf-data":
+        return bench_cli.run_perf_data(args)
     try:
+        if args.command == "bench":
+            return bench_cli.run_bench(args, url)
         with EmbeddingClient(url, args.protocol, args.timeout) as client:
             if args.command == "embed":
                 return _cmd_embed(client, args)

@@ -169,3 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ManifestError, FileNotFoundError, KeyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:
+        print(
+            f"error: {exc}: building a model needs the generator's dependencies "
+            "(pip install -e '.[generator]'; in Docker, the 'generator' image target)",
+            file=sys.stderr,
+        )
+        return 2

@@ -31,6 +31,7 @@ from typing import Any
 FAMILIES = ("sentence-transformers", "open-clip")
 DEVICES = ("cpu", "gpu")
 ENCODER_BACKENDS = ("python-ort", "onnxruntime")
+GPU_ACCELERATORS = ("none", "tensorrt")
 PRECISIONS = ("fp32", "fp16", "int8")
 GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -65,6 +66,7 @@ class ModelEntry:
     precision: str = "fp32"
     device: str = "cpu"
     encoder_backend: str = "python-ort"
+    gpu_accelerator: str = "none"
     normalize: bool = True
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,6 +173,7 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
         "family": FAMILIES,
         "device": DEVICES,
         "encoder_backend": ENCODER_BACKENDS,
+        "gpu_accelerator": GPU_ACCELERATORS,
         "precision": PRECISIONS,
         "graph_optimization": GRAPH_OPT_LEVELS,
     }
@@ -184,6 +187,13 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
         errors.append(f"{where}: max_queue_delay_us and ort_threads must be >= 0")
     if entry.max_seq_length is not None and entry.max_seq_length < 2:
         errors.append(f"{where}: max_seq_length must be >= 2")
+    if entry.gpu_accelerator == "tensorrt" and (
+        entry.device != "gpu" or entry.encoder_backend != "onnxruntime"
+    ):
+        errors.append(
+            f"{where}: gpu_accelerator 'tensorrt' needs device 'gpu' and "
+            "encoder_backend 'onnxruntime'"
+        )
     if entry.family == "sentence-transformers" and not entry.source:
         errors.append(f"{where}: sentence-transformers models need 'source'")
     if entry.family == "open-clip":

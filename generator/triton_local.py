@@ -59,15 +59,32 @@ def _pytriton_root() -> Path:
 
 
 def triton_binary() -> Path:
-    """Path of the ``tritonserver`` executable inside the installed wheel."""
-    binary = _pytriton_root() / "tritonserver" / "bin" / "tritonserver"
+    """``$TRITON_SERVER_BIN``, else the ``tritonserver`` inside the installed wheel.
+
+    The Docker image sets ``TRITON_SERVER_BIN`` and ``TRITON_BACKEND_DIR`` to the NGC
+    installation under ``/opt/tritonserver``, so ``python -m generator serve`` runs there.
+    """
+    override = os.environ.get("TRITON_SERVER_BIN")
+    if override:
+        binary = Path(override)
+    else:
+        binary = _pytriton_root() / "tritonserver" / "bin" / "tritonserver"
     if not binary.is_file():
         raise FileNotFoundError(f"tritonserver binary not found at {binary}")
     return binary
 
 
 def prepare_backends(target: Path) -> Path:
-    """Lay out ``<target>/python`` with the Python backend and the stub for this Python."""
+    """Lay out ``<target>/python`` with the Python backend and the stub for this Python.
+
+    With ``TRITON_BACKEND_DIR`` set (an installed Triton's backends, e.g. NGC's
+    ``/opt/tritonserver/backends``) that directory is used as it is.
+    """
+    override = os.environ.get("TRITON_BACKEND_DIR")
+    if override:
+        if not (Path(override) / "python").is_dir():
+            raise FileNotFoundError(f"TRITON_BACKEND_DIR={override} has no python/ backend")
+        return Path(override)
     root = _pytriton_root() / "tritonserver"
     stub = root / "python_backend_stubs" / PY_TAG / "triton_python_backend_stub"
     if not stub.is_file():
@@ -82,13 +99,17 @@ def prepare_backends(target: Path) -> Path:
 
 
 def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for the server: venv first on PATH, matching libpython first."""
+    """Environment for the server: venv first on PATH, matching libpython first.
+
+    An external ``tritonserver`` (``TRITON_SERVER_BIN``) keeps its own library path.
+    """
     env = dict(os.environ if base is None else base)
-    site = Path(sysconfig.get_paths()["purelib"])
-    libs = [str(Path(sys.base_prefix) / "lib"), str(site / "nvidia_pytriton.libs")]
-    if env.get("LD_LIBRARY_PATH"):
-        libs.append(env["LD_LIBRARY_PATH"])
-    env["LD_LIBRARY_PATH"] = ":".join(libs)
+    if not env.get("TRITON_SERVER_BIN"):
+        site = Path(sysconfig.get_paths()["purelib"])
+        libs = [str(Path(sys.base_prefix) / "lib"), str(site / "nvidia_pytriton.libs")]
+        if env.get("LD_LIBRARY_PATH"):
+            libs.append(env["LD_LIBRARY_PATH"])
+        env["LD_LIBRARY_PATH"] = ":".join(libs)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.setdefault("PYTHONUTF8", "1")
     env.setdefault("HF_HUB_OFFLINE", "1")

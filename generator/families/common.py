@@ -8,8 +8,22 @@ from pathlib import Path
 from ..build_types import ModelDir
 from ..manifest import ModelEntry
 from ..onnx_export import GraphSpec
-from ..render import Batching, Instances, IOSpec, Step, ensemble, onnxruntime_model, python_model
+from ..render import (
+    Accelerator,
+    Batching,
+    Instances,
+    IOSpec,
+    Step,
+    ensemble,
+    onnxruntime_model,
+    python_model,
+)
 from ..runtime.text import TokenizerParams
+
+# Where TensorRT keeps its engines inside the Docker image (docker-compose.yml mounts a
+# volume there, so engines survive a restart instead of being rebuilt for minutes).
+TRT_ENGINE_CACHE_DIR = "/var/cache/triton-embeddings/tensorrt"
+TRT_WORKSPACE_BYTES = 1 << 30
 
 
 def tokenize_dir(
@@ -35,6 +49,35 @@ def tokenize_dir(
     return ModelDir(name, config, "tokenize", {"tokenizer.json": tokenizer_json})
 
 
+def _trt_profiles(inputs: Sequence[IOSpec], max_batch_size: int) -> dict[str, str]:
+    """TensorRT shape profiles (batch 1 .. max) when every non-batch dim is fixed."""
+    if any(d < 0 for t in inputs for d in t.dims):
+        return {}
+
+    def shapes(batch: int) -> str:
+        return ",".join(f"{t.name}:{'x'.join(map(str, (batch, *t.dims)))}" for t in inputs)
+
+    return {
+        "trt_profile_min_shapes": shapes(1),
+        "trt_profile_opt_shapes": shapes(max_batch_size),
+        "trt_profile_max_shapes": shapes(max_batch_size),
+    }
+
+
+def gpu_accelerator(entry: ModelEntry, inputs: Sequence[IOSpec]) -> Accelerator | None:
+    """The native backend's GPU execution accelerator for ``entry`` (None: plain CUDA EP)."""
+    if entry.device != "gpu" or entry.gpu_accelerator != "tensorrt":
+        return None
+    parameters = {
+        "precision_mode": "FP16" if entry.precision == "fp16" else "FP32",
+        "max_workspace_size_bytes": str(TRT_WORKSPACE_BYTES),
+        "trt_engine_cache_enable": "true",
+        "trt_engine_cache_path": TRT_ENGINE_CACHE_DIR,
+        **_trt_profiles(inputs, entry.max_batch_size),
+    }
+    return Accelerator("tensorrt", tuple(parameters.items()))
+
+
 def encoder_dir(
     entry: ModelEntry, name: str, onnx_path: Path, spec: GraphSpec, ragged: bool
 ) -> ModelDir:
@@ -45,7 +88,15 @@ def encoder_dir(
     outputs = [IOSpec.from_tensor(t) for t in spec.outputs]
     if entry.encoder_backend == "onnxruntime":
         inputs = [IOSpec.from_tensor(t) for t in spec.inputs]
-        config = onnxruntime_model(name, entry.max_batch_size, inputs, outputs, batching, instances)
+        config = onnxruntime_model(
+            name,
+            entry.max_batch_size,
+            inputs,
+            outputs,
+            batching,
+            instances,
+            accelerator=gpu_accelerator(entry, inputs),
+        )
         return ModelDir(name, config, None, {"model.onnx": onnx_path})
     parameters = {
         "onnx_file": "model.onnx",

@@ -1,0 +1,1 @@
+"""The benchmark suite: ``python -m bench.run`` (``make bench``); see docs/benchmarks.md."""

@@ -1,0 +1,189 @@
+"""The ceiling: the exported ONNX graphs driven directly by ONNX Runtime, in-process.
+
+Text: the same ``model.onnx`` and ``tokenizer.json`` the generator wrote for Triton, over
+the same sentences as the loads, tokenized before the clock starts. Two figures:
+length-sorted batches of 32 (each padded only to its own longest row: the best a
+batching server can do) and batch 1 (no padding at all; its median is the latency
+floor of one sentence). Tokenization is timed separately for reference. Optionally
+also ``mixed_batch``-sentence batches of a fixed random mix of the sentences, each
+padded to its own longest row: what the served encoder gets from one dynamic batch of
+single-sentence requests once the clients drift apart (it shows how much of a gap is
+padding).
+
+Images: the image tower on random pixels at batch 32 and batch 1 (encoder only, no
+decoding or resizing).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BATCH = 32
+
+
+def _config_parameters(model_dir: Path) -> dict[str, str]:
+    from google.protobuf import text_format  # noqa: PLC0415
+    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
+
+    config = text_format.Parse(
+        (model_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
+    return {key: value.string_value for key, value in config.parameters.items()}
+
+
+def make_session(onnx_path: Path, device: str = "cpu"):
+    """An ONNX Runtime session with default threading and full graph optimisation.
+
+    ``device="gpu"`` uses CUDAExecutionProvider when this onnxruntime has it.
+    """
+    import onnxruntime as ort  # noqa: PLC0415
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    providers = ["CPUExecutionProvider"]
+    if device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ort.InferenceSession(str(onnx_path), sess_options=options, providers=providers)
+
+
+@dataclass
+class TextCeiling:
+    """Raw ORT throughput and latency over the benchmark sentences."""
+
+    provider: str
+    sentences: int
+    mean_tokens: float
+    batch32_items_per_s: float
+    batch1_items_per_s: float
+    batch1_p50_ms: float
+    batch1_p95_ms: float
+    tokenize_us_per_sentence: float
+    batch32_real_token_share: float
+    mixed_batch: int = 0
+    mixed_items_per_s: float = float("nan")
+    mixed_real_token_share: float = float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for the results file."""
+        return asdict(self)
+
+
+def _tokenize(repo: Path, model: str, sentences: list[str]) -> tuple[dict, np.ndarray, float]:
+    from generator.runtime.text import BatchTokenizer, TokenizerParams  # noqa: PLC0415
+
+    tok_dir = repo / f"{model}_tokenize"
+    params = TokenizerParams.from_parameters(_config_parameters(tok_dir))
+    tokenizer = BatchTokenizer(str(tok_dir / "1" / "tokenizer.json"), params)
+    start = time.perf_counter()
+    for i in range(0, len(sentences), BATCH):
+        tokenizer.encode(sentences[i : i + BATCH])
+    per_sentence_us = (time.perf_counter() - start) / len(sentences) * 1e6
+    arrays = tokenizer.encode(sentences)
+    lengths = arrays["attention_mask"].sum(axis=1)
+    return arrays, lengths, per_sentence_us
+
+
+def _timed(session, feeds: list[dict[str, np.ndarray]]) -> float:
+    start = time.perf_counter()
+    for feed in feeds:
+        session.run(None, feed)
+    return time.perf_counter() - start
+
+
+def text_ceiling(
+    repo: Path, model: str, sentences: list[str], device: str = "cpu", mixed_batch: int = 0
+) -> TextCeiling:
+    """Measure ``<model>_encode/1/model.onnx`` of ``repo`` on ``sentences`` once."""
+    session = make_session(repo / f"{model}_encode" / "1" / "model.onnx", device)
+    names = {i.name for i in session.get_inputs()}
+    arrays, lengths, tokenize_us = _tokenize(repo, model, sentences)
+    arrays = {k: v for k, v in arrays.items() if k in names}
+
+    def cut(rows: np.ndarray) -> dict[str, np.ndarray]:
+        width = int(lengths[rows].max())
+        return {k: np.ascontiguousarray(v[rows, :width]) for k, v in arrays.items()}
+
+    order = np.argsort(lengths, kind="stable")
+    chunks = [order[i : i + BATCH] for i in range(0, len(order), BATCH)]
+    batches = [cut(rows) for rows in chunks]
+    padded = sum(len(rows) * int(lengths[rows].max()) for rows in chunks)
+    singles = [cut(np.array([i])) for i in range(len(sentences))]
+    for feed in batches[:2] + singles[:8]:
+        session.run(None, feed)
+    batch_s = _timed(session, batches)
+    mixed_s, mixed_share = float("nan"), float("nan")
+    if mixed_batch:
+        mix = np.random.default_rng(0).permutation(len(sentences))
+        groups = [np.sort(mix[i : i + mixed_batch]) for i in range(0, len(mix), mixed_batch)]
+        mixed_s = _timed(session, [cut(rows) for rows in groups])
+        mixed_padded = sum(len(rows) * int(lengths[rows].max()) for rows in groups)
+        mixed_share = float(lengths.sum()) / mixed_padded
+    times = []
+    for feed in singles:
+        t0 = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - t0)
+    ms = np.asarray(times) * 1000.0
+    return TextCeiling(
+        provider=session.get_providers()[0],
+        sentences=len(sentences),
+        mean_tokens=float(lengths.mean()),
+        batch32_items_per_s=len(sentences) / batch_s,
+        batch1_items_per_s=len(sentences) / float(np.sum(times)),
+        batch1_p50_ms=float(np.median(ms)),
+        batch1_p95_ms=float(np.percentile(ms, 95)),
+        tokenize_us_per_sentence=tokenize_us,
+        batch32_real_token_share=float(lengths.sum()) / padded,
+        mixed_batch=mixed_batch,
+        mixed_items_per_s=len(sentences) / mixed_s if mixed_batch else float("nan"),
+        mixed_real_token_share=mixed_share,
+    )
+
+
+@dataclass
+class ImageCeiling:
+    """Raw ORT throughput of the image tower on ready-made pixels."""
+
+    provider: str
+    batch32_items_per_s: float
+    batch1_items_per_s: float
+    batch1_p50_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for the results file."""
+        return asdict(self)
+
+
+def image_ceiling(
+    repo: Path, model: str, device: str = "cpu", images: int = 64, singles: int = 16
+) -> ImageCeiling:
+    """Measure ``<model>_encode_image/1/model.onnx`` at batch 32 and batch 1.
+
+    ``images`` should be a multiple of 32; ``singles`` images are run one at a time.
+    """
+    session = make_session(repo / f"{model}_encode_image" / "1" / "model.onnx", device)
+    graph_input = session.get_inputs()[0]
+    size = [int(d) for d in graph_input.shape[1:]]
+    rng = np.random.default_rng(0)
+    pixels = rng.standard_normal((images, *size)).astype(np.float32)
+    session.run(None, {graph_input.name: pixels[:2]})
+    start = time.perf_counter()
+    for i in range(0, images, BATCH):
+        session.run(None, {graph_input.name: pixels[i : i + BATCH]})
+    batch_s = time.perf_counter() - start
+    times = []
+    for i in range(singles):
+        t0 = time.perf_counter()
+        session.run(None, {graph_input.name: pixels[i : i + 1]})
+        times.append(time.perf_counter() - t0)
+    return ImageCeiling(
+        provider=session.get_providers()[0],
+        batch32_items_per_s=images / batch_s,
+        batch1_items_per_s=singles / float(np.sum(times)),
+        batch1_p50_ms=float(np.median(times) * 1000.0),
+    )

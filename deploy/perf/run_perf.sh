@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# perf_analyzer against every ready ensemble of a running Triton: this project's generated
+# input data (texts, photos, data: URIs), a concurrency sweep, one CSV and log per run and
+# a summary.csv, all under $PERF_RESULTS/<UTC timestamp>/.
+#
+#   docker compose --profile perf run --rm perf        # in the Triton SDK image
+#   TRITON_HTTP_URL=localhost:8000 TRITON_GRPC_URL=localhost:8001 PERF_RESULTS=perf-results \
+#       deploy/perf/run_perf.sh                         # anywhere perf_analyzer is installed
+#
+# Environment (default):
+#   TRITON_HTTP_URL     (triton:8000)  model discovery
+#   TRITON_GRPC_URL     (triton:8001)  what perf_analyzer loads
+#   TRITON_METRICS_URL  (empty)        set: perf_analyzer also records GPU metrics
+#   PERF_MODELS         (all ready)    space-separated ensembles
+#   PERF_CONCURRENCY    (1 2 4 8 16 32) the sweep: concurrent requests in flight
+#   PERF_BATCH          (1)            rows per request (-b)
+#   PERF_MEASUREMENT_MS (5000)         measurement window
+#   PERF_RESULTS        (/results)     output folder
+#   PERF_ANALYZER       (perf_analyzer), PYTHON (python3)
+set -euo pipefail
+
+http_url=${TRITON_HTTP_URL:-triton:8000}
+grpc_url=${TRITON_GRPC_URL:-triton:8001}
+metrics_url=${TRITON_METRICS_URL:-}
+models=${PERF_MODELS:-}
+concurrency=${PERF_CONCURRENCY:-1 2 4 8 16 32}
+batch=${PERF_BATCH:-1}
+interval_ms=${PERF_MEASUREMENT_MS:-5000}
+results=${PERF_RESULTS:-/results}
+perf_analyzer=${PERF_ANALYZER:-perf_analyzer}
+python=${PYTHON:-python3}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+mkdir -p "$results" 2>/dev/null || true
+if [[ ! -w $results ]]; then
+    echo "error: $results is not writable by uid $(id -u) (mkdir -p perf-results first," \
+        "or set PERF_UID/PERF_GID to its owner)" >&2
+    exit 2
+fi
+run_dir="$results/$(date -u +%Y%m%dT%H%M%SZ)"
+mkdir -p "$run_dir"
+
+plan=$("$python" "$here/perf_plan.py" --url "$http_url" --out "$run_dir/input-data" \
+    --models "$models")
+summary="$run_dir/summary.csv"
+failed=()
+while IFS=$'\t' read -r model data; do
+    for c in $concurrency; do
+        name="$model.c$c"
+        args=(-m "$model" -u "$grpc_url" -i grpc --input-data "$data" -b "$batch"
+            --concurrency-range "$c" --measurement-interval "$interval_ms" --percentile 95
+            -f "$run_dir/$name.csv")
+        if [[ -n $metrics_url ]]; then
+            args+=(--collect-metrics --metrics-url "$metrics_url")
+        fi
+        echo "== $model, concurrency $c"
+        if ! "$perf_analyzer" "${args[@]}" >"$run_dir/$name.log" 2>&1; then
+            tail -n 20 "$run_dir/$name.log" >&2
+            failed+=("$name")
+            continue
+        fi
+        grep -E "Throughput|latency" "$run_dir/$name.log" || true
+        if [[ ! -f $summary ]]; then
+            printf 'Model,%s\n' "$(head -n 1 "$run_dir/$name.csv")" >"$summary"
+        fi
+        sed -n '2p' "$run_dir/$name.csv" | sed "s/^/$model,/" >>"$summary"
+    done
+done <<<"$plan"
+
+echo "results: $run_dir (summary.csv, <ensemble>.c<concurrency>.csv and .log)"
+if ((${#failed[@]})); then
+    echo "error: perf_analyzer failed for: ${failed[*]}" >&2
+    exit 1
+fi

