@@ -24,13 +24,12 @@ from bench.ceiling import image_ceiling, text_ceiling
 from bench.loads import IMAGE_URL, BenchLoad, image_loads, text_loads
 from bench.machine import CpuMonitor, machine_info
 from bench.manifest import CLIP_MODEL, ROOT, TEXT_MODEL, bench_manifest, parse_overrides
-from bench.peers.process import free_ports
 from bench.peers.services import Peer, ensure_infinity, fastapi_peer, infinity_peer
 from bench.report import write_report
 from client.loadgen import LoadResult, SenderFactory, format_result, run_load, run_triton_load
 from client.workload import ImageServer, generated_images, image_requests, text_pool, text_requests
 from generator.build import build_repository
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess
+from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 
 BUILD = ROOT / ".build"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 import urllib.error
@@ -12,20 +11,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from generator.triton_local import stop_pid
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports on 127.0.0.1 that were free a moment ago."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class PeerProcess:

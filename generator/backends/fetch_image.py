@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from embed_runtime.adapter import config_parameters, error_response, input_array
+from embed_runtime.adapter import config_parameters, error_response, gather_rows, input_array
 from embed_runtime.errors import RequestError
 from embed_runtime.fetch import FetchPolicy, fetch_all
 from embed_runtime.text import decode_texts
@@ -29,36 +29,26 @@ class TritonPythonModel:
 
     def execute(self, requests):
         """Fetch every URL of every valid request at once; errors stay per request."""
-        responses = [None] * len(requests)
-        valid, counts, urls = [], [], []
-        for i, request in enumerate(requests):
-            try:
-                rows = decode_texts(input_array(pb_utils, request, "IMAGE_URL"), "IMAGE_URL")
-            except RequestError as exc:
-                responses[i] = error_response(pb_utils, exc)
-                continue
-            valid.append(i)
-            counts.append(len(rows))
-            urls.extend(rows)
+        batch = gather_rows(
+            pb_utils,
+            requests,
+            lambda r: decode_texts(input_array(pb_utils, r, "IMAGE_URL"), "IMAGE_URL"),
+        )
         try:
-            results = fetch_all(urls, self.policy, self.pool) if urls else []
+            results = fetch_all(batch.items, self.policy, self.pool) if batch.items else []
         except Exception as exc:  # noqa: BLE001 - every request must get a response
             self.logger.log_error(traceback.format_exc())
-            for i in valid:
-                responses[i] = error_response(pb_utils, exc, self.logger.log_error)
-            return responses
-        start = 0
-        for i, count in zip(valid, counts, strict=True):
-            mine = results[start : start + count]
-            start += count
+            return batch.fail_valid(pb_utils, exc, self.logger.log_error)
+        for i, start, stop in batch.slices():
+            mine = results[start:stop]
             failed = next((r for r in mine if isinstance(r, RequestError)), None)
             if failed is not None:
-                responses[i] = error_response(pb_utils, failed)
+                batch.responses[i] = error_response(pb_utils, failed)
                 continue
-            images = np.empty((count, 1), dtype=np.object_)
+            images = np.empty((len(mine), 1), dtype=np.object_)
             images[:, 0] = mine
-            responses[i] = pb_utils.InferenceResponse([pb_utils.Tensor("IMAGE", images)])
-        return responses
+            batch.responses[i] = pb_utils.InferenceResponse([pb_utils.Tensor("IMAGE", images)])
+        return batch.responses
 
     def finalize(self):
         """Stop the thread pool."""

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from embed_runtime.adapter import config_parameters, error_response, input_array
+from embed_runtime.adapter import config_parameters, error_response, gather_rows, input_array
 from embed_runtime.errors import InvalidInputError, RequestError
 from embed_runtime.image import PreprocessParams, decode_image, preprocess
 
@@ -36,33 +36,28 @@ class TritonPythonModel:
             self.logger.log_error(traceback.format_exc())
             return exc
 
+    @staticmethod
+    def _rows(request):
+        rows = input_array(pb_utils, request, "IMAGE").reshape(-1)
+        if rows.size == 0:
+            raise InvalidInputError("IMAGE has zero rows")
+        return list(rows)
+
     def execute(self, requests):
         """Preprocess all images at once; slice them back per request."""
-        responses = [None] * len(requests)
-        valid, counts, items = [], [], []
-        for i, request in enumerate(requests):
-            try:
-                rows = input_array(pb_utils, request, "IMAGE").reshape(-1)
-                if rows.size == 0:
-                    raise InvalidInputError("IMAGE has zero rows")
-            except RequestError as exc:
-                responses[i] = error_response(pb_utils, exc)
-                continue
-            valid.append(i)
-            counts.append(rows.size)
-            items.extend(rows)
-        results = list(self.pool.map(self._one, items))
-        start = 0
-        for i, count in zip(valid, counts, strict=True):
-            mine = results[start : start + count]
-            start += count
+        batch = gather_rows(pb_utils, requests, self._rows)
+        results = list(self.pool.map(self._one, batch.items))
+        for i, start, stop in batch.slices():
+            mine = results[start:stop]
             failed = next((r for r in mine if isinstance(r, Exception)), None)
             if failed is not None:
-                responses[i] = error_response(pb_utils, failed, self.logger.log_error)
+                batch.responses[i] = error_response(pb_utils, failed, self.logger.log_error)
                 continue
             pixels = np.stack(mine).astype(np.float32, copy=False)
-            responses[i] = pb_utils.InferenceResponse([pb_utils.Tensor("pixel_values", pixels)])
-        return responses
+            batch.responses[i] = pb_utils.InferenceResponse(
+                [pb_utils.Tensor("pixel_values", pixels)]
+            )
+        return batch.responses
 
     def finalize(self):
         """Stop the decode pool."""

@@ -4,8 +4,7 @@ import os
 import traceback
 
 import triton_python_backend_utils as pb_utils
-from embed_runtime.adapter import config_parameters, error_response, input_array
-from embed_runtime.errors import RequestError
+from embed_runtime.adapter import config_parameters, gather_rows, input_array
 from embed_runtime.text import BatchTokenizer, TokenizerParams, decode_texts, split_rows
 
 
@@ -24,30 +23,20 @@ class TritonPythonModel:
 
     def execute(self, requests):
         """Validate every request, tokenize all valid rows at once, slice back."""
-        responses = [None] * len(requests)
-        valid, counts, texts = [], [], []
-        for i, request in enumerate(requests):
-            try:
-                rows = decode_texts(input_array(pb_utils, request, "TEXT"))
-            except RequestError as exc:
-                responses[i] = error_response(pb_utils, exc)
-                continue
-            valid.append(i)
-            counts.append(len(rows))
-            texts.extend(rows)
-        if not texts:
-            return responses
+        batch = gather_rows(
+            pb_utils, requests, lambda r: decode_texts(input_array(pb_utils, r, "TEXT"))
+        )
+        if not batch.items:
+            return batch.responses
         try:
-            parts = split_rows(self.tokenizer.encode(texts), counts)
+            parts = split_rows(self.tokenizer.encode(batch.items), batch.counts)
         except Exception as exc:  # noqa: BLE001 - every request must get a response
             self.logger.log_error(traceback.format_exc())
-            for i in valid:
-                responses[i] = error_response(pb_utils, exc, self.logger.log_error)
-            return responses
-        for i, arrays in zip(valid, parts, strict=True):
+            return batch.fail_valid(pb_utils, exc, self.logger.log_error)
+        for i, arrays in zip(batch.valid, parts, strict=True):
             tensors = [pb_utils.Tensor(n, arrays[n]) for n in self.params.output_names]
-            responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
-        return responses
+            batch.responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
+        return batch.responses
 
     def finalize(self):
         """Drop the tokenizer."""

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import INVALID_ARG, UNAVAILABLE, RequestError
@@ -42,3 +43,46 @@ def input_array(pb_utils: Any, request: Any, name: str):
     if tensor is None:
         raise RequestError(f"input {name} is missing")
     return tensor.as_numpy()
+
+
+@dataclass
+class Gathered:
+    """Rows of every valid request of one ``execute``, ready for one vectorised call.
+
+    ``responses`` already holds the error response of each invalid request; ``valid``
+    lists the indices of the others, ``counts`` their row counts, ``items`` all their
+    rows in order.
+    """
+
+    responses: list
+    valid: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    items: list = field(default_factory=list)
+
+    def slices(self) -> Iterator[tuple[int, int, int]]:
+        """``(request index, start, stop)`` of each valid request's rows in ``items``."""
+        start = 0
+        for i, count in zip(self.valid, self.counts, strict=True):
+            yield i, start, start + count
+            start += count
+
+    def fail_valid(self, pb_utils: Any, exc: Exception, log: Callable[[str], None]) -> list:
+        """Give every valid request the error ``exc``; returns the responses."""
+        for i in self.valid:
+            self.responses[i] = error_response(pb_utils, exc, log)
+        return self.responses
+
+
+def gather_rows(pb_utils: Any, requests: Sequence[Any], read: Callable[[Any], Sequence]):
+    """Read each request's rows with ``read``; a :class:`RequestError` fails that one alone."""
+    gathered = Gathered(responses=[None] * len(requests))
+    for i, request in enumerate(requests):
+        try:
+            rows = read(request)
+        except RequestError as exc:
+            gathered.responses[i] = error_response(pb_utils, exc)
+            continue
+        gathered.valid.append(i)
+        gathered.counts.append(len(rows))
+        gathered.items.extend(rows)
+    return gathered

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,24 +13,10 @@ from client import EmbeddingClient
 from generator.build import build_repository
 from generator.manifest import Manifest, load_manifest
 from generator.shared_models import startup_models
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess
+from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 
 TEXT_MODEL = "all-MiniLM-L6-v2"
 MAX_BATCH = 16
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports that were free a moment ago."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def test_manifest_data(extra_models: list[dict] | None = None) -> dict:
