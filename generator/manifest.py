@@ -74,6 +74,11 @@ class ModelEntry:
         return dataclasses.asdict(self)
 
     @property
+    def graph_precision(self) -> str:
+        """Precision of the ONNX graph itself: TensorRT builds its fp16 engine from fp32."""
+        return "fp32" if self.gpu_accelerator == "tensorrt" else self.precision
+
+    @property
     def model_dirs(self) -> tuple[str, ...]:
         """Every model dir the entry builds: its ensembles and their steps."""
         if self.family == "open-clip":
@@ -194,6 +199,10 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
             f"{where}: gpu_accelerator 'tensorrt' needs device 'gpu' and "
             "encoder_backend 'onnxruntime'"
         )
+    if entry.precision == "int8" and entry.device != "cpu":
+        errors.append(f"{where}: precision 'int8' (dynamic quantisation) needs device 'cpu'")
+    if entry.precision == "fp16" and entry.device != "gpu":
+        errors.append(f"{where}: precision 'fp16' needs device 'gpu'")
     if entry.family == "sentence-transformers" and not entry.source:
         errors.append(f"{where}: sentence-transformers models need 'source'")
     if entry.family == "open-clip":

@@ -123,8 +123,11 @@ def validate_graph(
     cases: Sequence[dict[str, np.ndarray]],
     atol: float = 1e-4,
     min_cosine: float = 0.9999,
+    providers: Sequence[str] | None = None,
 ) -> ParityReport:
     """Check names, ranks and dtypes of the graph, then ORT vs PyTorch on every case.
+
+    ``providers`` defaults to ONNX Runtime's CPU provider.
 
     All failures are collected and raised together as :class:`ExportValidationError`.
     """
@@ -157,7 +160,7 @@ def validate_graph(
     if failures:
         raise ExportValidationError(path, failures)
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), providers=providers or ["CPUExecutionProvider"])
     max_abs, min_cos = 0.0, 1.0
     for n, case in enumerate(cases):
         with torch.no_grad():

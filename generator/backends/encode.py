@@ -23,7 +23,11 @@ class TritonPythonModel:
         self.logger = pb_utils.Logger
         self.params = EncoderParams.from_parameters(config_parameters(args["model_config"]))
         model_dir = os.path.join(args["model_repository"], args["model_version"])
-        self.encoder = OrtEncoder(os.path.join(model_dir, self.params.onnx_file), self.params)
+        device_id = int(args.get("model_instance_device_id") or 0)
+        path = os.path.join(model_dir, self.params.onnx_file)
+        self.encoder = OrtEncoder(path, self.params, device_id)
+        providers = self.encoder.session.get_providers()
+        self.logger.log_info(f"{args['model_name']}: ONNX Runtime on {providers}")
 
     def _read(self, request):
         arrays = {n: input_array(pb_utils, request, n) for n in self.params.input_names}

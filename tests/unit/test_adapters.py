@@ -66,10 +66,13 @@ def load_adapter(name: str) -> ModuleType:
 
 def _args(repo: Path, params: dict[str, str]) -> dict[str, str]:
     config = {"parameters": {k: {"string_value": v} for k, v in params.items()}}
-    return {
+    return {  # the keys Triton's Python backend passes to initialize()
+        "model_name": repo.name,
         "model_config": json.dumps(config),
         "model_repository": str(repo),
         "model_version": "1",
+        "model_instance_kind": "CPU",
+        "model_instance_device_id": "0",
     }
 
 

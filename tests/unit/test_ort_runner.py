@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from generator.runtime.ort_runner import EncoderParams, OrtEncoder, _providers
+from generator.runtime.ort_runner import EncoderParams, OrtEncoder, providers
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -154,11 +154,48 @@ def test_encoder_params_reject_non_integer_max_rows() -> None:
         EncoderParams.from_parameters({**BASE, "max_rows_per_run": "many"})
 
 
-def test_unavailable_execution_provider_falls_back_to_cpu() -> None:
-    for name in ("cpu", "cuda", "tensorrt"):
-        providers = _providers(name)
-        assert providers
-        assert providers[-1] == "CPUExecutionProvider"
+def test_encoder_params_reject_unknown_execution_provider() -> None:
+    with pytest.raises(ValueError, match="execution_provider must be one of"):
+        EncoderParams.from_parameters({**BASE, "execution_provider": "rocm"})
+
+
+CPU_ONLY = ["AzureExecutionProvider", "CPUExecutionProvider"]
+GPU_BUILD = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+def test_cpu_provider_ignores_gpu_providers() -> None:
+    assert providers("cpu", 0, GPU_BUILD) == ["CPUExecutionProvider"]
+
+
+@pytest.mark.parametrize("name", ["cuda", "tensorrt"])
+def test_gpu_provider_without_onnxruntime_gpu_fails_instead_of_running_on_cpu(name) -> None:
+    with pytest.raises(RuntimeError, match="needs onnxruntime-gpu"):
+        providers(name, 0, CPU_ONLY)
+
+
+def test_gpu_providers_pin_the_instance_device() -> None:
+    assert providers("cuda", 3, GPU_BUILD) == [
+        ("CUDAExecutionProvider", {"device_id": 3}),
+        "CPUExecutionProvider",
+    ]
+    assert providers("tensorrt", 1, GPU_BUILD)[:2] == [
+        ("TensorrtExecutionProvider", {"device_id": 1}),
+        ("CUDAExecutionProvider", {"device_id": 1}),
+    ]
+
+
+def test_tensorrt_falls_back_to_cuda_when_its_provider_is_missing() -> None:
+    chain = providers("tensorrt", 0, GPU_BUILD[1:])
+    assert chain[0] == ("CUDAExecutionProvider", {"device_id": 0})
+
+
+def test_cpu_only_onnxruntime_refuses_a_cuda_encoder(token_model: Path) -> None:
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA")
+    with pytest.raises(RuntimeError, match="needs onnxruntime-gpu"):
+        _encoder(token_model, execution_provider="cuda")
 
 
 # --- OrtEncoder ------------------------------------------------------------------------

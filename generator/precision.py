@@ -1,0 +1,133 @@
+"""Precision knobs of an exported encoder: fp32 as exported, int8 or fp16 derived from it.
+
+* ``int8``: ONNX Runtime dynamic quantisation of the weights of ``MatMul`` (and
+  ``Gemm`` / ``Conv`` in image towers) to signed 8-bit, activations quantised per batch
+  at run time. Meant for CPUs; the graph keeps float32 inputs and outputs.
+* ``fp16``: every float initializer and op in half precision, with float32 inputs and
+  outputs kept (casts at the edges). Meant for GPUs (CUDA / TensorRT execution
+  providers); the manifest allows it on ``device = "gpu"`` only, though the check below
+  also runs on ONNX Runtime's CPU provider.
+
+A derived graph is checked against the PyTorch module like the fp32 one, with the
+looser tolerances of :data:`PARITY`; the fp32 graph is always validated first.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .onnx_export import ExportValidationError, GraphSpec, ParityReport, validate_graph
+
+# Tolerances of the derived graph vs PyTorch fp32: (max |diff| per element, min cosine).
+PARITY: dict[str, tuple[float, float]] = {
+    "fp32": (1e-4, 0.9999),
+    "fp16": (2e-2, 0.999),
+    "int8": (1.0, 0.95),
+}
+INT8_OPS = ("MatMul", "Gemm", "Conv")
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, suffix=".onnx.tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        write(tmp)
+        tmp.chmod(0o644)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def weight_nodes(model) -> list[str]:
+    """Names of the :data:`INT8_OPS` nodes that multiply by a constant weight."""
+    constants = {t.name for t in model.graph.initializer}
+    return [
+        node.name
+        for node in model.graph.node
+        if node.op_type in INT8_OPS and any(name in constants for name in node.input[1:])
+    ]
+
+
+def quantize_int8(src: Path, dst: Path) -> None:
+    """Dynamic int8 quantisation of the weights of ``src`` (QInt8 per channel) into ``dst``.
+
+    Only products with a constant weight are quantised; activation x activation
+    products (attention scores) stay float.
+    """
+    import onnx  # noqa: PLC0415
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415
+
+    nodes = weight_nodes(onnx.load(str(src), load_external_data=False))
+
+    def write(tmp: Path) -> None:
+        quantize_dynamic(
+            str(src),
+            str(tmp),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            op_types_to_quantize=list(INT8_OPS),
+            nodes_to_quantize=nodes,
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+
+    _atomic_write(dst, write)
+
+
+def convert_fp16(src: Path, dst: Path) -> None:
+    """Half-precision copy of ``src`` with float32 graph inputs and outputs kept."""
+    import onnx  # noqa: PLC0415
+    from onnxruntime.transformers.float16 import convert_float_to_float16  # noqa: PLC0415
+
+    model = onnx.load(str(src))
+    half = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=True)
+    _atomic_write(dst, lambda tmp: onnx.save(half, str(tmp)))
+
+
+CONVERTERS = {"int8": quantize_int8, "fp16": convert_fp16}
+
+
+def validation_providers(precision: str) -> list[str]:
+    """Where a derived graph is checked: fp16 on CUDA when this ONNX Runtime has it."""
+    import onnxruntime as ort  # noqa: PLC0415
+
+    if precision == "fp16" and "CUDAExecutionProvider" in ort.get_available_providers():
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def apply_precision(
+    path: Path,
+    precision: str,
+    spec: GraphSpec,
+    module,
+    cases: Sequence[dict[str, np.ndarray]],
+) -> ParityReport | None:
+    """Turn the validated fp32 graph at ``path`` into ``precision`` in place, then check it.
+
+    Returns the parity of the derived graph vs PyTorch (None for fp32). Raises
+    :class:`ExportValidationError` when the derived graph misses :data:`PARITY`.
+    """
+    if precision == "fp32":
+        return None
+    if precision not in CONVERTERS:
+        raise ValueError(f"precision must be one of {sorted(PARITY)}, not {precision!r}")
+    derived = path.with_name(f"{path.stem}.{precision}.onnx")
+    try:
+        CONVERTERS[precision](path, derived)
+        atol, min_cosine = PARITY[precision]
+        providers = validation_providers(precision)
+        report = validate_graph(derived, spec, module, cases, atol, min_cosine, providers)
+        derived.replace(path)
+    except ExportValidationError as exc:
+        raise ExportValidationError(
+            path, [f"{precision}: {failure}" for failure in exc.failures]
+        ) from exc
+    finally:
+        derived.unlink(missing_ok=True)
+    return report
