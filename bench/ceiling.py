@@ -36,15 +36,22 @@ def _config_parameters(model_dir: Path) -> dict[str, str]:
     return {key: value.string_value for key, value in config.parameters.items()}
 
 
-def make_session(onnx_path: Path, device: str = "cpu"):
+def make_session(onnx_path: Path, device: str = "cpu", graph_optimization: str = "all"):
     """An ONNX Runtime session with default threading and full graph optimisation.
 
-    ``device="gpu"`` uses CUDAExecutionProvider when this onnxruntime has it.
+    ``device="gpu"`` uses CUDAExecutionProvider when this onnxruntime has it;
+    ``graph_optimization`` is one of the manifest's levels (disable/basic/extended/all).
     """
     import onnxruntime as ort  # noqa: PLC0415
 
+    levels = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.graph_optimization_level = levels[graph_optimization]
     providers = ["CPUExecutionProvider"]
     if device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -96,10 +103,19 @@ def _timed(session, feeds: list[dict[str, np.ndarray]]) -> float:
 
 
 def text_ceiling(
-    repo: Path, model: str, sentences: list[str], device: str = "cpu", mixed_batch: int = 0
+    repo: Path,
+    model: str,
+    sentences: list[str],
+    device: str = "cpu",
+    mixed_batch: int = 0,
+    session=None,
 ) -> TextCeiling:
-    """Measure ``<model>_encode/1/model.onnx`` of ``repo`` on ``sentences`` once."""
-    session = make_session(repo / f"{model}_encode" / "1" / "model.onnx", device)
+    """Measure ``<model>_encode/1/model.onnx`` of ``repo`` on ``sentences`` once.
+
+    ``session`` replaces that graph (another precision or optimisation level of it);
+    the tokenizer is still the one of ``<model>_tokenize``.
+    """
+    session = session or make_session(repo / f"{model}_encode" / "1" / "model.onnx", device)
     names = {i.name for i in session.get_inputs()}
     arrays, lengths, tokenize_us = _tokenize(repo, model, sentences)
     arrays = {k: v for k, v in arrays.items() if k in names}
