@@ -216,7 +216,7 @@ def render(results: dict[str, Any], results_name: str, previous: str = "") -> st
                 "ratio is taken within one repeat against fp32 at level `all`. Cosines compare "
                 "each sentence's embedding with sentence-transformers in PyTorch (fp32).",
                 "## Manifest keys",
-                '    precision = "int8"            # CPU: dynamic int8 quantisation of the weights\n'
+                '    precision = "int8"            # CPU: dynamic int8 weights\n'
                 '    precision = "fp16"            # GPU (device = "gpu"): half-precision graph\n'
                 '    graph_optimization = "all"    # disable | basic | extended | all',
                 "The generator derives the int8 / fp16 graph from the validated fp32 export and "

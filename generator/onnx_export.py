@@ -124,10 +124,12 @@ def validate_graph(
     atol: float = 1e-4,
     min_cosine: float = 0.9999,
     providers: Sequence[str] | None = None,
+    basic_optimization: bool = False,
 ) -> ParityReport:
     """Check names, ranks and dtypes of the graph, then ORT vs PyTorch on every case.
 
-    ``providers`` defaults to ONNX Runtime's CPU provider.
+    ``providers`` defaults to ONNX Runtime's CPU provider; ``basic_optimization`` limits
+    ONNX Runtime to its basic graph rewrites (for graphs its CPU fusions cannot take).
 
     All failures are collected and raised together as :class:`ExportValidationError`.
     """
@@ -160,7 +162,12 @@ def validate_graph(
     if failures:
         raise ExportValidationError(path, failures)
 
-    session = ort.InferenceSession(str(path), providers=providers or ["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    if basic_optimization:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    session = ort.InferenceSession(
+        str(path), sess_options=options, providers=providers or ["CPUExecutionProvider"]
+    )
     max_abs, min_cos = 0.0, 1.0
     for n, case in enumerate(cases):
         with torch.no_grad():

@@ -79,6 +79,24 @@ def quantize_int8(src: Path, dst: Path) -> None:
     _atomic_write(dst, write)
 
 
+def sort_nodes(graph) -> None:
+    """Put ``graph``'s nodes in topological order (the fp16 converter appends input casts)."""
+    ready = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    pending, ordered = list(graph.node), []
+    while pending:
+        placed = [n for n in pending if all(name in ready for name in n.input)]
+        if not placed:  # a cycle or outer-scope names: keep the rest in their order
+            ordered += pending
+            break
+        for node in placed:
+            ready.update(node.output)
+        ordered += placed
+        done = {id(n) for n in placed}
+        pending = [n for n in pending if id(n) not in done]
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+
 def convert_fp16(src: Path, dst: Path) -> None:
     """Half-precision copy of ``src`` with float32 graph inputs and outputs kept."""
     import onnx  # noqa: PLC0415
@@ -86,6 +104,7 @@ def convert_fp16(src: Path, dst: Path) -> None:
 
     model = onnx.load(str(src))
     half = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=True)
+    sort_nodes(half.graph)
     _atomic_write(dst, lambda tmp: onnx.save(half, str(tmp)))
 
 
@@ -122,7 +141,11 @@ def apply_precision(
         CONVERTERS[precision](path, derived)
         atol, min_cosine = PARITY[precision]
         providers = validation_providers(precision)
-        report = validate_graph(derived, spec, module, cases, atol, min_cosine, providers)
+        # ONNX Runtime 1.31's extended CPU fusions crash on some fp16 graphs (a CLIP text
+        # tower); the check measures the graph's numerics, basic rewrites suffice.
+        on_cpu = providers[0] == "CPUExecutionProvider"
+        basic = precision == "fp16" and on_cpu
+        report = validate_graph(derived, spec, module, cases, atol, min_cosine, providers, basic)
         derived.replace(path)
     except ExportValidationError as exc:
         raise ExportValidationError(

@@ -51,6 +51,6 @@ def test_int8_nearest_neighbours_are_as_good_as_fp32(client, corpus, expected):
     np.fill_diagonal(mine, -np.inf)
     rows = np.arange(len(truth))
     loss = truth.max(axis=1) - truth[rows, mine.argmax(axis=1)]
-    print(f"\nfp32 similarity lost by int8's neighbour: max {loss.max():.4f}, mean {loss.mean():.5f}")
+    print(f"\nsimilarity lost by int8 neighbours: max {loss.max():.4f}, mean {loss.mean():.5f}")
     assert loss.max() <= 0.05
     assert loss.mean() <= 0.005

@@ -136,3 +136,27 @@ def test_full_size_vit_b_32_random_init_exports(tmp_path):
     model, _, _ = open_clip.create_model_and_transforms("ViT-B-32", pretrained=None)
     reports = export_towers(model.eval(), tmp_path, 77, 224)
     assert all(r.max_abs_diff <= 1e-4 for r in reports.values())
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_both_towers_derive_the_precision_within_its_floor(tiny, tmp_path, precision):
+    import onnx
+
+    from generator.precision import PARITY
+
+    _, cfg, model, _, _ = tiny
+    reports = export_towers(model, tmp_path, cfg["text_cfg"]["context_length"], 64, None, precision)
+    floor = PARITY[precision][1]
+    for tower in ("text_encoder", "image_encoder"):
+        assert reports[tower].min_cosine >= 0.9999  # the fp32 export, checked first
+        assert floor <= reports[f"{tower}.{precision}"].min_cosine < 1.0
+        graph = onnx.load(str(tmp_path / f"{tower}.onnx")).graph
+        if precision == "int8":
+            assert "MatMulInteger" in {n.op_type for n in graph.node}
+        else:
+            big = [t for t in graph.initializer if len(t.dims) >= 2]
+            assert big and all(t.data_type == onnx.TensorProto.FLOAT16 for t in big)
+    assert sorted(p.name for p in tmp_path.glob("*.onnx")) == [
+        "image_encoder.onnx",
+        "text_encoder.onnx",
+    ]
