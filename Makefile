@@ -34,7 +34,7 @@ stop:
 	@if [ -x $(PY) ]; then $(PY) -m generator stop; fi
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check generator client tests
+	$(VENV)/bin/ruff check generator client tests bench
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q

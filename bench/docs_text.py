@@ -152,6 +152,8 @@ def machine_table(s: Summary) -> str:
         "max_queue_delay_us",
         "max_rows_per_run",
         "ort_threads",
+        "ort_spinning",
+        "precision",
         "encoder_instances",
         "preprocess_instances",
         "encoder_backend",

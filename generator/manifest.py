@@ -62,6 +62,7 @@ class ModelEntry:
     max_seq_length: int | None = None
     max_rows_per_run: int = 32
     ort_threads: int = 0
+    ort_spinning: bool = True
     graph_optimization: str = "all"
     precision: str = "fp32"
     device: str = "cpu"

@@ -105,6 +105,7 @@ def encoder_dir(
         "ragged": str(ragged).lower(),
         "max_rows_per_run": str(entry.max_rows_per_run),
         "intra_op_threads": str(entry.ort_threads),
+        "allow_spinning": str(entry.ort_spinning).lower(),
         "graph_optimization": entry.graph_optimization,
         "execution_provider": "cuda" if entry.device == "gpu" else "cpu",
     }

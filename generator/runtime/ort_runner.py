@@ -25,6 +25,7 @@ class EncoderParams:
     max_tokens_per_run: int = 0
     intra_op_threads: int = 0
     inter_op_threads: int = 1
+    allow_spinning: bool = True
     graph_optimization: str = "all"
     execution_provider: str = "cpu"
 
@@ -41,6 +42,7 @@ class EncoderParams:
                 max_tokens_per_run=int(params.get("max_tokens_per_run", "0")),
                 intra_op_threads=int(params.get("intra_op_threads", "0")),
                 inter_op_threads=int(params.get("inter_op_threads", "1")),
+                allow_spinning=params.get("allow_spinning", "true").lower() == "true",
                 graph_optimization=params.get("graph_optimization", "all"),
                 execution_provider=params.get("execution_provider", "cpu"),
             )
@@ -90,6 +92,10 @@ class OrtEncoder:
         options = ort.SessionOptions()
         options.intra_op_num_threads = params.intra_op_threads
         options.inter_op_num_threads = params.inter_op_threads
+        # Idle intra-op workers busy-wait for the next run by default; on a small CPU
+        # shared with Triton, the tokenizer stub and the clients that steals cores.
+        spin = "1" if params.allow_spinning else "0"
+        options.add_session_config_entry("session.intra_op.allow_spinning", spin)
         options.graph_optimization_level = {
             "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

@@ -112,6 +112,7 @@ def test_encoder_params_read_required_keys_and_defaults() -> None:
         1,
     )
     assert (params.graph_optimization, params.execution_provider) == ("all", "cpu")
+    assert params.allow_spinning is True
 
 
 def test_encoder_params_read_optional_keys() -> None:
@@ -121,6 +122,7 @@ def test_encoder_params_read_optional_keys() -> None:
         "max_tokens_per_run": "4096",
         "intra_op_threads": "2",
         "inter_op_threads": "3",
+        "allow_spinning": "False",
         "graph_optimization": "basic",
         "execution_provider": "cuda",
     }
@@ -128,6 +130,7 @@ def test_encoder_params_read_optional_keys() -> None:
     assert params.ragged is False
     assert params.max_tokens_per_run == 4096
     assert (params.intra_op_threads, params.inter_op_threads) == (2, 3)
+    assert params.allow_spinning is False
     assert (params.graph_optimization, params.execution_provider) == ("basic", "cuda")
 
 

@@ -101,6 +101,7 @@ ENTRY = ModelEntry(
     preprocess_instances=3,
     max_rows_per_run=16,
     ort_threads=4,
+    ort_spinning=False,
     graph_optimization="extended",
 )
 GPU_NATIVE = ModelEntry(
