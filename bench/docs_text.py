@@ -151,6 +151,7 @@ def machine_table(s: Summary) -> str:
         "max_batch_size",
         "max_queue_delay_us",
         "max_rows_per_run",
+        "max_padding_share",
         "ort_threads",
         "ort_spinning",
         "precision",
@@ -161,7 +162,10 @@ def machine_table(s: Summary) -> str:
     )
     if entry:
         rows.append(
-            ["all-MiniLM-L6-v2 serving knobs", ", ".join(f"{k}={entry.get(k)}" for k in knobs)]
+            [
+                "all-MiniLM-L6-v2 serving knobs",
+                ", ".join(f"{k}={entry[k]}" for k in knobs if k in entry),
+            ]
         )
     if s.meta["args"].get("text_set"):
         rows.append(["overrides (--text-set)", ", ".join(s.meta["args"]["text_set"])])

@@ -61,6 +61,7 @@ class ModelEntry:
     preprocess_instances: int = 1
     max_seq_length: int | None = None
     max_rows_per_run: int = 32
+    max_padding_share: float = 1.0
     ort_threads: int = 0
     ort_spinning: bool = True
     graph_optimization: str = "all"
@@ -191,6 +192,8 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
             errors.append(f"{where}: {key} must be >= 1")
     if entry.max_queue_delay_us < 0 or entry.ort_threads < 0:
         errors.append(f"{where}: max_queue_delay_us and ort_threads must be >= 0")
+    if not 0.0 <= entry.max_padding_share <= 1.0:
+        errors.append(f"{where}: max_padding_share must be within [0, 1]")
     if entry.max_seq_length is not None and entry.max_seq_length < 2:
         errors.append(f"{where}: max_seq_length must be >= 2")
     if entry.gpu_accelerator == "tensorrt" and (

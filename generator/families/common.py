@@ -104,6 +104,7 @@ def encoder_dir(
         "output_name": spec.output_names[0],
         "ragged": str(ragged).lower(),
         "max_rows_per_run": str(entry.max_rows_per_run),
+        "max_padding_share": repr(float(entry.max_padding_share)),
         "intra_op_threads": str(entry.ort_threads),
         "allow_spinning": str(entry.ort_spinning).lower(),
         "graph_optimization": entry.graph_optimization,

@@ -23,6 +23,7 @@ class EncoderParams:
     ragged: bool
     max_rows_per_run: int
     max_tokens_per_run: int = 0
+    max_padding_share: float = 1.0
     intra_op_threads: int = 0
     inter_op_threads: int = 1
     allow_spinning: bool = True
@@ -40,6 +41,7 @@ class EncoderParams:
                 ragged=params["ragged"].lower() == "true",
                 max_rows_per_run=int(params["max_rows_per_run"]),
                 max_tokens_per_run=int(params.get("max_tokens_per_run", "0")),
+                max_padding_share=float(params.get("max_padding_share", "1.0")),
                 intra_op_threads=int(params.get("intra_op_threads", "0")),
                 inter_op_threads=int(params.get("inter_op_threads", "1")),
                 allow_spinning=params.get("allow_spinning", "true").lower() == "true",
@@ -54,6 +56,8 @@ class EncoderParams:
             raise ValueError(f"execution_provider must be one of {EXECUTION_PROVIDERS}")
         if out.max_rows_per_run < 1:
             raise ValueError("max_rows_per_run must be >= 1")
+        if not 0.0 <= out.max_padding_share <= 1.0:
+            raise ValueError("max_padding_share must be within [0, 1]")
         return out
 
 
@@ -121,6 +125,7 @@ class OrtEncoder:
             self.params.max_rows_per_run,
             self._run,
             self.params.max_tokens_per_run,
+            self.params.max_padding_share,
         )
         return list(split_counts(out, counts))
 

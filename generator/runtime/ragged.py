@@ -49,23 +49,33 @@ def merge_requests(
     return merged, true_lengths(merged["attention_mask"]), counts
 
 
-def plan_chunks(lengths: np.ndarray, max_rows: int, max_tokens: int = 0) -> list[Chunk]:
+def plan_chunks(
+    lengths: np.ndarray, max_rows: int, max_tokens: int = 0, max_padding: float = 1.0
+) -> list[Chunk]:
     """Group rows sorted by length into chunks of at most ``max_rows`` rows.
 
     With ``max_tokens`` > 0 a chunk also stops growing once ``rows * width`` would pass
-    it, which bounds the activations of a chunk of long rows.
+    it, which bounds the activations of a chunk of long rows. With ``max_padding`` < 1 it
+    stops growing once padding would exceed that share of its ``rows * width`` tokens, so
+    a mix of short and long rows runs as a few dense chunks instead of one padded batch
+    (0 groups only rows of equal length).
     """
     order = np.argsort(lengths, kind="stable")
     chunks: list[Chunk] = []
     current: list[int] = []
+    real = 0
     for row in order:
-        width = int(lengths[row])
+        length = int(lengths[row])
+        width = max(length, 1)
+        rows = len(current) + 1
         too_many = len(current) >= max_rows
-        too_big = max_tokens > 0 and current and (len(current) + 1) * width > max_tokens
-        if too_many or too_big:
+        too_big = max_tokens > 0 and current and rows * width > max_tokens
+        too_padded = current and (rows * width - real - length) > max_padding * rows * width
+        if too_many or too_big or too_padded:
             chunks.append(_chunk(current, lengths))
-            current = []
+            current, real = [], 0
         current.append(int(row))
+        real += length
     if current:
         chunks.append(_chunk(current, lengths))
     return chunks
@@ -89,10 +99,11 @@ def run_sorted(
     max_rows: int,
     run,
     max_tokens: int = 0,
+    max_padding: float = 1.0,
 ) -> np.ndarray:
     """Run ``run(inputs) -> [rows, D]`` per chunk and return rows in the original order."""
     result: np.ndarray | None = None
-    for chunk in plan_chunks(lengths, max_rows, max_tokens):
+    for chunk in plan_chunks(lengths, max_rows, max_tokens, max_padding):
         out = run(chunk_inputs(merged, chunk))
         if result is None:
             result = np.empty((len(lengths), *out.shape[1:]), dtype=out.dtype)

@@ -215,6 +215,8 @@ def test_wrong_value_types_are_rejected(key: str, value: object, message: str) -
         ("encoder_instances", 0, "encoder_instances must be >= 1"),
         ("preprocess_instances", 0, "preprocess_instances must be >= 1"),
         ("max_rows_per_run", 0, "max_rows_per_run must be >= 1"),
+        ("max_padding_share", 1.5, "max_padding_share must be within [0, 1]"),
+        ("max_padding_share", -0.1, "max_padding_share must be within [0, 1]"),
         ("max_queue_delay_us", -1, "must be >= 0"),
         ("ort_threads", -1, "must be >= 0"),
         ("max_seq_length", 1, "max_seq_length must be >= 2"),

@@ -113,6 +113,7 @@ def test_encoder_params_read_required_keys_and_defaults() -> None:
     )
     assert (params.graph_optimization, params.execution_provider) == ("all", "cpu")
     assert params.allow_spinning is True
+    assert params.max_padding_share == 1.0
 
 
 def test_encoder_params_read_optional_keys() -> None:
@@ -123,6 +124,7 @@ def test_encoder_params_read_optional_keys() -> None:
         "intra_op_threads": "2",
         "inter_op_threads": "3",
         "allow_spinning": "False",
+        "max_padding_share": "0.25",
         "graph_optimization": "basic",
         "execution_provider": "cuda",
     }
@@ -131,6 +133,7 @@ def test_encoder_params_read_optional_keys() -> None:
     assert params.max_tokens_per_run == 4096
     assert (params.intra_op_threads, params.inter_op_threads) == (2, 3)
     assert params.allow_spinning is False
+    assert params.max_padding_share == 0.25
     assert (params.graph_optimization, params.execution_provider) == ("basic", "cuda")
 
 
@@ -150,6 +153,12 @@ def test_encoder_params_reject_unknown_graph_optimization() -> None:
 def test_encoder_params_reject_max_rows_per_run_below_one(rows: str) -> None:
     with pytest.raises(ValueError, match="max_rows_per_run must be >= 1"):
         EncoderParams.from_parameters({**BASE, "max_rows_per_run": rows})
+
+
+@pytest.mark.parametrize("share", ["-0.5", "1.01"])
+def test_encoder_params_reject_padding_share_outside_unit_range(share: str) -> None:
+    with pytest.raises(ValueError, match=r"max_padding_share must be within \[0, 1\]"):
+        EncoderParams.from_parameters({**BASE, "max_padding_share": share})
 
 
 def test_encoder_params_reject_non_integer_max_rows() -> None:

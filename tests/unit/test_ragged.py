@@ -146,6 +146,34 @@ def test_plan_chunks_max_tokens_splits_by_area_of_the_widest_row() -> None:
     assert [c.width for c in chunks] == [10, 30]
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("max_padding", [0.0, 0.1, 0.2, 0.5])
+def test_plan_chunks_bounds_the_padding_share(seed: int, max_padding: float) -> None:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 128, size=int(rng.integers(1, 60)))
+    max_rows = 16
+    chunks = plan_chunks(lengths, max_rows, max_padding=max_padding)
+    _check_plan(chunks, lengths, max_rows)
+    for chunk in chunks:
+        area = len(chunk.rows) * chunk.width
+        assert area - int(lengths[chunk.rows].sum()) <= max_padding * area + 1e-9
+
+
+def test_plan_chunks_padding_limit_splits_short_from_long_rows() -> None:
+    lengths = np.array([10, 2, 11, 2, 3, 10])
+    chunks = plan_chunks(lengths, max_rows=10, max_padding=0.2)
+    # [2, 2, 3] would pad 2 of 9 tokens (22 %): 3 starts a chunk, and so does 10.
+    assert [c.rows.tolist() for c in chunks] == [[1, 3], [4], [0, 5, 2]]
+    assert [c.width for c in chunks] == [2, 3, 11]
+
+
+def test_plan_chunks_full_padding_share_changes_nothing() -> None:
+    lengths = np.random.default_rng(3).integers(1, 128, size=50)
+    plain = plan_chunks(lengths, max_rows=8)
+    limited = plan_chunks(lengths, max_rows=8, max_padding=1.0)
+    assert [c.rows.tolist() for c in plain] == [c.rows.tolist() for c in limited]
+
+
 def test_plan_chunks_stable_for_equal_lengths() -> None:
     chunks = plan_chunks(np.array([4, 2, 4, 2]), max_rows=10)
     assert [c.rows.tolist() for c in chunks] == [[1, 3, 0, 2]]

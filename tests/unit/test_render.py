@@ -102,6 +102,7 @@ ENTRY = ModelEntry(
     max_rows_per_run=16,
     ort_threads=4,
     ort_spinning=False,
+    max_padding_share=0.25,
     graph_optimization="extended",
 )
 GPU_NATIVE = ModelEntry(
