@@ -115,6 +115,24 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+SIMD_FLAGS = (
+    "avx2",
+    "avx512f",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_int8",
+)
+
+
+def _cpu_features() -> str:
+    """The SIMD flags that decide ONNX Runtime's int8 and fp16 kernels (Linux only)."""
+    line = next((x for x in _read("/proc/cpuinfo").splitlines() if x.startswith("flags")), "")
+    flags = set(line.partition(":")[2].split())
+    return " ".join(f for f in SIMD_FLAGS if f in flags) or "unknown"
+
+
 def machine_info() -> dict[str, str]:
     """CPU, cores, memory, OS and the versions of the packages that matter here."""
     mem_kb = next(
@@ -128,6 +146,7 @@ def machine_info() -> dict[str, str]:
     info = {
         "cpu": _cpu_model(),
         "cores": str(os.cpu_count()),
+        "cpu int8/fp16 features": _cpu_features(),
         "memory": f"{mem_kb / 1024 / 1024:.0f} GiB",
         "os": platform.platform(),
         "python": sys.version.split()[0],

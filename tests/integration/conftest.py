@@ -33,6 +33,7 @@ def test_manifest_data(extra_models: list[dict] | None = None) -> dict:
                 "max_batch_size": MAX_BATCH,
                 "max_queue_delay_us": 5000,
                 "max_rows_per_run": 8,
+                "max_padding_share": 0.1,
             },
             {
                 "name": INT8_MODEL,
