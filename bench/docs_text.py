@@ -267,6 +267,8 @@ def docs_text_run() -> str:
             "    .venv/bin/python -m bench.run --repeats 5 --skip-peers --skip-images",
             "    .venv/bin/python -m bench.run --no-docs --text-set max_rows_per_run=1  # a knob",
             "    .venv/bin/python -m bench.run --report bench/results/FILE.json  # redo docs/ only",
+            "    .venv/bin/python -m bench.chunking          # how rows are cut into ORT runs",
+            "    .venv/bin/python -m bench.precision         # precision / optimisation levels",
             "",
             "One load against any running server (prints client and server-side figures):",
             "",
