@@ -80,7 +80,10 @@ class TextCeiling:
         return asdict(self)
 
 
-def _tokenize(repo: Path, model: str, sentences: list[str]) -> tuple[dict, np.ndarray, float]:
+def tokenize_sentences(
+    repo: Path, model: str, sentences: list[str]
+) -> tuple[dict, np.ndarray, float]:
+    """Token arrays, true lengths and µs per sentence, with ``<model>_tokenize``'s tokenizer."""
     from generator.runtime.text import BatchTokenizer, TokenizerParams  # noqa: PLC0415
 
     tok_dir = repo / f"{model}_tokenize"
@@ -117,7 +120,7 @@ def text_ceiling(
     """
     session = session or make_session(repo / f"{model}_encode" / "1" / "model.onnx", device)
     names = {i.name for i in session.get_inputs()}
-    arrays, lengths, tokenize_us = _tokenize(repo, model, sentences)
+    arrays, lengths, tokenize_us = tokenize_sentences(repo, model, sentences)
     arrays = {k: v for k, v in arrays.items() if k in names}
 
     def cut(rows: np.ndarray) -> dict[str, np.ndarray]:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bench.ceiling import _tokenize, make_session
+from bench.ceiling import make_session, tokenize_sentences
 from bench.manifest import ROOT, TEXT_MODEL, bench_manifest
 from client.workload import text_pool
 from generator.build import build_repository
@@ -49,13 +49,15 @@ def measure(session, arrays: dict, lengths: np.ndarray, group: int, repeats: int
     """Sentences/s of every plan per repeat, on the same random groups."""
     mix = np.random.default_rng(0).permutation(len(lengths))
     groups = [mix[i : i + group] for i in range(0, len(mix), group)]
-    feeds = {}
-    for name, (rows, padding) in PLANS.items():
-        feeds[name] = [
-            chunk_inputs({k: v[g] for k, v in arrays.items()}, chunk)
-            for g in groups
-            for chunk in plan_chunks(lengths[g], rows, max_padding=padding)
+    per_group = [({k: v[g] for k, v in arrays.items()}, lengths[g]) for g in groups]
+    feeds = {
+        name: [
+            chunk_inputs(group_arrays, chunk)
+            for group_arrays, group_lengths in per_group
+            for chunk in plan_chunks(group_lengths, rows, max_padding=padding)
         ]
+        for name, (rows, padding) in PLANS.items()
+    }
     for feed in feeds[BASELINE][:8]:
         session.run(None, feed)
     speeds: dict[str, list[float]] = {name: [] for name in PLANS}
@@ -75,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     build_repository(bench_manifest("cpu", with_clip=False), repo, log=print)
     session = make_session(repo / f"{TEXT_MODEL}_encode" / "1" / "model.onnx", "cpu")
     names = {i.name for i in session.get_inputs()}
-    arrays, lengths, _ = _tokenize(repo, TEXT_MODEL, text_pool(args.pool))
+    arrays, lengths, _ = tokenize_sentences(repo, TEXT_MODEL, text_pool(args.pool))
     arrays = {k: v for k, v in arrays.items() if k in names}
     for group in args.groups:
         speeds = measure(session, arrays, lengths, group, args.repeats)

@@ -106,7 +106,7 @@ def reference_embeddings(sentences: list[str]) -> np.ndarray:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Build, derive, measure; the results as a dict."""
-    from bench.ceiling import _tokenize  # noqa: PLC0415
+    from bench.ceiling import tokenize_sentences  # noqa: PLC0415
 
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     t0 = time.perf_counter()
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     build_repository(manifest, repo, log=log)
     graphs = derive_graphs(repo, ROOT / ".build" / "bench-precision")
     sentences = text_pool(args.pool)
-    arrays, lengths, _ = _tokenize(repo, TEXT_MODEL, sentences)
+    arrays, lengths, _ = tokenize_sentences(repo, TEXT_MODEL, sentences)
     log("reference embeddings (sentence-transformers, PyTorch fp32)")
     reference = reference_embeddings(sentences)
     variants = [(p, lvl) for p in ("fp32", "int8") for lvl in LEVELS] + [("fp16", "all")]

@@ -96,8 +96,9 @@ class OrtEncoder:
         options = ort.SessionOptions()
         options.intra_op_num_threads = params.intra_op_threads
         options.inter_op_num_threads = params.inter_op_threads
-        # Idle intra-op workers busy-wait for the next run by default; on a small CPU
-        # shared with Triton, the tokenizer stub and the clients that steals cores.
+        # Idle intra-op workers busy-wait for the next run by default. Turning that off
+        # frees cores for Triton and the other stubs, but measured slower on a 2-core CPU
+        # (waking the workers costs more), hence a knob with spinning on by default.
         spin = "1" if params.allow_spinning else "0"
         options.add_session_config_entry("session.intra_op.allow_spinning", spin)
         options.graph_optimization_level = {

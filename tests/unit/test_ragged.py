@@ -114,11 +114,16 @@ def _check_plan(chunks: list[Chunk], lengths: np.ndarray, max_rows: int) -> None
         assert chunk.width == max(int(lengths[chunk.rows].max()), 1)
 
 
+def _random_lengths(seed: int) -> np.ndarray:
+    """1 to 59 rows of 1 to 127 tokens."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(1, 128, size=int(rng.integers(1, 60)))
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("max_rows", [1, 3, 8, 1000])
 def test_plan_chunks_covers_each_row_once_sorted_and_bounded(seed: int, max_rows: int) -> None:
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 128, size=int(rng.integers(1, 60)))
+    lengths = _random_lengths(seed)
     chunks = plan_chunks(lengths, max_rows)
     _check_plan(chunks, lengths, max_rows)
     # Without a token budget only the last chunk may be short.
@@ -129,8 +134,7 @@ def test_plan_chunks_covers_each_row_once_sorted_and_bounded(seed: int, max_rows
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("max_tokens", [1, 50, 200, 1000])
 def test_plan_chunks_keeps_chunks_under_max_tokens(seed: int, max_tokens: int) -> None:
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 128, size=int(rng.integers(1, 60)))
+    lengths = _random_lengths(seed)
     max_rows = 16
     chunks = plan_chunks(lengths, max_rows, max_tokens)
     _check_plan(chunks, lengths, max_rows)
@@ -149,8 +153,7 @@ def test_plan_chunks_max_tokens_splits_by_area_of_the_widest_row() -> None:
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("max_padding", [0.0, 0.1, 0.2, 0.5])
 def test_plan_chunks_bounds_the_padding_share(seed: int, max_padding: float) -> None:
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 128, size=int(rng.integers(1, 60)))
+    lengths = _random_lengths(seed)
     max_rows = 16
     chunks = plan_chunks(lengths, max_rows, max_padding=max_padding)
     _check_plan(chunks, lengths, max_rows)
