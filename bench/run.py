@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import secrets
 import sys
 import time
 from collections.abc import Sequence
@@ -28,6 +30,7 @@ from bench.peers.services import Peer, ensure_infinity, fastapi_peer, infinity_p
 from bench.report import write_report
 from client.loadgen import LoadResult, SenderFactory, format_result, run_load, run_triton_load
 from client.workload import ImageServer, generated_images, image_requests, text_pool, text_requests
+from generator.admin import KEY_ENV
 from generator.build import build_repository
 from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 
@@ -97,7 +100,10 @@ def start_triton(
     ports = TritonPorts(*free_ports(3))
     names = tuple(n for entry in manifest.models for n in entry.ensembles)
     work = BUILD / f"bench-work{suffix}"
-    process = TritonProcess(TritonLaunch(repo, ports, load_models=names), work)
+    # The load generator reads ensemble configs (admin-only): it gets this run's key.
+    key = os.environ.setdefault(KEY_ENV, secrets.token_urlsafe(32))
+    launch = TritonLaunch(repo, ports, load_models=names, admin_key=key)
+    process = TritonProcess(launch, work)
     process.start()
     stack.callback(process.stop)
     process.wait_ready(timeout_s=300)

@@ -11,7 +11,9 @@ Example::
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Sequence
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -41,6 +43,37 @@ DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 TEXT_INPUT = "TEXT"
 OUTPUT = "EMBEDDING"
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
+ADMIN_HEADER = "X-Admin-Key"
+ADMIN_KEY_ENV = "EMBED_ADMIN_KEY"
+ADMIN_KEY_FILE_ENV = "EMBED_ADMIN_KEY_FILE"
+# gRPC metadata is lower case; Triton's gRPC API restriction reads the key under this prefix.
+GRPC_RESTRICTED_PREFIX = "triton-grpc-protocol-"
+_BATCH_LIMIT = re.compile(r"batch-size must be <= (\d+)")
+
+
+def admin_key_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    """``$EMBED_ADMIN_KEY``, else the content of the file ``$EMBED_ADMIN_KEY_FILE``, else None."""
+    env = os.environ if environ is None else environ
+    if env.get(ADMIN_KEY_ENV):
+        return env[ADMIN_KEY_ENV]
+    path = env.get(ADMIN_KEY_FILE_ENV)
+    if path:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return handle.read().rstrip("\r\n") or None
+        except OSError as exc:
+            raise EmbeddingClientError(f"cannot read {ADMIN_KEY_FILE_ENV}={path}: {exc}") from exc
+    return None
+
+
+def admin_headers(key: str | None, protocol: str) -> dict[str, str]:
+    """Headers presenting the admin key to Triton's restricted APIs and to model_manager."""
+    if not key:
+        return {}
+    if protocol == "grpc":
+        header = ADMIN_HEADER.lower()
+        return {header: key, GRPC_RESTRICTED_PREFIX + header: key}
+    return {ADMIN_HEADER: key}
 
 
 def default_url(protocol: str) -> str:
@@ -67,12 +100,15 @@ class EmbeddingClient(LifecycleMixin):
         timeout_s: float = 60.0,
         *,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        admin_key: str | None = None,
     ):
         """Connect lazily to Triton at ``url`` (``host:port``, no scheme).
 
         ``url`` defaults to ``localhost:8000`` for HTTP and ``localhost:8001`` for gRPC.
         ``timeout_s`` bounds each call (HTTP: connection and network timeouts; gRPC:
-        the deadline of each call).
+        the deadline of each call). ``admin_key`` (default: ``$EMBED_ADMIN_KEY`` or the
+        file ``$EMBED_ADMIN_KEY_FILE``) is sent as ``X-Admin-Key`` with the calls that
+        need it: the repository index, model configs and ``model_manager``.
         """
         if protocol not in DEFAULT_PORTS:
             raise EmbeddingClientError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
@@ -82,6 +118,7 @@ class EmbeddingClient(LifecycleMixin):
         self.protocol = protocol
         self.timeout_s = timeout_s
         self.max_request_bytes = max_request_bytes
+        self._admin = {"headers": admin_headers(admin_key or admin_key_from_env(), protocol)}
         self._max_batch: dict[str, int] = {}
         self._closed = False
         self._tc = importlib.import_module(f"tritonclient.{protocol}")
@@ -146,8 +183,16 @@ class EmbeddingClient(LifecycleMixin):
         if not items:
             return np.zeros((0, 0), dtype=np.float32)
         sizes = [len(item) for item in items]
-        slices = split_batches(sizes, self._max_batch_size(model), self.max_request_bytes)
-        chunks = [self._infer(model, input_name, items[s]) for s in slices]
+        try:
+            slices = split_batches(sizes, self._max_batch_size(model), self.max_request_bytes)
+            chunks = [self._infer(model, input_name, items[s]) for s in slices]
+        except EmbeddingClientError as exc:
+            limit = _BATCH_LIMIT.search(exc.message)
+            if limit is None or self._max_batch.get(model) != 0:
+                raise
+            # The config is admin-only without a key: learn the limit from Triton's refusal.
+            self._max_batch[model] = int(limit.group(1))
+            return self._embed(model, input_name, items)
         return np.concatenate(chunks, axis=0)
 
     def _infer(self, model: str, input_name: str, items: list[bytes]) -> np.ndarray:
@@ -167,8 +212,15 @@ class EmbeddingClient(LifecycleMixin):
         return embedding.astype(np.float32, copy=False)
 
     def _max_batch_size(self, model: str) -> int:
+        """The model's ``max_batch_size`` from its config; 0 (unknown) without the admin key."""
         if model not in self._max_batch:
-            self._max_batch[model] = int(self.model_config(model).get("max_batch_size", 0))
+            try:
+                config = self.model_config(model)
+            except EmbeddingClientError as exc:
+                if not _restricted(exc):
+                    raise
+                config = {}
+            self._max_batch[model] = int(config.get("max_batch_size", 0))
         return self._max_batch[model]
 
     def is_server_ready(self) -> bool:
@@ -190,7 +242,9 @@ class EmbeddingClient(LifecycleMixin):
     def list_models(self) -> list[ModelInfo]:
         """List the repository index: every model Triton knows, loaded or not."""
         with self._errors():
-            index = self._client.get_model_repository_index(**self._json, **self._call)
+            index = self._client.get_model_repository_index(
+                **self._json, **self._call, **self._admin
+            )
         return parse_repository_index(index)
 
     def model_statistics(self, model: str | None = None) -> list[ModelStats]:
@@ -202,10 +256,15 @@ class EmbeddingClient(LifecycleMixin):
     def model_config(self, model: str) -> dict[str, Any]:
         """Return ``model``'s config as JSON (gRPC renders 64-bit ints as strings)."""
         with self._errors(model):
-            config = self._client.get_model_config(model, **self._json, **self._call)
+            config = self._client.get_model_config(model, **self._json, **self._call, **self._admin)
         return unwrap_model_config(config)
 
     def server_metadata(self) -> dict[str, Any]:
         """Return the server metadata (``name``, ``version``, ``extensions``)."""
         with self._errors():
             return dict(self._client.get_server_metadata(**self._json, **self._call))
+
+
+def _restricted(exc: EmbeddingClientError) -> bool:
+    """Whether Triton refused a call because the API needs the admin key."""
+    return "is restricted" in exc.message or "protocol is restricted" in exc.message

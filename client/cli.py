@@ -6,11 +6,13 @@
     python -m client models
     python -m client stats [--model M] [--json]
     python -m client ready [--model M]
+    python -m client manage '{"action": "list"}'     # model_manager (needs the admin key)
     python -m client bench --model M --clients 16 --texts-per-request 1 --requests 200
     python -m client perf-data --out DIR --model-kind text|clip
 
 Global options (before or after the command): ``--url`` (default: ``$TRITON_URL``, else
-localhost:8000, or localhost:8001 with ``--protocol grpc``), ``--protocol``, ``--timeout``.
+localhost:8000, or localhost:8001 with ``--protocol grpc``), ``--protocol``, ``--timeout``,
+``--admin-key``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ def _add_global_options(parser: argparse.ArgumentParser, suppress: bool) -> None
     parser.add_argument(
         "--timeout", type=float, default=default(60.0), help="seconds per call (default 60)"
     )
+    parser.add_argument(
+        "--admin-key",
+        default=default(None),
+        help="X-Admin-Key for models / manage (default: $EMBED_ADMIN_KEY or the file "
+        "$EMBED_ADMIN_KEY_FILE)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--json", action="store_true", help="one JSON object per line")
     ready = sub.add_parser("ready", parents=[common], help="exit 0 if ready, 1 if not")
     ready.add_argument("--model", help="check this model instead of the server")
+    manage = sub.add_parser(
+        "manage", parents=[common], help="send one JSON request to model_manager"
+    )
+    manage.add_argument("request", help='e.g. \'{"action": "list"}\'')
     bench_cli.add_parsers(sub, common)
     return parser
 
@@ -172,6 +184,17 @@ def _cmd_ready(client: EmbeddingClient, args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _cmd_manage(client: EmbeddingClient, args: argparse.Namespace) -> int:
+    try:
+        request = json.loads(args.request)
+    except json.JSONDecodeError as exc:
+        raise EmbeddingClientError(f"REQUEST is not valid JSON: {exc}") from None
+    if not isinstance(request, dict):
+        raise EmbeddingClientError("REQUEST must be a JSON object")
+    print(json.dumps(client.manage(request), indent=2))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Run the CLI; return the exit code (1 with Triton's message on stderr on error)."""
     args = parse_args(argv)
@@ -181,7 +204,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         if args.command == "bench":
             return bench_cli.run_bench(args, url)
-        with EmbeddingClient(url, args.protocol, args.timeout) as client:
+        with EmbeddingClient(url, args.protocol, args.timeout, admin_key=args.admin_key) as client:
+            if args.command == "manage":
+                return _cmd_manage(client, args)
             if args.command == "embed":
                 return _cmd_embed(client, args)
             if args.command == "models":

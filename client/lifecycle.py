@@ -37,7 +37,7 @@ class LifecycleMixin:
                 client = tc.InferenceServerClient(self.url)  # type: ignore[attr-defined]
                 call = {"client_timeout": self.manage_timeout_s}
             try:
-                result = client.infer(MANAGER, [infer_input], **call)
+                result = client.infer(MANAGER, [infer_input], **call, **self._admin)  # type: ignore[attr-defined]
             finally:
                 client.close()
         raw = result.as_numpy("RESPONSE").reshape(-1)[0]

@@ -12,6 +12,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
+from .api import admin_headers, admin_key_from_env
 from .records import ModelStats, summarize_model_stat, unwrap_model_config
 
 DURATION_KEYS = (
@@ -47,7 +48,10 @@ def snapshot(url: str, protocol: str = "http") -> Snapshot:
 
 
 def ensemble_order(url: str, protocol: str, model: str) -> list[str]:
-    """``model`` followed by the models of its ensemble steps (recursively), in step order."""
+    """``model`` followed by the models of its ensemble steps (recursively), in step order.
+
+    Model configs are admin-only: the key comes from ``$EMBED_ADMIN_KEY`` (or its file).
+    """
     _, client = _client(url, protocol)
     order: list[str] = []
     try:
@@ -58,6 +62,7 @@ def ensemble_order(url: str, protocol: str, model: str) -> list[str]:
                 continue
             order.append(name)
             kwargs = {"as_json": True} if protocol == "grpc" else {}
+            kwargs["headers"] = admin_headers(admin_key_from_env(), protocol)
             config = unwrap_model_config(client.get_model_config(name, **kwargs))
             steps = (config.get("ensemble_scheduling") or {}).get("step") or []
             pending = [str(s.get("model_name", "")) for s in steps] + pending

@@ -18,6 +18,7 @@ from pathlib import Path
 from .build_types import ModelDir
 from .families import family_builder, family_module_path
 from .manifest import Manifest, ModelEntry
+from .repo_lock import repository_lock
 from .shared_models import shared_model_dirs
 
 GENERATOR = Path(__file__).parent
@@ -165,7 +166,12 @@ def build_repository(
     force: bool = False,
     log=print,
 ) -> BuildReport:
-    """Build every (or each ``only``) entry of ``manifest`` into ``repo``."""
+    """Build every (or each ``only``) entry of ``manifest`` into ``repo`` (under its lock)."""
+    with repository_lock(repo):
+        return _build_locked(manifest, repo, only, force, log)
+
+
+def _build_locked(manifest, repo, only, force, log) -> BuildReport:
     writer = RepositoryWriter(repo)
     writer.repo.mkdir(parents=True, exist_ok=True)
     state = writer.load_state()
@@ -226,12 +232,13 @@ def _remove_stale(manifest: Manifest, writer, state, report) -> None:
 
 def remove_entry(repo: Path, name: str) -> list[str]:
     """Delete the model dirs built for entry ``name``; returns the dirs removed."""
-    writer = RepositoryWriter(repo)
-    state = writer.load_state()
-    record = state.pop(name, None)
-    if record is None:
-        return []
-    for model in record["dirs"]:
-        writer.remove(model)
-    writer.save_state(state)
-    return record["dirs"]
+    with repository_lock(repo):
+        writer = RepositoryWriter(repo)
+        state = writer.load_state()
+        record = state.pop(name, None)
+        if record is None:
+            return []
+        for model in record["dirs"]:
+            writer.remove(model)
+        writer.save_state(state)
+        return record["dirs"]

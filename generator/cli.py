@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from .admin import ADMIN_HEADER, KEY_ENV, configured_admin_key
 from .build import RepositoryWriter, build_repository, entry_fingerprint, remove_entry
 from .manifest import ManifestError, load_serving_manifest
 from .manifest_edit import append_entry, remove_entry_text
@@ -22,6 +23,7 @@ from .shared_models import startup_models
 from .triton_local import (
     TritonLaunch,
     TritonPorts,
+    listen_host,
     prepare_backends,
     server_command,
     server_env,
@@ -128,14 +130,27 @@ def _cmd_serve(args) -> int:
     if not args.no_build:
         build_repository(manifest, args.repo)
     names = startup_models(manifest)
-    launch = TritonLaunch(args.repo.resolve(), TritonPorts.from_env(), load_models=names)
+    key = configured_admin_key()
+    launch = TritonLaunch(
+        args.repo.resolve(),
+        TritonPorts.from_env(),
+        load_models=names,
+        host=listen_host(),
+        admin_key=key or "",
+    )
     backends = prepare_backends(args.work_dir.resolve() / "backends")
     cmd = server_command(launch, backends)
     args.pid_file.parent.mkdir(parents=True, exist_ok=True)
     args.pid_file.write_text(str(os.getpid()))
+    admin = (
+        f"need the {ADMIN_HEADER} header ({KEY_ENV})"
+        if key
+        else f"locked (no {KEY_ENV}: model_manager refuses every action)"
+    )
     print(
-        f"starting tritonserver: HTTP {launch.ports.http}, gRPC {launch.ports.grpc}, "
-        f"metrics {launch.ports.metrics}; models: {', '.join(names)}",
+        f"starting tritonserver on {launch.host}: HTTP {launch.ports.http}, "
+        f"gRPC {launch.ports.grpc}, metrics {launch.ports.metrics}; admin APIs {admin}; "
+        f"models: {', '.join(names)}",
         flush=True,
     )
     os.execve(cmd[0], cmd, server_env())

@@ -14,34 +14,47 @@ set), builds it in a separate worker process (export, validate, render; model di
 swapped in atomically) and then loads its ensembles through Triton. This module holds
 the logic; Triton is reached through the small :class:`TritonControl` interface so it
 is tested without a server.
+
+Every action needs the server's admin key (:meth:`ModelManager.authorize`). A load may
+read only folders under the manifest's ``[model_manager] allowed_roots`` and download
+from the hub only with ``allow_hub``; sentence-transformers folders whose modules are
+not sentence-transformers' own classes (custom code) are refused. Models of the manifest
+are never unloaded or deleted through it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
+from .admin import ADMIN_HEADER, KEY_ENV, KEY_FILE_ENV, key_matches, presented_keys
 from .build import RepositoryWriter, remove_entry
 from .manifest import (
     FAMILIES,
     RUNTIME_MANIFEST,
+    ManagerSettings,
+    Manifest,
     ManifestError,
     ModelEntry,
     load_manifest,
     load_serving_manifest,
 )
 from .manifest_edit import append_entry, remove_entry_text
+from .repo_lock import repository_lock
 from .runtime.errors import InvalidInputError, RequestError, UnavailableError
 from .shared_models import SHARED_MODELS
 
 ACTIONS = ("load", "unload", "delete", "list")
 IDENTITY_KEYS = ("name", "family", "source", "arch", "pretrained", "checkpoint")
 OPTION_KEYS = tuple(f.name for f in fields(ModelEntry) if f.name not in IDENTITY_KEYS)
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
+TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 class TritonControl(Protocol):
@@ -69,9 +82,12 @@ class ManagerParams:
     repo: Path
     worker_python: str
     build_timeout_s: float = 1800.0
+    admin_key: str | None = field(default=None, repr=False)
 
     @classmethod
-    def from_parameters(cls, params: dict[str, str], repo: Path) -> ManagerParams:
+    def from_parameters(
+        cls, params: dict[str, str], repo: Path, admin_key: str | None = None
+    ) -> ManagerParams:
         """Parse string config parameters; fail loudly on a missing key."""
         try:
             return cls(
@@ -79,6 +95,7 @@ class ManagerParams:
                 repo=repo,
                 worker_python=params["worker_python"],
                 build_timeout_s=float(params.get("build_timeout_s", "1800")),
+                admin_key=admin_key,
             )
         except KeyError as exc:
             raise ValueError(f"model_manager parameter {exc.args[0]!r} is missing") from exc
@@ -107,6 +124,9 @@ def parse_request(raw: str | bytes) -> dict[str, Any]:
         raise InvalidInputError(f"{action} needs a model 'name'")
     if action != "load":
         return request
+    for key in IDENTITY_KEYS:
+        if key in request and not isinstance(request[key], str):
+            raise InvalidInputError(f"{key} must be a string")
     if request.get("family") not in FAMILIES:
         raise InvalidInputError(
             f"unknown family {request.get('family')!r}; expected one of {list(FAMILIES)}"
@@ -132,6 +152,37 @@ def _worker_error(stderr: str) -> str:
     return lines[-1][:800] if lines else "no output"
 
 
+def check_sentence_transformers_folder(folder: Path) -> None:
+    """Refuse a folder that would run code of its own when sentence-transformers loads it.
+
+    Every module of ``modules.json`` must be one of sentence-transformers' classes, and
+    ``config.json`` must not map to custom model code (``auto_map``).
+    """
+    modules_path = folder / "modules.json"
+    if not modules_path.is_file() and not (folder / "config.json").is_file():
+        raise InvalidInputError("source is not a sentence-transformers folder")
+    try:
+        modules = json.loads(modules_path.read_text()) if modules_path.is_file() else []
+        config_path = folder / "config.json"
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise InvalidInputError("source has an unreadable modules.json or config.json") from None
+    if not isinstance(modules, list) or not isinstance(config, dict):
+        raise InvalidInputError("source has a malformed modules.json or config.json")
+    for module in modules:
+        kind = module.get("type") if isinstance(module, dict) else None
+        if not isinstance(kind, str) or not kind.startswith("sentence_transformers."):
+            raise InvalidInputError(
+                f"modules.json names {kind!r}, not a sentence_transformers class: models with "
+                "custom code are not loaded at runtime (add them to the manifest instead)"
+            )
+    if "auto_map" in config:
+        raise InvalidInputError(
+            "config.json maps to custom model code (auto_map): models with custom code are "
+            "not loaded at runtime (add them to the manifest instead)"
+        )
+
+
 class ModelManager:
     """Serialises lifecycle actions on one repository."""
 
@@ -140,16 +191,37 @@ class ModelManager:
         self.triton = triton
         self.runtime_manifest = params.repo / RUNTIME_MANIFEST
 
+    def authorize(self, parameters: dict[str, Any]) -> None:
+        """Refuse a request that does not carry the server's admin key.
+
+        ``parameters`` are the request's parameters (Triton forwards ``X-Admin-Key``
+        there). Without a configured key every request is refused.
+        """
+        if not self.params.admin_key:
+            raise UnavailableError(
+                f"model_manager is disabled: the server has no admin key (set {KEY_ENV} or "
+                f"{KEY_FILE_ENV} and restart; docs/security.md)"
+            )
+        if not any(key_matches(k, self.params.admin_key) for k in presented_keys(parameters)):
+            raise InvalidInputError(
+                f"model_manager needs the server's admin key in the {ADMIN_HEADER} header"
+            )
+
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         """Run one parsed request; return the JSON-able answer."""
         action = request["action"]
         if action == "list":
             return self.list_models()
+        if action in ("load", "delete") and not os.access(self.params.repo, os.W_OK):
+            raise UnavailableError(
+                f"{action} needs a writable model repository, and this server's is read-only "
+                "(Docker: the runtime-loads override, docs/deployment.md)"
+            )
         if action == "load":
             return self.load(request)
         return self.remove(request["name"], delete=action == "delete")
 
-    def _serving(self):
+    def _serving(self) -> Manifest:
         try:
             return load_serving_manifest(self.params.manifest, self.params.repo)
         except ManifestError as exc:
@@ -172,41 +244,118 @@ class ModelManager:
             )
         return {"models": models}
 
-    def _entry_fields(self, request: dict[str, Any]) -> dict[str, Any]:
+    @staticmethod
+    def _allowed_path(value: str, key: str, settings: ManagerSettings, want_dir: bool) -> str:
+        """``value`` resolved, if it lies under an allowed root and exists."""
+        path = Path(value).expanduser()
+        if not path.is_absolute():
+            raise InvalidInputError(f"{key} must be an absolute path on the server")
+        resolved = path.resolve()
+        roots = [Path(r).resolve() for r in settings.allowed_roots]
+        if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
+            raise InvalidInputError(
+                f"{key} {value!r} is outside the folders runtime loads may read "
+                "([model_manager] allowed_roots in the manifest)"
+            )
+        if not (resolved.is_dir() if want_dir else resolved.is_file()):
+            kind = "folder" if want_dir else "file"
+            raise InvalidInputError(f"{key} {value!r} is not a {kind} on the server")
+        return str(resolved)
+
+    @staticmethod
+    def _hub(value: str, key: str, settings: ManagerSettings, pattern: re.Pattern) -> str:
+        if not pattern.match(value) or ".." in value:
+            raise InvalidInputError(f"{key} {value!r} is not a valid name")
+        if not settings.allow_hub:
+            raise InvalidInputError(
+                f"{key} {value!r} needs a download, and hub downloads are off "
+                "([model_manager] allow_hub in the manifest)"
+            )
+        return value
+
+    def _source_fields(self, request: dict[str, Any], settings: ManagerSettings) -> dict:
+        """The identity fields of a load, each checked against what the server may read."""
         out: dict[str, Any] = {"name": request["name"], "family": request["family"]}
-        for key in ("source", "arch", "pretrained", "checkpoint"):
-            value = request.get(key)
-            if value is None:
-                continue
-            path = Path(str(value)).expanduser()
-            local = key == "checkpoint" or str(value).startswith(("/", ".", "~"))
-            if local and not path.exists():
-                raise InvalidInputError(f"{key} {str(value)!r} does not exist on the server")
-            out[key] = str(path.resolve()) if local or path.exists() else value
-        out.update(request.get("options", {}))
+        source = request.get("source")
+        if source is not None:
+            if source.startswith("package:"):
+                raise InvalidInputError("package: sources are only allowed in the manifest")
+            if source.startswith("."):
+                raise InvalidInputError("source must be an absolute path on the server or a hub id")
+            if source.startswith(("/", "~")):
+                out["source"] = self._allowed_path(source, "source", settings, want_dir=True)
+                check_sentence_transformers_folder(Path(out["source"]))
+            else:
+                out["source"] = self._hub(source, "source", settings, HUB_ID_RE)
+        arch = request.get("arch")
+        if arch is not None:
+            if arch.startswith("hf-hub:"):
+                self._hub(arch.removeprefix("hf-hub:"), "arch", settings, HUB_ID_RE)
+                out["arch"] = arch
+            elif arch.startswith("local-dir:"):
+                folder = self._allowed_path(arch.removeprefix("local-dir:"), "arch", settings, True)
+                out["arch"] = f"local-dir:{folder}"
+            elif arch.endswith(".json") or "/" in arch:
+                out["arch"] = self._allowed_path(arch, "arch", settings, want_dir=False)
+            elif TAG_RE.match(arch):
+                out["arch"] = arch
+            else:
+                raise InvalidInputError(f"arch {arch!r} is not a valid open_clip name")
+        if request.get("pretrained") is not None:
+            out["pretrained"] = self._hub(request["pretrained"], "pretrained", settings, TAG_RE)
+        if request.get("checkpoint") is not None:
+            out["checkpoint"] = self._allowed_path(
+                request["checkpoint"], "checkpoint", settings, want_dir=False
+            )
         return out
+
+    def _check_new_name(self, name: str, family: str, current: Manifest) -> None:
+        """Refuse a new name any of whose model dirs (steps included) is taken or exists."""
+        dirs = set(ModelEntry(name=name, family=family).model_dirs)
+        taken = set(SHARED_MODELS)
+        for entry in current.models:
+            taken |= {entry.name, *entry.model_dirs}
+        state = RepositoryWriter(self.params.repo).load_state()
+        for key, record in state.items():
+            taken |= {key.removeprefix("shared:"), *record.get("dirs", [])}
+        clash = sorted(d for d in dirs | {name} if d in taken or (self.params.repo / d).exists())
+        if clash:
+            raise InvalidInputError(
+                f"name {name!r} collides with existing models {clash}: choose another name"
+            )
 
     def load(self, request: dict[str, Any]) -> dict[str, Any]:
         """Build (if needed) and load one model; a no-op if it is already loaded."""
         name = request["name"]
         main = load_manifest(self.params.manifest)
-        taken = {n for e in main.models for n in {e.name, *e.ensembles}} | set(SHARED_MODELS)
+        settings = main.model_manager
+        taken = {n for e in main.models for n in (e.name, *e.model_dirs)} | set(SHARED_MODELS)
         if name in taken:
             raise InvalidInputError(f"name {name!r} collides with a model served from the manifest")
-        current = self._serving()
-        if name in current.runtime:
-            entry = current.get(name)
-            if all(self.triton.is_ready(n) for n in entry.ensembles):
-                return {
-                    "status": "already_loaded",
-                    "name": name,
-                    "ensembles": list(entry.ensembles),
-                }
-        else:
-            try:
-                append_entry(self.runtime_manifest, self._entry_fields(request))
-            except (ManifestError, ValueError) as exc:
-                raise InvalidInputError(str(exc)) from None
+        with repository_lock(self.params.repo):
+            current = self._serving()
+            new = name not in current.runtime
+            if not new:
+                entry = current.get(name)
+                if all(self.triton.is_ready(n) for n in entry.ensembles):
+                    return {
+                        "status": "already_loaded",
+                        "name": name,
+                        "ensembles": list(entry.ensembles),
+                    }
+            else:
+                if len(current.runtime) >= settings.max_runtime_models:
+                    raise InvalidInputError(
+                        f"the server already holds {len(current.runtime)} runtime models, its "
+                        f"quota ([model_manager] max_runtime_models = "
+                        f"{settings.max_runtime_models}); delete one first"
+                    )
+                fields_ = self._source_fields(request, settings)
+                self._check_new_name(name, request["family"], current)
+                try:
+                    append_entry(self.runtime_manifest, {**fields_, **request.get("options", {})})
+                except (ManifestError, ValueError) as exc:
+                    raise InvalidInputError(str(exc)) from None
         start = time.monotonic()
         try:
             self._build(name)
@@ -214,7 +363,8 @@ class ModelManager:
             for ensemble in entry.ensembles:
                 self.triton.load(ensemble)
         except Exception:
-            self._forget(name)
+            if new:
+                self._forget(name)
             raise
         return {
             "status": "loaded",
@@ -256,25 +406,28 @@ class ModelManager:
             raise BuildFailedError(f"building {name!r} failed: {reason}")
 
     def _forget(self, name: str) -> None:
-        """Undo a failed load: unload what did load, drop files and the record."""
-        writer = RepositoryWriter(self.params.repo)
-        for model in writer.load_state().get(name, {}).get("dirs", []):
-            if model not in SHARED_MODELS and self.triton.is_ready(model):
-                self.triton.unload(model)
-        remove_entry(self.params.repo, name)
-        try:
-            remove_entry_text(self.runtime_manifest, name)
-        except (KeyError, FileNotFoundError):
-            pass
+        """Undo a failed first load: unload what did load, drop files and the record."""
+        with repository_lock(self.params.repo):
+            writer = RepositoryWriter(self.params.repo)
+            for model in writer.load_state().get(name, {}).get("dirs", []):
+                if model not in SHARED_MODELS and self.triton.is_ready(model):
+                    self.triton.unload(model)
+            remove_entry(self.params.repo, name)
+            try:
+                remove_entry_text(self.runtime_manifest, name)
+            except (KeyError, FileNotFoundError):
+                pass
 
     def remove(self, name: str, delete: bool) -> dict[str, Any]:
         """Unload a runtime model (and with ``delete``, remove its files and record)."""
         manifest = self._serving()
         if name not in {e.name for e in manifest.models}:
             raise InvalidInputError(f"unknown model {name!r}")
-        if delete and name not in manifest.runtime:
+        if name not in manifest.runtime:
+            action = "deleted" if delete else "unloaded"
             raise InvalidInputError(
-                f"{name!r} is served from the manifest; remove it there (generator remove)"
+                f"{name!r} is served from the manifest and cannot be {action} at runtime; "
+                "change the manifest instead (generator remove) and restart"
             )
         entry = manifest.get(name)
         dirs = RepositoryWriter(self.params.repo).load_state().get(name, {}).get("dirs", [])
@@ -284,8 +437,9 @@ class ModelManager:
             if self.triton.is_ready(model):
                 self.triton.unload(model)
         if delete:
-            remove_entry(self.params.repo, name)
-            remove_entry_text(self.runtime_manifest, name)
+            with repository_lock(self.params.repo):
+                remove_entry(self.params.repo, name)
+                remove_entry_text(self.runtime_manifest, name)
         return {
             "status": "deleted" if delete else "unloaded",
             "name": name,

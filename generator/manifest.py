@@ -70,6 +70,10 @@ class ModelEntry:
     encoder_backend: str = "python-ort"
     gpu_accelerator: str = "none"
     normalize: bool = True
+    max_text_bytes: int = 16384
+    max_request_text_bytes: int = 262144
+    max_image_pixels: int = 16_777_216
+    max_batch_pixels: int = 67_108_864
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields (for hashing and display)."""
@@ -108,6 +112,21 @@ class FetchSettings:
     max_redirects: int = 3
     max_concurrency: int = 32
     instances: int = 1
+    allowed_ports: tuple[int, ...] = ()
+    max_batch_bytes: int = 128 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ManagerSettings:
+    """What ``model_manager`` may load at runtime (``[model_manager]`` of the manifest).
+
+    Closed by default: no folder may be read and no hub download made until the
+    operator names them here (and the server has an admin key).
+    """
+
+    allowed_roots: tuple[str, ...] = ()
+    allow_hub: bool = False
+    max_runtime_models: int = 4
 
 
 @dataclass(frozen=True)
@@ -116,6 +135,7 @@ class Manifest:
 
     models: tuple[ModelEntry, ...]
     fetch_image: FetchSettings = field(default_factory=FetchSettings)
+    model_manager: ManagerSettings = field(default_factory=ManagerSettings)
     base_dir: Path = Path(".")
     runtime: frozenset[str] = frozenset()
     path: Path | None = None
@@ -130,6 +150,32 @@ class Manifest:
 
 _ENTRY_FIELDS = {f.name: f for f in dataclasses.fields(ModelEntry)}
 _FETCH_FIELDS = {f.name: f for f in dataclasses.fields(FetchSettings)}
+_MANAGER_FIELDS = {f.name: f for f in dataclasses.fields(ManagerSettings)}
+# Inclusive bounds of every numeric knob: a runtime load takes options from a request,
+# so nothing may ask for a thousand instances or a gigabyte-wide batch.
+ENTRY_BOUNDS: dict[str, tuple[float, float]] = {
+    "max_batch_size": (1, 4096),
+    "max_queue_delay_us": (0, 10_000_000),
+    "encoder_instances": (1, 16),
+    "preprocess_instances": (1, 16),
+    "max_seq_length": (2, 8192),
+    "max_rows_per_run": (1, 4096),
+    "max_padding_share": (0.0, 1.0),
+    "ort_threads": (0, 256),
+    "max_text_bytes": (64, 16 * 1024 * 1024),
+    "max_request_text_bytes": (64, 64 * 1024 * 1024),
+    "max_image_pixels": (1, 1 << 30),
+    "max_batch_pixels": (1, 1 << 32),
+}
+FETCH_BOUNDS: dict[str, tuple[float, float]] = {
+    "connect_timeout_s": (0.001, 600.0),
+    "read_timeout_s": (0.001, 3600.0),
+    "max_bytes": (1, 1 << 31),
+    "max_redirects": (0, 20),
+    "max_concurrency": (1, 1024),
+    "instances": (1, 16),
+    "max_batch_bytes": (1, 1 << 34),
+}
 _OPTIONAL_SAMPLES: dict[str, object] = {
     "name": "",
     "family": "",
@@ -151,6 +197,34 @@ def _check_type(where: str, key: str, value: object, default: object, errors: li
         return
     if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
         errors.append(f"{where}: {key} must be {expected.__name__}, got {value!r}")
+
+
+def _check_bounds(
+    where: str, values: object, bounds: Mapping[str, tuple[float, float]], errors: list[str]
+) -> None:
+    for key, (low, high) in bounds.items():
+        value = getattr(values, key)
+        if value is not None and not low <= value <= high:
+            errors.append(f"{where}: {key} must be within [{low:g}, {high:g}], got {value!r}")
+
+
+def _parse_table(
+    data: Mapping[str, Any], key: str, known: Mapping[str, dataclasses.Field], errors: list[str]
+) -> dict[str, Any]:
+    raw = data.get(key, {})
+    if not isinstance(raw, Mapping):
+        errors.append(f"'{key}' must be a table, got {raw!r}")
+        return {}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        errors.append(f"{key}: unknown keys {unknown}")
+    before = len(errors)
+    for name, value in raw.items():
+        if name in known:
+            _check_type(key, name, value, known[name].default, errors)
+    if len(errors) > before or unknown:
+        return {}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
 
 
 def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntry | None:
@@ -187,15 +261,9 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
     for key, allowed in choices.items():
         if getattr(entry, key) not in allowed:
             errors.append(f"{where}: {key} must be one of {list(allowed)}")
-    for key in ("max_batch_size", "encoder_instances", "preprocess_instances", "max_rows_per_run"):
-        if getattr(entry, key) < 1:
-            errors.append(f"{where}: {key} must be >= 1")
-    if entry.max_queue_delay_us < 0 or entry.ort_threads < 0:
-        errors.append(f"{where}: max_queue_delay_us and ort_threads must be >= 0")
-    if not 0.0 <= entry.max_padding_share <= 1.0:
-        errors.append(f"{where}: max_padding_share must be within [0, 1]")
-    if entry.max_seq_length is not None and entry.max_seq_length < 2:
-        errors.append(f"{where}: max_seq_length must be >= 2")
+    _check_bounds(where, entry, ENTRY_BOUNDS, errors)
+    if entry.max_request_text_bytes < entry.max_text_bytes:
+        errors.append(f"{where}: max_request_text_bytes must be >= max_text_bytes")
     if entry.gpu_accelerator == "tensorrt" and (
         entry.device != "gpu" or entry.encoder_backend != "onnxruntime"
     ):
@@ -220,7 +288,7 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
 def parse_manifest(data: Mapping[str, Any], base_dir: Path, source: str = "manifest") -> Manifest:
     """Validate a decoded manifest; raise :class:`ManifestError` listing every problem."""
     errors: list[str] = []
-    unknown = sorted(set(data) - {"models", "fetch_image"})
+    unknown = sorted(set(data) - {"models", "fetch_image", "model_manager"})
     if unknown:
         errors.append(f"unknown top-level keys {unknown}")
     raw_models = data.get("models", [])
@@ -236,22 +304,18 @@ def parse_manifest(data: Mapping[str, Any], base_dir: Path, source: str = "manif
             errors.append(f"duplicate model name {clash!r}")
             continue
         seen.update(dict.fromkeys(entry.model_dirs, entry.name))
-    raw_fetch = data.get("fetch_image", {})
-    if not isinstance(raw_fetch, Mapping):
-        errors.append(f"'fetch_image' must be a table, got {raw_fetch!r}")
-        raw_fetch = {}
-    bad_fetch = sorted(set(raw_fetch) - set(_FETCH_FIELDS))
-    if bad_fetch:
-        errors.append(f"fetch_image: unknown keys {bad_fetch}")
-    for key, value in raw_fetch.items():
-        if key in _FETCH_FIELDS:
-            _check_type("fetch_image", key, value, _FETCH_FIELDS[key].default, errors)
+    fetch = FetchSettings(**_parse_table(data, "fetch_image", _FETCH_FIELDS, errors))
+    _check_bounds("fetch_image", fetch, FETCH_BOUNDS, errors)
+    if any(not isinstance(p, int) or not 1 <= p <= 65535 for p in fetch.allowed_ports):
+        errors.append("fetch_image: allowed_ports must hold port numbers 1-65535")
+    manager = ManagerSettings(**_parse_table(data, "model_manager", _MANAGER_FIELDS, errors))
+    if not 0 <= manager.max_runtime_models <= 256:
+        errors.append("model_manager: max_runtime_models must be within [0, 256]")
+    if any(not isinstance(r, str) or not Path(r).is_absolute() for r in manager.allowed_roots):
+        errors.append("model_manager: allowed_roots must be absolute folder paths")
     if errors:
         raise ManifestError(errors, source)
-    fetch = FetchSettings(
-        **{k: tuple(v) if isinstance(v, list) else v for k, v in raw_fetch.items()}
-    )
-    return Manifest(models=models, fetch_image=fetch, base_dir=base_dir)
+    return Manifest(models=models, fetch_image=fetch, model_manager=manager, base_dir=base_dir)
 
 
 def load_manifest(path: Path) -> Manifest:

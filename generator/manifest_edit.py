@@ -47,7 +47,7 @@ def append_entry(path: Path, fields: dict[str, object]) -> None:
 def remove_entry_text(path: Path, name: str) -> None:
     """Drop the ``[[models]]`` table whose ``name`` is ``name``."""
     text = path.read_text(encoding="utf-8")
-    blocks = re.split(r"(?m)^(?=\[\[models\]\]|\[fetch_image\])", text)
+    blocks = re.split(r"(?m)^(?=\[)", text)
     pattern = re.compile(rf"(?m)^name\s*=\s*\"{re.escape(name)}\"\s*$")
     kept = [b for b in blocks if not (b.startswith("[[models]]") and pattern.search(b))]
     if len(kept) == len(blocks):

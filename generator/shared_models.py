@@ -24,6 +24,8 @@ def fetch_image_parameters(manifest: Manifest) -> dict[str, str]:
         "max_bytes": str(s.max_bytes),
         "max_redirects": str(s.max_redirects),
         "max_concurrency": str(s.max_concurrency),
+        "allowed_ports": ",".join(str(p) for p in s.allowed_ports),
+        "max_batch_bytes": str(s.max_batch_bytes),
     }
 
 

@@ -8,6 +8,7 @@ Python-backend stub needs, and starts/stops the server by its own PID.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -19,6 +20,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .admin import restriction_args
 
 PY_TAG = f"{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -51,12 +54,25 @@ class TritonLaunch:
     load_models: tuple[str, ...] = ("*",)
     log_verbose: int = 0
     extra_args: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    admin_key: str = field(default="", repr=False)
+
+    def __post_init__(self) -> None:
+        """An empty ``admin_key`` becomes a random one: the admin APIs are never open."""
+        if not self.admin_key:
+            object.__setattr__(self, "admin_key", secrets.token_urlsafe(32))
 
 
 def _pytriton_root() -> Path:
     import pytriton  # noqa: PLC0415 - only needed when a server is started
 
     return Path(pytriton.__file__).resolve().parent
+
+
+def listen_host(env: dict[str, str] | None = None) -> str:
+    """``$TRITON_HOST``: the address HTTP, gRPC and metrics bind to (127.0.0.1 by default)."""
+    env = os.environ if env is None else env
+    return env.get("TRITON_HOST", "").strip() or "127.0.0.1"
 
 
 def free_ports(n: int) -> list[int]:
@@ -138,14 +154,18 @@ def server_command(launch: TritonLaunch, backend_dir: Path) -> list[str]:
         str(triton_binary()),
         f"--model-repository={launch.model_repository}",
         f"--backend-directory={backend_dir}",
+        f"--http-address={launch.host}",
         f"--http-port={launch.ports.http}",
+        f"--grpc-address={launch.host}",
         f"--grpc-port={launch.ports.grpc}",
+        f"--metrics-address={launch.host}",
         f"--metrics-port={launch.ports.metrics}",
         f"--model-control-mode={launch.model_control_mode}",
         f"--log-verbose={launch.log_verbose}",
         "--strict-readiness=true",
         "--exit-on-error=true",
     ]
+    cmd += restriction_args(launch.admin_key)
     if launch.model_control_mode == "explicit":
         cmd += [f"--load-model={name}" for name in launch.load_models]
     return cmd + list(launch.extra_args)
@@ -154,16 +174,24 @@ def server_command(launch: TritonLaunch, backend_dir: Path) -> list[str]:
 class TritonProcess:
     """A started ``tritonserver`` that is stopped by its own PID."""
 
-    def __init__(self, launch: TritonLaunch, work_dir: Path, log_path: Path | None = None):
+    def __init__(
+        self,
+        launch: TritonLaunch,
+        work_dir: Path,
+        log_path: Path | None = None,
+        extra_env: dict[str, str] | None = None,
+    ):
         self.launch = launch
         self.work_dir = work_dir
         self.log_path = log_path or work_dir / "tritonserver.log"
+        self.extra_env = dict(extra_env or {})
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def http_url(self) -> str:
         """``host:port`` of the HTTP endpoint."""
-        return f"127.0.0.1:{self.launch.ports.http}"
+        host = self.launch.host if self.launch.host not in ("0.0.0.0", "::") else "127.0.0.1"
+        return f"{host}:{self.launch.ports.http}"
 
     def start(self) -> TritonProcess:
         """Start the server in its own process group; returns at once."""
@@ -174,7 +202,7 @@ class TritonProcess:
             server_command(self.launch, backend_dir),
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=server_env(),
+            env={**server_env(), **self.extra_env},
             start_new_session=True,
         )
         log.close()

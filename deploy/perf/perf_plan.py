@@ -2,12 +2,14 @@
 
     python3 deploy/perf/perf_plan.py --url triton:8000 --out DIR [--models "a b"]
 
-Asks the server (HTTP, standard library) for its ready models, keeps the ensembles and
-reads each one's public input (``TEXT``, ``IMAGE`` or ``IMAGE_URL``), writes the
-perf_analyzer ``--input-data`` files with :mod:`client.perf_data` into ``DIR``, and
-prints one ``<ensemble><TAB><data file>`` line per ensemble. ``IMAGE_URL`` ensembles get
-``data:`` URIs of the same photos, so the URL path is measured without a web server or
-an ``allow_hosts`` change (the fetch itself is then local).
+Asks the server (HTTP, standard library) for its loaded models through the statistics
+and metadata endpoints (open to all; the repository index and model configs need the
+admin key), keeps the ensembles and reads each one's public input (``TEXT``, ``IMAGE``
+or ``IMAGE_URL``), writes the perf_analyzer ``--input-data`` files with
+:mod:`client.perf_data` into ``DIR``, and prints one ``<ensemble><TAB><data file>`` line
+per ensemble. ``IMAGE_URL`` ensembles get ``data:`` URIs of the same photos, so the URL
+path is measured without a web server or an ``allow_hosts`` change (the fetch itself is
+then local).
 """
 
 from __future__ import annotations
@@ -34,12 +36,12 @@ def _get(url: str, body: dict | None = None) -> object:
 def ready_ensembles(http_url: str) -> dict[str, str]:
     """``{ensemble: public input name}`` for every ready ensemble of the server."""
     base = http_url if "://" in http_url else f"http://{http_url}"
-    index = _get(f"{base}/v2/repository/index", {"ready": True})
+    stats = _get(f"{base}/v2/models/stats")
     out = {}
-    for name in sorted({m["name"] for m in index if m.get("state", "READY") == "READY"}):
-        config = _get(f"{base}/v2/models/{name}/config")
-        inputs = [i["name"] for i in config.get("input", [])]
-        if config.get("platform") == "ensemble" and len(inputs) == 1 and inputs[0] in DATA_FILES:
+    for name in sorted({m["name"] for m in stats.get("model_stats", [])}):
+        meta = _get(f"{base}/v2/models/{name}")
+        inputs = [i["name"] for i in meta.get("inputs", [])]
+        if meta.get("platform") == "ensemble" and len(inputs) == 1 and inputs[0] in DATA_FILES:
             out[name] = inputs[0]
     return out
 

@@ -17,6 +17,8 @@
 #   PERF_MEASUREMENT_MS (5000)         measurement window
 #   PERF_RESULTS        (/results)     output folder
 #   PERF_ANALYZER       (perf_analyzer), PYTHON (python3)
+#   EMBED_ADMIN_KEY / EMBED_ADMIN_KEY_FILE  the server's admin key: perf_analyzer reads each
+#                       model's config, an admin-only API (docs/security.md)
 set -euo pipefail
 
 http_url=${TRITON_HTTP_URL:-triton:8000}
@@ -40,6 +42,18 @@ fi
 run_dir="$results/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$run_dir"
 
+admin_key=${EMBED_ADMIN_KEY:-}
+if [[ -z $admin_key && -n ${EMBED_ADMIN_KEY_FILE:-} ]]; then
+    admin_key=$(<"$EMBED_ADMIN_KEY_FILE")
+fi
+key_args=()
+if [[ -n $admin_key ]]; then
+    # gRPC metadata: the name Triton's restricted-protocol check reads.
+    key_args=(-H "triton-grpc-protocol-x-admin-key:$admin_key")
+else
+    echo "warning: no EMBED_ADMIN_KEY: perf_analyzer cannot read model configs" >&2
+fi
+
 plan=$("$python" "$here/perf_plan.py" --url "$http_url" --out "$run_dir/input-data" \
     --models "$models")
 summary="$run_dir/summary.csv"
@@ -49,7 +63,7 @@ while IFS=$'\t' read -r model data; do
         name="$model.c$c"
         args=(-m "$model" -u "$grpc_url" -i grpc --input-data "$data" -b "$batch"
             --concurrency-range "$c" --measurement-interval "$interval_ms" --percentile 95
-            -f "$run_dir/$name.csv")
+            -f "$run_dir/$name.csv" "${key_args[@]}")
         if [[ -n $metrics_url ]]; then
             args+=(--collect-metrics --metrics-url "$metrics_url")
         fi

@@ -7,12 +7,11 @@ context) are concatenated and run in chunks.
 """
 
 import os
-import traceback
 
 import triton_python_backend_utils as pb_utils
-from embed_runtime.adapter import config_parameters, error_response, input_array
-from embed_runtime.errors import InvalidInputError, RequestError
-from embed_runtime.ort_runner import EncoderParams, OrtEncoder
+from embed_runtime.adapter import config_parameters, error_response, input_array, run_or_isolate
+from embed_runtime.errors import RequestError
+from embed_runtime.ort_runner import EncoderParams, OrtEncoder, check_request
 
 
 class TritonPythonModel:
@@ -31,9 +30,7 @@ class TritonPythonModel:
 
     def _read(self, request):
         arrays = {n: input_array(pb_utils, request, n) for n in self.params.input_names}
-        shapes = {a.shape if self.params.ragged else len(a) for a in arrays.values()}
-        if len(shapes) != 1 or any(len(a) == 0 for a in arrays.values()):
-            raise InvalidInputError(f"inputs {list(arrays)} need one shape and at least one row")
+        check_request(self.params, arrays)
         return arrays if self.params.ragged else arrays[self.params.input_names[0]]
 
     def execute(self, requests):
@@ -48,17 +45,12 @@ class TritonPythonModel:
                 responses[i] = error_response(pb_utils, exc)
         if not valid:
             return responses
-        try:
-            if self.params.ragged:
-                outputs = self.encoder.encode_tokens(inputs)
-            else:
-                outputs = self.encoder.encode_dense(inputs)
-        except Exception as exc:  # noqa: BLE001 - every request must get a response
-            self.logger.log_error(traceback.format_exc())
-            for i in valid:
-                responses[i] = error_response(pb_utils, exc, self.logger.log_error)
-            return responses
+        run = self.encoder.encode_tokens if self.params.ragged else self.encoder.encode_dense
+        outputs = run_or_isolate(run, inputs, self.logger.log_error)
         for i, out in zip(valid, outputs, strict=True):
+            if isinstance(out, Exception):
+                responses[i] = error_response(pb_utils, out, self.logger.log_error)
+                continue
             tensor = pb_utils.Tensor(self.params.output_name, out)
             responses[i] = pb_utils.InferenceResponse(output_tensors=[tensor])
         return responses

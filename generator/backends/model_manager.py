@@ -1,8 +1,11 @@
 """Triton Python model ``model_manager``: load, unload, delete and list models at runtime.
 
 ``REQUEST`` is one JSON object (see :mod:`generator.lifecycle`); ``RESPONSE`` is the
-JSON answer. Needs the generator package (and torch for exports) in the Python that
-runs this model, and Triton in explicit model-control mode.
+JSON answer. Every request must carry the server's admin key (``X-Admin-Key``, which
+Triton forwards as a request parameter); without ``EMBED_ADMIN_KEY`` /
+``EMBED_ADMIN_KEY_FILE`` in the server's environment every request is refused. Needs
+the generator package (and torch for exports) in the Python that runs this model, and
+Triton in explicit model-control mode.
 """
 
 import json
@@ -12,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from generator.admin import AdminKeyError, configured_admin_key
+from generator.lifecycle import ManagerParams, ModelManager, parse_request
 from generator.runtime.adapter import config_parameters, error_response, input_array
 from generator.runtime.errors import InvalidInputError, RequestError
-from generator.lifecycle import ManagerParams, ModelManager, parse_request
 
 
 class _TritonControl:
@@ -34,14 +38,26 @@ class TritonPythonModel:
     """Runs one lifecycle action per request, in arrival order."""
 
     def initialize(self, args):
-        """Read where the repository and manifest are."""
+        """Read where the repository and manifest are, and the admin key."""
         self.logger = pb_utils.Logger
         repo = Path(args["model_repository"]).resolve().parent
-        params = ManagerParams.from_parameters(config_parameters(args["model_config"]), repo)
+        try:
+            key = configured_admin_key()
+        except AdminKeyError as exc:
+            self.logger.log_error(f"model_manager disabled: {exc}")
+            key = None
+        params = ManagerParams.from_parameters(
+            config_parameters(args["model_config"]), repo, admin_key=key
+        )
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.manager = ModelManager(params, _TritonControl())
 
     def _answer(self, request):
+        try:
+            parameters = json.loads(request.parameters() or "{}")
+        except json.JSONDecodeError:
+            parameters = {}
+        self.manager.authorize(parameters if isinstance(parameters, dict) else {})
         rows = input_array(pb_utils, request, "REQUEST").reshape(-1)
         if rows.size != 1:
             raise InvalidInputError("REQUEST must hold exactly one JSON object")

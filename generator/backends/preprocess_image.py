@@ -1,7 +1,9 @@
 """Triton Python model ``<name>_preprocess_image``: image bytes -> ``pixel_values``.
 
-Decoding and resizing run on a small thread pool (Pillow releases the GIL) over every
-image of every request in the batch; a bad image fails only its own request.
+Each ``execute`` first reads every image's header (no pixel decoded) and admits requests
+in order against the per-execution pixel budget ``max_batch_pixels``; only then does a
+small thread pool (Pillow releases the GIL) decode and resize the admitted images. A bad
+or over-budget image fails only its own request; every request gets one response.
 """
 
 import traceback
@@ -11,7 +13,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from embed_runtime.adapter import config_parameters, error_response, gather_rows, input_array
 from embed_runtime.errors import InvalidInputError, RequestError
-from embed_runtime.image import PreprocessParams, decode_image, preprocess
+from embed_runtime.image import PixelBudget, PreprocessParams, open_image, preprocess_opened
 
 
 class TritonPythonModel:
@@ -25,16 +27,23 @@ class TritonPythonModel:
         workers = int(params["decode_threads"])
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="decode")
 
-    def _one(self, data):
+    def _guarded(self, step, item):
+        """``step(item, params)``, or the exception it raised (unexpected ones logged)."""
         try:
-            if not isinstance(data, bytes):
-                raise InvalidInputError("IMAGE rows must be BYTES")
-            return preprocess(decode_image(data, self.params), self.params)
+            return step(item, self.params)
         except RequestError as exc:
             return exc
         except Exception as exc:  # noqa: BLE001 - reported per request below
             self.logger.log_error(traceback.format_exc())
             return exc
+
+    def _decode_all(self, images):
+        """Every admitted image through the pool: pixel arrays or per-image exceptions."""
+        try:
+            return list(self.pool.map(self._guarded, [preprocess_opened] * len(images), images))
+        except Exception as exc:  # noqa: BLE001 - an unusable pool fails these images only
+            self.logger.log_error(traceback.format_exc())
+            return [exc] * len(images)
 
     @staticmethod
     def _rows(request):
@@ -43,20 +52,47 @@ class TritonPythonModel:
             raise InvalidInputError("IMAGE has zero rows")
         return list(rows)
 
-    def execute(self, requests):
-        """Preprocess all images at once; slice them back per request."""
-        batch = gather_rows(pb_utils, requests, self._rows)
-        results = list(self.pool.map(self._one, batch.items))
+    def _fail(self, batch, i, exc):
+        batch.responses[i] = error_response(pb_utils, exc, self.logger.log_error)
+
+    def _admit(self, batch, opened):
+        """Requests whose headers are good and fit the pixel budget, in request order."""
+        budget = PixelBudget(self.params.max_batch_pixels)
+        admitted = []
         for i, start, stop in batch.slices():
-            mine = results[start:stop]
+            mine = opened[start:stop]
             failed = next((r for r in mine if isinstance(r, Exception)), None)
+            if failed is None:
+                try:
+                    budget.charge(sum(image.width * image.height for image in mine), len(mine))
+                    admitted.append((i, mine))
+                except RequestError as exc:
+                    failed = exc
             if failed is not None:
-                batch.responses[i] = error_response(pb_utils, failed, self.logger.log_error)
-                continue
-            pixels = np.stack(mine).astype(np.float32, copy=False)
-            batch.responses[i] = pb_utils.InferenceResponse(
-                [pb_utils.Tensor("pixel_values", pixels)]
-            )
+                self._fail(batch, i, failed)
+        return admitted
+
+    def _respond(self, batch, i, results):
+        failed = next((r for r in results if isinstance(r, Exception)), None)
+        if failed is None:
+            try:
+                tensor = pb_utils.Tensor("pixel_values", np.stack(results))
+                batch.responses[i] = pb_utils.InferenceResponse([tensor])
+                return
+            except Exception as exc:  # noqa: BLE001 - every request must get a response
+                failed = exc
+        self._fail(batch, i, failed)
+
+    def execute(self, requests):
+        """Read headers, admit within budget, decode the admitted images; slice back."""
+        batch = gather_rows(pb_utils, requests, self._rows)
+        opened = [self._guarded(open_image, data) for data in batch.items]
+        admitted = self._admit(batch, opened)
+        results = self._decode_all([image for _, mine in admitted for image in mine])
+        start = 0
+        for i, mine in admitted:
+            self._respond(batch, i, results[start : start + len(mine)])
+            start += len(mine)
         return batch.responses
 
     def finalize(self):

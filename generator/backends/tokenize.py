@@ -1,10 +1,15 @@
 """Triton Python model ``<name>_tokenize``: one batched tokenizer call per ``execute``."""
 
 import os
-import traceback
 
 import triton_python_backend_utils as pb_utils
-from embed_runtime.adapter import config_parameters, gather_rows, input_array
+from embed_runtime.adapter import (
+    config_parameters,
+    error_response,
+    gather_rows,
+    input_array,
+    run_or_isolate,
+)
 from embed_runtime.text import BatchTokenizer, TokenizerParams, decode_texts, split_rows
 
 
@@ -21,19 +26,26 @@ class TritonPythonModel:
             os.path.join(model_dir, params["tokenizer_file"]), self.params
         )
 
+    def _read(self, request):
+        rows = input_array(pb_utils, request, "TEXT")
+        caps = self.params.max_text_bytes, self.params.max_request_bytes
+        return decode_texts(rows, "TEXT", *caps)
+
+    def _tokenize(self, groups):
+        texts = [text for group in groups for text in group]
+        return split_rows(self.tokenizer.encode(texts), [len(g) for g in groups])
+
     def execute(self, requests):
         """Validate every request, tokenize all valid rows at once, slice back."""
-        batch = gather_rows(
-            pb_utils, requests, lambda r: decode_texts(input_array(pb_utils, r, "TEXT"))
-        )
+        batch = gather_rows(pb_utils, requests, self._read)
         if not batch.items:
             return batch.responses
-        try:
-            parts = split_rows(self.tokenizer.encode(batch.items), batch.counts)
-        except Exception as exc:  # noqa: BLE001 - every request must get a response
-            self.logger.log_error(traceback.format_exc())
-            return batch.fail_valid(pb_utils, exc, self.logger.log_error)
+        groups = [batch.items[start:stop] for _, start, stop in batch.slices()]
+        parts = run_or_isolate(self._tokenize, groups, self.logger.log_error)
         for i, arrays in zip(batch.valid, parts, strict=True):
+            if isinstance(arrays, Exception):
+                batch.responses[i] = error_response(pb_utils, arrays, self.logger.log_error)
+                continue
             tensors = [pb_utils.Tensor(n, arrays[n]) for n in self.params.output_names]
             batch.responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
         return batch.responses

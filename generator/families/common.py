@@ -42,6 +42,8 @@ def tokenize_dir(
             "lowercase": str(params.lowercase).lower(),
             "output_names": ",".join(params.output_names),
             "tokenizer_file": "tokenizer.json",
+            "max_text_bytes": str(entry.max_text_bytes),
+            "max_request_text_bytes": str(entry.max_request_text_bytes),
         },
         Batching(True, entry.max_queue_delay_us // 2),
         Instances(entry.preprocess_instances),
@@ -79,9 +81,18 @@ def gpu_accelerator(entry: ModelEntry, inputs: Sequence[IOSpec]) -> Accelerator 
 
 
 def encoder_dir(
-    entry: ModelEntry, name: str, onnx_path: Path, spec: GraphSpec, ragged: bool
+    entry: ModelEntry,
+    name: str,
+    onnx_path: Path,
+    spec: GraphSpec,
+    ragged: bool,
+    limits: dict[str, int] | None = None,
 ) -> ModelDir:
-    """An encoder: the Python ORT runner, or Triton's native ``onnxruntime`` backend."""
+    """An encoder: the Python ORT runner, or Triton's native ``onnxruntime`` backend.
+
+    ``limits`` (``vocab_size``, ``type_vocab_size``, ``max_width``) bound what a direct
+    call may send the Python runner's token inputs.
+    """
     kind = "KIND_GPU" if entry.device == "gpu" else "KIND_CPU"
     instances = Instances(entry.encoder_instances, kind)
     batching = Batching(True, entry.max_queue_delay_us)
@@ -109,6 +120,7 @@ def encoder_dir(
         "allow_spinning": str(entry.ort_spinning).lower(),
         "graph_optimization": entry.graph_optimization,
         "execution_provider": "cuda" if entry.device == "gpu" else "cpu",
+        **{key: str(value) for key, value in (limits or {}).items()},
     }
     inputs = [IOSpec.from_tensor(t, ragged=ragged) for t in spec.inputs]
     config = python_model(

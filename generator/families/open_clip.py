@@ -42,6 +42,14 @@ def _load(entry: ModelEntry, manifest: Manifest):
     return load_open_clip(arch, pretrained=entry.pretrained, checkpoint=checkpoint)
 
 
+def _vocab_size(model) -> int:
+    """Rows of the text tower's token embedding (open_clip's CLIP or CustomTextCLIP)."""
+    embedding = getattr(model, "token_embedding", None)
+    if embedding is None:
+        embedding = model.text.get_input_embeddings()
+    return int(embedding.num_embeddings)
+
+
 def _preprocess_dir(entry: ModelEntry, name: str, parameters: dict[str, str], size) -> ModelDir:
     config = python_model(
         name,
@@ -59,7 +67,9 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     """Export and validate both towers; describe the model dirs of one CLIP model."""
     model, _, tokenizer = _load(entry, manifest)
     context = int(getattr(tokenizer, "context_length", 0) or model.context_length)
-    pre = preprocess_params_from_model(model)
+    pre = preprocess_params_from_model(
+        model, max_image_pixels=entry.max_image_pixels, max_batch_pixels=entry.max_batch_pixels
+    )
     dim = embedding_dim(model)
     tokenizer_json = work / "tokenizer.json"
     write_tokenizer_json(tokenizer, tokenizer_json, context)
@@ -75,7 +85,14 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     string = "TYPE_STRING"
     return [
         tokenize_dir(entry, f"{n}_tokenize", tokenizer_json, tok_params, context),
-        encoder_dir(entry, f"{n}_encode_text", work / "text_encoder.onnx", text_spec, False),
+        encoder_dir(
+            entry,
+            f"{n}_encode_text",
+            work / "text_encoder.onnx",
+            text_spec,
+            False,
+            limits={"vocab_size": _vocab_size(model), "max_width": context},
+        ),
         _preprocess_dir(entry, f"{n}_preprocess_image", pre.to_parameters(), pre.size),
         encoder_dir(entry, f"{n}_encode_image", work / "image_encoder.onnx", image_spec, False),
         chain_dir(

@@ -139,6 +139,19 @@ def _check_tokenizer(model, path: Path, params: TokenizerParams) -> list[str]:
     return failures
 
 
+def _token_limits(model) -> dict[str, int]:
+    """Bounds of valid token inputs: the embedding tables' sizes and the max width."""
+    transformer = model[0].auto_model
+    config = transformer.config
+    limits = {
+        "vocab_size": int(transformer.get_input_embeddings().num_embeddings),
+        "max_width": int(model.max_seq_length),
+    }
+    if getattr(config, "type_vocab_size", None):
+        limits["type_vocab_size"] = int(config.type_vocab_size)
+    return limits
+
+
 def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     """Export, validate and describe the three model dirs of one text model."""
     model, _ = _load(entry, manifest)
@@ -168,7 +181,7 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
     return [
         tokenize_dir(entry, tokenize, tokenizer_json, tok_params, -1),
-        encoder_dir(entry, encode, onnx_path, spec, ragged=True),
+        encoder_dir(entry, encode, onnx_path, spec, ragged=True, limits=_token_limits(model)),
         chain_dir(
             entry,
             entry.name,

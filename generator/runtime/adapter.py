@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,3 +87,25 @@ def gather_rows(pb_utils: Any, requests: Sequence[Any], read: Callable[[Any], Se
         gathered.counts.append(len(rows))
         gathered.items.extend(rows)
     return gathered
+
+
+def run_or_isolate(
+    run: Callable[[list], list], groups: Sequence[Any], log: Callable[[str], None]
+) -> list:
+    """``run(groups)`` (one result per group), isolating a failure to its own group.
+
+    When the vectorised call raises, each group runs alone; a group that still fails gets
+    its exception as its result, so one bad request cannot fail the others of a batch.
+    """
+    try:
+        return run(list(groups))
+    except Exception:  # noqa: BLE001 - retried per group below
+        log(f"batched run failed, retrying request by request:\n{traceback.format_exc()}")
+    results: list = []
+    for group in groups:
+        try:
+            results.append(run([group])[0])
+        except Exception as exc:  # noqa: BLE001 - becomes this group's error response
+            log(traceback.format_exc())
+            results.append(exc)
+    return results

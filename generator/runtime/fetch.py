@@ -1,17 +1,23 @@
-"""Fetch image URLs with SSRF guards, timeouts and a byte cap (standard library only).
+"""Fetch image URLs with SSRF guards, timeouts and byte caps (standard library only).
 
-Every hop of a fetch resolves its host once, refuses the hop unless every resolved
-address is public (or allow-listed), then connects to exactly those checked addresses
-while sending the original ``Host`` header and TLS server name, so a DNS answer that
-changes between check and connect (rebinding) cannot reach a private address.
-Redirects are followed by hand and each hop is checked again. ``read_timeout_s`` bounds
-each socket read and the whole fetch, redirects included.
+Every hop of a fetch checks its port, resolves its host once (on a helper thread, so the
+lookup counts against the deadline), refuses the hop unless every resolved address is
+public (or allow-listed), then connects to exactly those checked addresses while sending
+the original ``Host`` header and TLS server name, so a DNS answer that changes between
+check and connect (rebinding) cannot reach a private address. Redirects are followed by
+hand and each hop is checked again. ``read_timeout_s`` bounds each socket read and the
+whole fetch, DNS and redirects included. Messages never show what a host name resolved
+to, an upstream status line or exception text: only fixed phrases.
+
+:class:`FetchPool` runs the URLs of one batch concurrently and reports each request's
+URLs as soon as they are done, so a slow URL delays only its own request.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import functools
 import http.client
 import io
@@ -19,10 +25,12 @@ import ipaddress
 import math
 import socket
 import ssl
+import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from urllib.parse import quote, unquote_to_bytes, urljoin, urlsplit
 
 from .errors import InvalidInputError, RequestError, UnavailableError
@@ -37,6 +45,7 @@ _NUMERIC_PARAMETERS = {
     "read_timeout_s": float,
     "max_bytes": int,
     "max_redirects": int,
+    "max_batch_bytes": int,
 }
 _REFUSED = {
     "is_unspecified": "unspecified",
@@ -45,6 +54,35 @@ _REFUSED = {
     "is_multicast": "multicast",
     "is_reserved": "reserved",
     "is_private": "private",
+}
+_EMBEDS_IPV4 = "which embeds an IPv4 address"
+_REFUSED_V6 = tuple(
+    (ipaddress.IPv6Network(net), what)
+    for net, what in (
+        ("2002::/16", f"6to4, {_EMBEDS_IPV4}"),
+        ("2001::/32", f"Teredo, {_EMBEDS_IPV4}"),
+        ("64:ff9b::/96", f"NAT64, {_EMBEDS_IPV4}"),
+        ("64:ff9b:1::/48", f"NAT64, {_EMBEDS_IPV4}"),
+        ("fec0::/10", "site-local"),
+    )
+)
+_NETWORK_FAILURES: tuple[tuple[type[BaseException], str], ...] = (
+    (http.client.RemoteDisconnected, "connection closed without a response"),
+    (http.client.IncompleteRead, "connection closed before the body was complete"),
+    (http.client.HTTPException, "malformed HTTP response"),
+    (ssl.SSLCertVerificationError, "TLS certificate verification failed"),
+    (ssl.SSLError, "TLS error"),
+    (ConnectionResetError, "connection reset"),
+    (ConnectionError, "connection failed"),
+)
+_ERRNO_FAILURES = {
+    errno.ENETUNREACH: "network unreachable",
+    errno.EHOSTUNREACH: "host unreachable",
+    errno.EADDRNOTAVAIL: "address not available",
+}
+_GAI_FAILURES = {
+    socket.EAI_NONAME: "no such host",
+    socket.EAI_AGAIN: "temporary failure",
 }
 _ACCEPT = "image/*, */*;q=0.5"
 _CHUNK = 65536
@@ -62,12 +100,14 @@ class FetchPolicy:
     max_redirects: int = 3
     allowed_schemes: tuple[str, ...] = ("http", "https")
     user_agent: str = "triton-embeddings-fetch/1.0"
+    allowed_ports: tuple[int, ...] = ()
+    max_batch_bytes: int = 128 * 1024 * 1024
     _names: frozenset[str] = field(init=False, repr=False, compare=False)
     _networks: tuple[_NET, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         """Validate the limits and split ``allow_hosts`` into host names and networks."""
-        for name in ("connect_timeout_s", "read_timeout_s", "max_bytes"):
+        for name in ("connect_timeout_s", "read_timeout_s", "max_bytes", "max_batch_bytes"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
@@ -75,6 +115,9 @@ class FetchPolicy:
             raise ValueError(f"max_redirects must be >= 0, got {self.max_redirects!r}")
         if not set(self.allowed_schemes) <= {"http", "https"}:
             raise ValueError(f"allowed_schemes must be http/https, got {self.allowed_schemes}")
+        bad_ports = [p for p in self.allowed_ports if isinstance(p, bool) or not 0 < p < 65536]
+        if bad_ports:
+            raise ValueError(f"allowed_ports must be ports in 1..65535, got {bad_ports}")
         names, networks = set(), []
         for entry in self.allow_hosts:
             try:
@@ -92,13 +135,22 @@ class FetchPolicy:
     def from_parameters(cls, params: dict[str, str]) -> FetchPolicy:
         """Build a policy from string config parameters; absent keys keep their defaults.
 
-        Keys: ``allow_hosts`` (comma-separated), ``connect_timeout_s``, ``read_timeout_s``,
-        ``max_bytes``, ``max_redirects``. Raises ``ValueError`` naming the bad key.
+        Keys: ``allow_hosts`` and ``allowed_ports`` (comma-separated; no ports = any port),
+        ``connect_timeout_s``, ``read_timeout_s``, ``max_bytes``, ``max_batch_bytes``,
+        ``max_redirects``. Raises ``ValueError`` naming the bad key.
         """
         kwargs: dict[str, object] = {}
         if "allow_hosts" in params:
             hosts = (h.strip() for h in params["allow_hosts"].split(","))
             kwargs["allow_hosts"] = tuple(h for h in hosts if h)
+        if "allowed_ports" in params:
+            ports = [p.strip() for p in params["allowed_ports"].split(",") if p.strip()]
+            if not all(p.isascii() and p.isdigit() for p in ports):
+                raise ValueError(
+                    f"config parameter allowed_ports={params['allowed_ports']!r} is not a "
+                    "comma-separated list of ports"
+                )
+            kwargs["allowed_ports"] = tuple(int(p) for p in ports)
         for key, kind in _NUMERIC_PARAMETERS.items():
             if key in params:
                 try:
@@ -121,6 +173,28 @@ class FetchPolicy:
         return any(addr in net for net in self._networks)
 
 
+class ByteBudget:
+    """The bytes that the fetches of one batch may still read together (thread-safe)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def left(self) -> int:
+        """Bytes not yet taken."""
+        with self._lock:
+            return self.limit - self._used
+
+    def take(self, n: int) -> bool:
+        """Take ``n`` bytes; False (taking nothing) if that would pass the limit."""
+        with self._lock:
+            if self._used + n > self.limit:
+                return False
+            self._used += n
+            return True
+
+
 class _Fail(Exception):
     """A failure of one hop, turned into a public ``RequestError`` by ``fetch_url``."""
 
@@ -139,22 +213,31 @@ def _shown(url: str) -> str:
     return url if len(url) <= _URL_SHOWN else url[: _URL_SHOWN - 3] + "..."
 
 
-def fetch_url(url: str, policy: FetchPolicy) -> bytes:
+def _budget_spent(budget: ByteBudget) -> _Fail:
+    return _Fail(
+        InvalidInputError,
+        f"the images of this batch are over max_batch_bytes={budget.limit} together",
+    )
+
+
+def fetch_url(url: str, policy: FetchPolicy, budget: ByteBudget | None = None) -> bytes:
     """The body of ``url`` (http, https or data), checked against ``policy``.
 
-    Raises ``InvalidInputError`` for a malformed or refused URL, too many redirects, a
-    body over ``max_bytes``, a non-image content type or HTTP 4xx; ``UnavailableError``
-    for DNS failure, refused connection, timeout or HTTP 5xx. Messages name the URL.
+    Bytes read are also taken from ``budget`` when given (shared by one batch).
+    Raises ``InvalidInputError`` for a malformed or refused URL or port, too many
+    redirects, a body over ``max_bytes`` or over the batch budget, a non-image content
+    type or HTTP 4xx; ``UnavailableError`` for DNS failure, refused connection, timeout
+    (DNS included) or HTTP 5xx. Messages name the URL.
     """
     url = url.strip()
     deadline = time.monotonic() + policy.read_timeout_s
     current, seen = url, {url}
     try:
         if url[:5].lower() == "data:":
-            return _decode_data_uri(url, policy)
+            return _decode_data_uri(url, policy, budget)
         for _ in range(policy.max_redirects + 1):
             try:
-                return _fetch_hop(current, policy, deadline)
+                return _fetch_hop(current, policy, deadline, budget)
             except _Redirect as redirect:
                 current = urljoin(current, redirect.location).partition("#")[0]
                 if current in seen:
@@ -167,25 +250,120 @@ def fetch_url(url: str, policy: FetchPolicy) -> bytes:
         raise fail.error(f"IMAGE_URL '{_shown(url)}' {verb}: {fail.reason}{hop}") from None
 
 
-def fetch_all(
-    urls: Sequence[str], policy: FetchPolicy, executor: ThreadPoolExecutor
-) -> list[bytes | RequestError]:
-    """Fetch ``urls`` concurrently on ``executor``; failures are returned, not raised.
+Results = list[bytes | RequestError]
 
-    Results follow input order; a URL repeated in ``urls`` is fetched once.
+
+class FetchPool:
+    """Fetches the URLs of each batch concurrently on threads built once.
+
+    At most ``max_concurrency`` distinct URLs are in flight over all batches:
+    :meth:`fetch_groups` blocks while that many are, instead of queueing without limit.
     """
-    futures = {u: executor.submit(_fetch_or_error, u, policy) for u in dict.fromkeys(urls)}
-    return [futures[u].result() for u in urls]
+
+    def __init__(self, policy: FetchPolicy, max_concurrency: int):
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency!r}")
+        self.policy = policy
+        self._slots = threading.Semaphore(max_concurrency)
+        self._executor = ThreadPoolExecutor(max_concurrency, thread_name_prefix="fetch")
+
+    def fetch_groups(
+        self, groups: Sequence[Sequence[str]], on_done: Callable[[int, Results], None]
+    ) -> None:
+        """Start fetching every URL of ``groups`` (one group per request).
+
+        Returns once every URL has started: at once, unless ``max_concurrency`` URLs are
+        in flight, then as soon as enough of them finish.
+
+        ``on_done(i, results)`` is called exactly once per group, as soon as the URLs of
+        group ``i`` are done, on a fetch thread (or on this one, e.g. for an empty group);
+        ``results`` follow the group's order, a failure being a ``RequestError``. The URLs
+        of one call share one :class:`ByteBudget` of ``max_batch_bytes``; a URL repeated
+        in the call is fetched once. ``on_done`` must not raise.
+        """
+        budget = ByteBudget(self.policy.max_batch_bytes)
+        tracker = _Groups(groups, on_done)
+        tracker.finish_empty()
+        for url in tracker.urls:
+            self._slots.acquire()
+            try:
+                future = self._executor.submit(_fetch_or_error, url, self.policy, budget)
+            except RuntimeError:
+                self._slots.release()
+                tracker.done(url, _shutting_down(url))
+                continue
+            future.add_done_callback(functools.partial(self._finished, tracker, url))
+
+    def fetch(self, urls: Sequence[str]) -> Results:
+        """The results of ``urls`` in order, once all are done (one batch)."""
+        box: list[Results] = []
+        done = threading.Event()
+
+        def keep(_i: int, results: Results) -> None:
+            box.append(results)
+            done.set()
+
+        self.fetch_groups([urls], keep)
+        done.wait()
+        return box[0]
+
+    def close(self) -> None:
+        """Stop the threads; fetches not started yet end as ``UnavailableError``."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _finished(self, tracker: _Groups, url: str, future: Future) -> None:
+        self._slots.release()
+        tracker.done(url, _shutting_down(url) if future.cancelled() else future.result())
 
 
-def _fetch_or_error(url: str, policy: FetchPolicy) -> bytes | RequestError:
+class _Groups:
+    """Which groups wait on which URL; calls ``on_done`` once per group when complete."""
+
+    def __init__(self, groups: Sequence[Sequence[str]], on_done: Callable[[int, Results], None]):
+        self._groups = [list(g) for g in groups]
+        self._on_done = on_done
+        self._lock = threading.Lock()
+        self._results: dict[str, bytes | RequestError] = {}
+        self._members: dict[str, list[int]] = {}
+        for i, group in enumerate(self._groups):
+            for url in dict.fromkeys(group):
+                self._members.setdefault(url, []).append(i)
+        self._waiting = [len(dict.fromkeys(g)) for g in self._groups]
+        self.urls = list(self._members)
+
+    def finish_empty(self) -> None:
+        for i, group in enumerate(self._groups):
+            if not group:
+                self._on_done(i, [])
+
+    def done(self, url: str, result: bytes | RequestError) -> None:
+        ready = []
+        with self._lock:
+            self._results[url] = result
+            for i in self._members[url]:
+                self._waiting[i] -= 1
+                if self._waiting[i] == 0:
+                    ready.append((i, [self._results[u] for u in self._groups[i]]))
+        for i, results in ready:
+            self._on_done(i, results)
+
+
+def _label(url: object) -> str:
+    return _shown(url) if isinstance(url, str) else type(url).__name__
+
+
+def _shutting_down(url: str) -> RequestError:
+    return UnavailableError(f"IMAGE_URL '{_label(url)}' unavailable: the model is shutting down")
+
+
+def _fetch_or_error(url: str, policy: FetchPolicy, budget: ByteBudget) -> bytes | RequestError:
     try:
-        return fetch_url(url, policy)
+        return fetch_url(url, policy, budget)
     except RequestError as exc:
         return exc
     except Exception as exc:  # noqa: BLE001 - one bad URL must not fail the batch
-        shown = _shown(url) if isinstance(url, str) else type(url).__name__
-        return RequestError(f"IMAGE_URL '{shown}' failed: internal error ({type(exc).__name__})")
+        reason = f"internal error ({type(exc).__name__})"
+        return RequestError(f"IMAGE_URL '{_label(url)}' failed: {reason}")
 
 
 def _check_content_type(value: str | None) -> None:
@@ -194,7 +372,7 @@ def _check_content_type(value: str | None) -> None:
         raise _Fail(InvalidInputError, f"content type {media!r} is not an image")
 
 
-def _decode_data_uri(url: str, policy: FetchPolicy) -> bytes:
+def _decode_data_uri(url: str, policy: FetchPolicy, budget: ByteBudget | None) -> bytes:
     header, comma, payload = url[5:].partition(",")
     if not comma:
         raise _Fail(InvalidInputError, "malformed data URI (no ',')")
@@ -209,6 +387,8 @@ def _decode_data_uri(url: str, policy: FetchPolicy) -> bytes:
             raise _Fail(InvalidInputError, "malformed data URI (invalid base64)") from None
     if len(data) > policy.max_bytes:
         raise _Fail(InvalidInputError, f"data URI body is over max_bytes={policy.max_bytes}")
+    if budget is not None and not budget.take(len(data)):
+        raise _budget_spent(budget)
     return data
 
 
@@ -220,8 +400,8 @@ def _parse(url: str, policy: FetchPolicy) -> tuple[str, str, int, str]:
         parts = urlsplit(url)
         port = parts.port
         host = (parts.hostname or "").encode("idna").decode("ascii")
-    except (ValueError, UnicodeError) as exc:
-        raise _Fail(InvalidInputError, f"malformed URL ({exc})") from None
+    except (ValueError, UnicodeError):
+        raise _Fail(InvalidInputError, "malformed URL (bad host or port)") from None
     scheme = parts.scheme.lower()
     if not scheme:
         raise _Fail(InvalidInputError, "malformed URL (no scheme)")
@@ -230,27 +410,84 @@ def _parse(url: str, policy: FetchPolicy) -> tuple[str, str, int, str]:
         raise _Fail(InvalidInputError, f"scheme {scheme!r} is not allowed (allowed: {allowed})")
     if not host:
         raise _Fail(InvalidInputError, "malformed URL (no host)")
+    port = port or (443 if scheme == "https" else 80)
+    if policy.allowed_ports and port not in policy.allowed_ports:
+        allowed = ", ".join(map(str, policy.allowed_ports))
+        raise _Fail(InvalidInputError, f"port {port} is not allowed (allowed: {allowed})")
     target = quote(parts.path or "/", safe="/%:@!$&'()*+,;=~")
     if parts.query:
         target += "?" + quote(parts.query, safe="/%:@!$&'()*+,;=~?")
-    return scheme, host, port or (443 if scheme == "https" else 80), target
+    return scheme, host, port, target
 
 
 def _refusal(addr: _IP) -> str | None:
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        else:
+            for net, what in _REFUSED_V6:
+                if addr in net:
+                    return what
     for prop, what in _REFUSED.items():
         if getattr(addr, prop):
             return what
     return None if addr.is_global else "not globally routable"
 
 
-def _resolve(host: str, port: int, policy: FetchPolicy) -> list[tuple[int, tuple]]:
-    """Resolved ``(family, sockaddr)`` pairs of ``host``, each checked against ``policy``."""
+def _is_literal(host: str) -> bool:
+    """Whether ``host`` is an IP address written out (any form the resolver takes as one)."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise _Fail(UnavailableError, f"DNS lookup of {host!r} failed ({exc})") from None
+        ipaddress.ip_address(host.partition("%")[0])
+        return True
+    except ValueError:
+        pass
+    try:
+        socket.inet_aton(host)
+        return True
+    except OSError:
+        return False
+
+
+def _lookup(host: str, port: int, timeout: float) -> list:
+    """``getaddrinfo`` on a helper thread, waited for at most ``timeout`` seconds."""
+    box: list = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except Exception as exc:  # noqa: BLE001 - handed to the waiting thread
+            box.append(exc)
+        done.set()
+
+    threading.Thread(target=run, name="fetch-dns", daemon=True).start()
+    if not done.wait(timeout):
+        raise TimeoutError("DNS lookup")
+    if isinstance(box[0], Exception):
+        raise box[0]
+    return box[0]
+
+
+def _resolve(host: str, port: int, policy: FetchPolicy, deadline: float) -> list[tuple[int, tuple]]:
+    """Resolved ``(family, sockaddr)`` pairs of ``host``, each checked against ``policy``.
+
+    A host name's lookup is bounded by ``connect_timeout_s`` and the fetch's deadline;
+    refusals name the address only when the URL wrote it.
+    """
+    literal = _is_literal(host)
+    try:
+        if literal:
+            flags = socket.AI_NUMERICHOST
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=flags)
+        else:
+            infos = _lookup(host, port, _time_left(deadline, policy.connect_timeout_s))
+    except TimeoutError:
+        raise _Fail(UnavailableError, f"DNS lookup of {host!r} timed out") from None
+    except socket.gaierror as exc:
+        reason = _GAI_FAILURES.get(exc.errno, "lookup failed")
+        raise _Fail(UnavailableError, f"DNS lookup of {host!r} failed ({reason})") from None
+    except (OSError, UnicodeError):
+        raise _Fail(UnavailableError, f"DNS lookup of {host!r} failed (lookup failed)") from None
     addrs = list(dict.fromkeys((family, sockaddr) for family, _, _, _, sockaddr in infos))
     if policy.allows_name(host):
         return addrs
@@ -262,7 +499,10 @@ def _resolve(host: str, port: int, policy: FetchPolicy) -> list[tuple[int, tuple
         what = _refusal(addr)
         if what:
             hint = "add the host to allow_hosts to permit it"
-            raise _Fail(InvalidInputError, f"address {addr} is {what} ({hint})")
+            if literal:
+                raise _Fail(InvalidInputError, f"address {addr} is {what} ({hint})")
+            reason = f"host {host!r} resolves to an address that is {what} ({hint})"
+            raise _Fail(InvalidInputError, reason)
     return addrs
 
 
@@ -335,10 +575,26 @@ class _PinnedConnection(http.client.HTTPConnection):
         self.sock = _DeadlineSocket(sock, self._deadline, self._policy.read_timeout_s)
 
 
-def _fetch_hop(url: str, policy: FetchPolicy, deadline: float) -> bytes:
+def _status(code: int) -> str:
+    """``HTTP <code> <standard phrase>``: never the server's own reason text."""
+    try:
+        return f"HTTP {code} {HTTPStatus(code).phrase}"
+    except ValueError:
+        return f"HTTP {code}"
+
+
+def _network_failure(exc: OSError | http.client.HTTPException) -> str:
+    """A fixed short description of a network error (never its text)."""
+    for kind, what in _NETWORK_FAILURES:
+        if isinstance(exc, kind):
+            return what
+    return _ERRNO_FAILURES.get(getattr(exc, "errno", None), "connection failed")
+
+
+def _fetch_hop(url: str, policy: FetchPolicy, deadline: float, budget: ByteBudget | None) -> bytes:
     """The body of one http(s) URL; raises ``_Redirect`` for a redirect status."""
     scheme, host, port, target = _parse(url, policy)
-    addrs = _resolve(host, port, policy)
+    addrs = _resolve(host, port, policy, deadline)
     conn = _PinnedConnection(host, port, addrs, scheme == "https", policy, deadline)
     try:
         conn.request("GET", target, headers={"User-Agent": policy.user_agent, "Accept": _ACCEPT})
@@ -346,36 +602,44 @@ def _fetch_hop(url: str, policy: FetchPolicy, deadline: float) -> bytes:
         if resp.status in _REDIRECTS:
             location = resp.getheader("Location")
             if not location:
-                raise _Fail(InvalidInputError, f"HTTP {resp.status} redirect without Location")
+                raise _Fail(InvalidInputError, f"{_status(resp.status)} redirect without Location")
             raise _Redirect(location.strip())
-        status = f"HTTP {resp.status} {resp.reason[:80]}".rstrip()
         if resp.status >= 500 or resp.status in _RETRYABLE:
-            raise _Fail(UnavailableError, status)
+            raise _Fail(UnavailableError, _status(resp.status))
         if not 200 <= resp.status < 300:
-            raise _Fail(InvalidInputError, status)
+            raise _Fail(InvalidInputError, _status(resp.status))
         _check_content_type(resp.getheader("Content-Type"))
-        over = f"body is over max_bytes={policy.max_bytes}"
-        if resp.length is not None and resp.length > policy.max_bytes:
-            raise _Fail(InvalidInputError, f"{over} (Content-Length {resp.length})")
-        declared, chunks, total = resp.length, [], 0
-        while chunk := resp.read(_CHUNK):
-            total += len(chunk)
-            if total > policy.max_bytes:
-                raise _Fail(InvalidInputError, over)
-            chunks.append(chunk)
-        if declared is not None and total < declared:
-            raise _Fail(UnavailableError, f"connection closed after {total} of {declared} bytes")
-        return b"".join(chunks)
+        return _read_body(resp, policy, budget)
     except TimeoutError:
         limits = f"connect_timeout_s={policy.connect_timeout_s:g}, read_timeout_s="
         raise _Fail(UnavailableError, f"timed out ({limits}{policy.read_timeout_s:g})") from None
     except ConnectionRefusedError:
         raise _Fail(UnavailableError, f"connection to {host}:{port} refused") from None
-    except ssl.SSLError as exc:
-        raise _Fail(UnavailableError, f"TLS error ({exc.reason or exc})") from None
     except (OSError, http.client.HTTPException) as exc:
-        raise _Fail(UnavailableError, f"connection failed ({type(exc).__name__}: {exc})") from None
+        raise _Fail(UnavailableError, _network_failure(exc)) from None
     finally:
         conn.close()
         if conn.raw_sock is not None:
             conn.raw_sock.close()
+
+
+def _read_body(
+    resp: http.client.HTTPResponse, policy: FetchPolicy, budget: ByteBudget | None
+) -> bytes:
+    over = f"body is over max_bytes={policy.max_bytes}"
+    declared = resp.length
+    if declared is not None and declared > policy.max_bytes:
+        raise _Fail(InvalidInputError, f"{over} (Content-Length {declared})")
+    if declared is not None and budget is not None and declared > budget.left():
+        raise _budget_spent(budget)
+    chunks, total = [], 0
+    while chunk := resp.read(_CHUNK):
+        total += len(chunk)
+        if total > policy.max_bytes:
+            raise _Fail(InvalidInputError, over)
+        if budget is not None and not budget.take(len(chunk)):
+            raise _budget_spent(budget)
+        chunks.append(chunk)
+    if declared is not None and total < declared:
+        raise _Fail(UnavailableError, f"connection closed after {total} of {declared} bytes")
+    return b"".join(chunks)

@@ -15,8 +15,15 @@ Deliberate departures, all for inputs open_clip handles badly:
   Turn it off for bit parity with embeddings computed from raw ``Image.open``.
 - A resize edge that open_clip would round to 0 (extreme aspect ratios in 'longest'
   mode) is clamped to 1 px instead of crashing; an intermediate resize larger than
-  ``max_pixels`` is refused instead of allocating it.
+  ``max_image_pixels`` is refused instead of allocating it.
 - Only common raster formats are decoded (:data:`ALLOWED_FORMATS`).
+
+Memory: decoding is split in two so that a caller can budget pixels before paying for
+them. :func:`open_image` reads the header only (Pillow is lazy: the size is known, no
+pixel is decoded); :func:`load_image` decodes the first frame. The full-size image is
+then held once (plus one transposed copy only when EXIF orientation asks for it); the
+resize is the first step that touches it, as in open_clip, and every later step works
+on the model-sized image.
 """
 
 from __future__ import annotations
@@ -40,6 +47,16 @@ INTERPOLATIONS = {
 _RESIZABLE_MODES = frozenset(
     "1 L LA La P PA RGB RGBA RGBa RGBX CMYK YCbCr LAB HSV I I;16 I;16L I;16B F".split()
 )
+_EXIF_ORIENTATION = 0x0112
+_TRANSPOSE_FOR_ORIENTATION = {  # as ImageOps.exif_transpose
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -52,7 +69,9 @@ class PreprocessParams:
 
     ``size`` is (height, width). ``interpolation`` is the filter actually used by the
     resize (open_clip's non-square 'shortest' path always uses bicubic; the generator
-    resolves that before building these params).
+    resolves that before building these params). ``max_image_pixels`` caps one image
+    (checked from its header); ``max_batch_pixels`` caps the images one ``execute``
+    decodes (see :class:`PixelBudget`), so it must admit at least one capped image.
     """
 
     size: tuple[int, int]
@@ -61,7 +80,8 @@ class PreprocessParams:
     mean: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
     std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
     fill_color: int = 0
-    max_pixels: int = 40_000_000
+    max_image_pixels: int = 16_777_216
+    max_batch_pixels: int = 67_108_864
     max_bytes: int = 20 * 1024 * 1024
     apply_exif: bool = True
 
@@ -77,8 +97,14 @@ class PreprocessParams:
             )
         if len(self.mean) != 3 or len(self.std) != 3 or any(s == 0 for s in self.std):
             raise ValueError(f"mean/std need 3 values and std no zero, got {self.mean}/{self.std}")
-        if self.max_pixels < 1 or self.max_bytes < 1:
-            raise ValueError("max_pixels and max_bytes must be positive")
+        if self.max_image_pixels < 1 or self.max_bytes < 1:
+            raise ValueError("max_image_pixels and max_bytes must be positive")
+        if self.max_batch_pixels < self.max_image_pixels:
+            raise ValueError(
+                f"max_batch_pixels ({self.max_batch_pixels}) must be at least "
+                f"max_image_pixels ({self.max_image_pixels}): a single image under the "
+                "per-image cap could never be served"
+            )
 
     def to_parameters(self) -> dict[str, str]:
         """String config parameters of the Triton model (see :meth:`from_parameters`)."""
@@ -89,7 +115,8 @@ class PreprocessParams:
             "mean": ",".join(repr(float(v)) for v in self.mean),
             "std": ",".join(repr(float(v)) for v in self.std),
             "fill_color": str(self.fill_color),
-            "max_pixels": str(self.max_pixels),
+            "max_image_pixels": str(self.max_image_pixels),
+            "max_batch_pixels": str(self.max_batch_pixels),
             "max_bytes": str(self.max_bytes),
             "apply_exif": "true" if self.apply_exif else "false",
         }
@@ -106,7 +133,7 @@ class PreprocessParams:
                 values[key] = params[key]
             for key in ("mean", "std"):
                 values[key] = _floats(params[key])
-            for key in ("fill_color", "max_pixels", "max_bytes"):
+            for key in ("fill_color", "max_image_pixels", "max_batch_pixels", "max_bytes"):
                 values[key] = int(params[key])
             key = "apply_exif"
             flag = params[key].strip().lower()
@@ -131,20 +158,18 @@ def _open_formats() -> list[str]:
     return [f for f in ALLOWED_FORMATS if f in Image.OPEN]
 
 
-def decode_image(data: bytes, params: PreprocessParams) -> Image.Image:
-    """Decode encoded image bytes to a loaded, single-frame Pillow image.
+def open_image(data: bytes, params: PreprocessParams) -> Image.Image:
+    """Parse the header of encoded image bytes; no pixel is decoded yet.
 
-    The first frame of animations is used, EXIF orientation is applied when
-    ``params.apply_exif``, and the image keeps its decoded mode (``P``, ``RGBA``,
-    ``CMYK``, ``L``, ``LA``, ``I;16`` ...) because open_clip converts to RGB only after
-    resizing. 16-bit images therefore go through Pillow's own ``convert('RGB')`` later,
-    which clips values above 255 rather than rescaling; that is what open_clip does.
-
-    Raises :class:`InvalidInputError` for empty, oversized, unrecognised, truncated or
-    corrupt data and for images with more than ``params.max_pixels`` pixels (checked
-    from the header before any pixel is decoded, whatever Pillow's global
-    ``MAX_IMAGE_PIXELS``; Pillow's own bomb error, if it fires first, is reported too).
+    The returned image is lazy: its ``size`` (and ``width * height``, the pixels that
+    :func:`load_image` will decode) is known, its pixels are not. Raises
+    :class:`InvalidInputError` for non-bytes, empty, oversized, unrecognised or corrupt
+    headers and for images with more than ``params.max_image_pixels`` pixels, whatever
+    Pillow's global ``MAX_IMAGE_PIXELS`` (Pillow's own bomb error, if it fires first,
+    is reported the same way).
     """
+    if not isinstance(data, bytes):
+        raise InvalidInputError("IMAGE rows must be BYTES")
     if not data:
         raise InvalidInputError("IMAGE is empty")
     if len(data) > params.max_bytes:
@@ -160,23 +185,80 @@ def decode_image(data: bytes, params: PreprocessParams) -> Image.Image:
     except Exception as exc:  # noqa: BLE001 - any parser failure on untrusted bytes
         raise _decode_error(exc) from None
     width, height = image.size
-    if width * height > params.max_pixels:
+    if width * height > params.max_image_pixels:
         raise InvalidInputError(
             f"IMAGE is {width}x{height} = {width * height} pixels, above the limit of "
-            f"{params.max_pixels}"
+            f"{params.max_image_pixels} (max_image_pixels)"
         )
+    return image
+
+
+def _exif_transpose(image: Image.Image) -> Image.Image:
+    """``ImageOps.exif_transpose`` without its copy of an image that needs no transpose."""
+    try:
+        orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
+    except Exception:  # noqa: BLE001 - malformed EXIF: keep the pixels as stored
+        return image
+    method = _TRANSPOSE_FOR_ORIENTATION.get(orientation)
+    return image if method is None else image.transpose(method)
+
+
+def load_image(image: Image.Image, params: PreprocessParams) -> Image.Image:
+    """Decode the first frame of an :func:`open_image` result, in its decoded mode.
+
+    EXIF orientation is applied when ``params.apply_exif``, and the image keeps its
+    decoded mode (``P``, ``RGBA``, ``CMYK``, ``L``, ``LA``, ``I;16`` ...) because
+    open_clip converts to RGB only after resizing. 16-bit images therefore go through
+    Pillow's own ``convert('RGB')`` later, which clips values above 255 rather than
+    rescaling; that is what open_clip does. No full-size copy is made beyond the decode
+    itself (and the transposed image when orientation asks for one). Raises
+    :class:`InvalidInputError` for truncated or corrupt pixel data.
+    """
     try:
         image.seek(0)
         image.load()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - any decoder failure on untrusted bytes
         raise _decode_error(exc) from None
-    try:
-        image = ImageOps.exif_transpose(image) if params.apply_exif else image.copy()
-    except Exception:  # noqa: BLE001 - malformed EXIF: keep the pixels as stored
-        image = image.copy()
+    if params.apply_exif:
+        image = _exif_transpose(image)
     if image.mode not in _RESIZABLE_MODES:
         image = image.convert("RGB")
     return image
+
+
+def decode_image(data: bytes, params: PreprocessParams) -> Image.Image:
+    """:func:`open_image` then :func:`load_image`: bytes to a loaded single-frame image."""
+    return load_image(open_image(data, params), params)
+
+
+@dataclass
+class PixelBudget:
+    """The pixels one ``execute`` may still decode, charged request by request in order.
+
+    A request that does not fit is refused whole and charges nothing, so a later,
+    smaller request may still fit; the decision depends only on the order of the
+    requests and their header sizes, never on decode timing.
+    """
+
+    limit: int
+    used: int = 0
+
+    def charge(self, pixels: int, images: int) -> None:
+        """Take ``pixels`` (the request's ``images`` together) or raise InvalidInputError."""
+        if pixels > self.limit:
+            raise InvalidInputError(
+                f"IMAGE request needs {pixels} pixels for {images} image(s), above the "
+                f"per-execution budget max_batch_pixels={self.limit}; send fewer or "
+                "smaller images per request"
+            )
+        if self.used + pixels > self.limit:
+            raise InvalidInputError(
+                f"IMAGE request needs {pixels} pixels for {images} image(s), but only "
+                f"{self.limit - self.used} of the per-execution budget "
+                f"max_batch_pixels={self.limit} are left after the requests batched "
+                "before it; retry it, or send fewer or smaller images per request"
+            )
+        self.used += pixels
 
 
 def _shortest_edge_size(height: int, width: int, size: int) -> tuple[int, int]:
@@ -198,7 +280,7 @@ def _resize(image: Image.Image, size: tuple[int, int], params: PreprocessParams)
     """Resize like torchvision ``F.resize`` on a PIL image to (h, w); a no-op at the same size."""
     if size == (image.height, image.width):
         return image
-    if size[0] * size[1] > params.max_pixels:
+    if size[0] * size[1] > params.max_image_pixels:
         raise InvalidInputError(
             f"IMAGE aspect ratio {image.width}x{image.height} is too extreme: resizing it for "
             f"{params.size[1]}x{params.size[0]} needs {size[1]}x{size[0]} pixels"
@@ -253,10 +335,27 @@ def preprocess(image: Image.Image, params: PreprocessParams) -> np.ndarray:
     image = _geometry(image, params)
     if image.mode != "RGB":
         image = image.convert("RGB")
-    pixels = np.asarray(image, dtype=np.uint8).astype(np.float32) / np.float32(255)
-    mean = np.asarray(params.mean, dtype=np.float32)
-    std = np.asarray(params.std, dtype=np.float32)
-    return np.ascontiguousarray(((pixels - mean) / std).transpose(2, 0, 1))
+    pixels = np.array(image, dtype=np.float32)  # one HWC float copy, then in place
+    pixels /= np.float32(255)
+    pixels -= np.asarray(params.mean, dtype=np.float32)
+    pixels /= np.asarray(params.std, dtype=np.float32)
+    return np.ascontiguousarray(pixels.transpose(2, 0, 1))
+
+
+def preprocess_opened(image: Image.Image, params: PreprocessParams) -> np.ndarray:
+    """:func:`load_image` + :func:`preprocess` of an :func:`open_image` result, then close it.
+
+    Closing releases the full-size pixels that ``load`` attached to ``image``, so a
+    caller that still holds the opened image (a batch of them) holds no decoded pixels:
+    the full-size image lives only during this call.
+    """
+    try:
+        loaded = load_image(image, params)
+        if loaded is not image:  # transposed or converted: the original is no longer needed
+            image.close()
+        return preprocess(loaded, params)
+    finally:
+        image.close()
 
 
 def preprocess_batch(images: Sequence[Image.Image], params: PreprocessParams) -> np.ndarray:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import InvalidInputError
 from .ragged import merge_requests, run_sorted, split_counts
 
 GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
@@ -29,6 +30,9 @@ class EncoderParams:
     allow_spinning: bool = True
     graph_optimization: str = "all"
     execution_provider: str = "cpu"
+    vocab_size: int = 0
+    type_vocab_size: int = 0
+    max_width: int = 0
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> EncoderParams:
@@ -47,6 +51,9 @@ class EncoderParams:
                 allow_spinning=params.get("allow_spinning", "true").lower() == "true",
                 graph_optimization=params.get("graph_optimization", "all"),
                 execution_provider=params.get("execution_provider", "cpu"),
+                vocab_size=int(params.get("vocab_size", "0")),
+                type_vocab_size=int(params.get("type_vocab_size", "0")),
+                max_width=int(params.get("max_width", "0")),
             )
         except KeyError as exc:
             raise ValueError(f"encoder config parameter {exc.args[0]!r} is missing") from exc
@@ -59,6 +66,48 @@ class EncoderParams:
         if not 0.0 <= out.max_padding_share <= 1.0:
             raise ValueError("max_padding_share must be within [0, 1]")
         return out
+
+
+def check_request(params: EncoderParams, arrays: dict[str, np.ndarray]) -> None:
+    """Validate one request's encoder inputs; :class:`InvalidInputError` says what is wrong.
+
+    The tokenizer step always produces valid tensors, but every step can be called
+    directly: token ids must index the vocabulary, widths stay within the model's
+    maximum, masks are 0/1 with right padding (at least one real token per row), and
+    float inputs are finite. Checked per request, so a bad one fails alone.
+    """
+    shapes = {a.shape for a in arrays.values()}
+    first = next(iter(arrays.values()))
+    if len(shapes) != 1 or first.ndim < 2 or first.shape[0] == 0 or 0 in first.shape:
+        raise InvalidInputError(f"inputs {list(arrays)} need one shape and at least one row")
+    for name, array in arrays.items():
+        if array.dtype.kind == "f":
+            if not np.isfinite(array).all():
+                raise InvalidInputError(f"{name} holds NaN or infinite values")
+            continue
+        width = array.shape[1]
+        if params.max_width and width > params.max_width:
+            raise InvalidInputError(
+                f"{name} is {width} tokens wide, over this model's maximum of {params.max_width}"
+            )
+        low, high = int(array.min()), int(array.max())
+        limit = {
+            "input_ids": params.vocab_size,
+            "token_type_ids": params.type_vocab_size,
+            "attention_mask": 2,
+        }.get(name, 0)
+        if low < 0 or (limit and high >= limit):
+            raise InvalidInputError(
+                f"{name} values must lie in [0, {limit - 1}], got [{low}, {high}]"
+                if limit
+                else f"{name} values must not be negative, got {low}"
+            )
+        if name == "attention_mask" and (
+            not array[:, 0].all() or (np.diff(array, axis=1) > 0).any()
+        ):
+            raise InvalidInputError(
+                "attention_mask rows must start with 1 and be right-padded (1s, then 0s)"
+            )
 
 
 def providers(name: str, device_id: int = 0, available: Sequence[str] | None = None) -> list:

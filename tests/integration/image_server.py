@@ -9,7 +9,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class ImageServer:
-    """Routes: ``/img/<name>`` plus the failure routes handled in ``_Handler``."""
+    """Routes: ``/img/<name>`` plus the failure routes handled in ``_Handler``.
+
+    ``/silent`` and ``/tarpit`` (any query) are tarpits: image headers, then nothing or a
+    byte every 0.3 s, for ``hang_s``; ``/img/<name>?<anything>`` is the image.
+    """
 
     def __init__(self, images: dict[str, bytes], hang_s: float = 5.0):
         self.images = images
@@ -66,10 +70,32 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
+    def _hold(self, drip_every_s: float | None) -> None:
+        """Send image headers, then nothing (or one byte per ``drip_every_s``) for hang_s."""
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", "100000")
+        self.end_headers()
+        self.wfile.flush()
+        end = time.monotonic() + self.owner.hang_s
+        while time.monotonic() < end:
+            time.sleep(drip_every_s or 0.1)
+            if drip_every_s:
+                try:
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                except OSError:
+                    return
+
     def do_GET(self) -> None:  # noqa: N802 - http.server API
         path = self.path
-        if path.startswith("/img/") and path[5:] in self.owner.images:
-            self._send(200, self.owner.images[path[5:]], "application/octet-stream")
+        route = path.partition("?")[0]
+        if route == "/silent":
+            self._hold(None)
+        elif route == "/tarpit":
+            self._hold(0.3)
+        elif route.startswith("/img/") and route[5:] in self.owner.images:
+            self._send(200, self.owner.images[route[5:]], "application/octet-stream")
         elif path == "/status/500":
             self._send(500, b"boom", "text/plain")
         elif path == "/html":

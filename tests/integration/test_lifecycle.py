@@ -140,8 +140,8 @@ def test_delete_while_requests_are_in_flight_completes_or_fails_cleanly(server, 
     [
         ({"action": "load", "family": "tensorflow-hub", "source": MINI}, "unknown family"),
         (
-            {"action": "load", "family": "sentence-transformers", "source": "/no/such/dir"},
-            "does not exist",
+            {"action": "load", "family": "sentence-transformers", "source": MINI + "/no-such"},
+            "is not a folder on the server",
         ),
         (
             {
@@ -168,7 +168,7 @@ def test_delete_while_requests_are_in_flight_completes_or_fails_cleanly(server, 
     ],
     ids=[
         "family",
-        "missing-path",
+        "missing-path-under-root",
         "shipped-name",
         "shared-name",
         "unload-unknown",

@@ -20,6 +20,7 @@ from generator.build import (
 )
 from generator.build_types import ModelDir
 from generator.manifest import Manifest, ModelEntry
+from generator.repo_lock import LOCK_FILE
 from generator.shared_models import FETCH_IMAGE
 
 GENERATOR = Path(build.__file__).parent
@@ -185,7 +186,8 @@ def test_build_writes_every_dir_and_state_and_removes_scratch(tmp_path, family) 
     report = build_repository(_manifest(_entry()), repo, log=_quiet)
     assert report.built == ["mini"]
     assert family.calls == ["mini"]
-    assert sorted(p.name for p in repo.iterdir()) == sorted(["mini", "mini_tokenize", STATE_FILE])
+    names = sorted(p.name for p in repo.iterdir())
+    assert names == sorted(["mini", "mini_tokenize", STATE_FILE, LOCK_FILE])
     assert not (repo / STATE_DIR).exists()
     assert (repo / "mini_tokenize" / "1" / "model.py").is_file()
     assert json.loads((repo / "mini_tokenize" / "1" / "tokenizer.json").read_text()) == {
@@ -238,7 +240,8 @@ def test_entry_removed_from_manifest_has_its_dirs_removed(tmp_path, family) -> N
     build_repository(_manifest(_entry("a"), _entry("b")), tmp_path, log=_quiet)
     report = build_repository(_manifest(_entry("b")), tmp_path, log=_quiet)
     assert report.removed == ["a"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["b", "b_tokenize", STATE_FILE])
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted(["b", "b_tokenize", STATE_FILE, LOCK_FILE])
     assert set(RepositoryWriter(tmp_path).load_state()) == {"b"}
 
 
@@ -282,7 +285,7 @@ def test_failing_first_build_leaves_no_model_dir(tmp_path, family) -> None:
     family.fail_with = RuntimeError("export failed")
     with pytest.raises(RuntimeError):
         build_repository(_manifest(_entry()), tmp_path, log=_quiet)
-    assert {p.name for p in tmp_path.iterdir()} <= {STATE_DIR}
+    assert {p.name for p in tmp_path.iterdir()} <= {STATE_DIR, LOCK_FILE}
     assert RepositoryWriter(tmp_path).load_state() == {}
 
 
@@ -352,5 +355,5 @@ def test_open_clip_entry_adds_shared_fetch_image_and_its_removal_drops_it(
     assert build_repository(_manifest(clip), tmp_path, log=_quiet).built == []
     report = build_repository(_manifest(), tmp_path, log=_quiet)
     assert sorted(report.removed) == ["clip", f"shared:{FETCH_IMAGE}"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [STATE_FILE]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([STATE_FILE, LOCK_FILE])
     assert calls == ["clip"]

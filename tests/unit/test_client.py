@@ -420,3 +420,26 @@ def test_cli_ready_exits_1_when_server_unreachable(capsys):
     code = main(["ready", "--url", f"127.0.0.1:{_closed_port()}", "--timeout", "2"], environ={})
     assert code == 1
     assert "not ready" in capsys.readouterr().out
+
+
+def test_admin_headers_name_the_key_for_each_protocol() -> None:
+    from client.api import admin_headers
+
+    assert admin_headers(None, "http") == {}
+    assert admin_headers("k" * 20, "http") == {"X-Admin-Key": "k" * 20}
+    assert admin_headers("k" * 20, "grpc") == {
+        "x-admin-key": "k" * 20,
+        "triton-grpc-protocol-x-admin-key": "k" * 20,
+    }
+
+
+def test_admin_key_comes_from_the_environment_or_its_file(tmp_path) -> None:
+    from client.api import admin_key_from_env
+
+    assert admin_key_from_env({}) is None
+    assert admin_key_from_env({"EMBED_ADMIN_KEY": "abc"}) == "abc"
+    key = tmp_path / "key"
+    key.write_text("from-a-file\n")
+    assert admin_key_from_env({"EMBED_ADMIN_KEY_FILE": str(key)}) == "from-a-file"
+    with pytest.raises(EmbeddingClientError, match="cannot read EMBED_ADMIN_KEY_FILE"):
+        admin_key_from_env({"EMBED_ADMIN_KEY_FILE": str(tmp_path / "missing")})

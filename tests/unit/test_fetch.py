@@ -4,23 +4,29 @@ from __future__ import annotations
 
 import base64
 import collections
+import importlib.util
 import io
+import json
 import shutil
 import socket
 import ssl
+import struct
 import subprocess
+import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import quote
 
+import numpy as np
 import pytest
 from PIL import Image
 
+import generator.runtime
 from generator.runtime import fetch
 from generator.runtime.errors import INTERNAL, INVALID_ARG, UNAVAILABLE, RequestError
-from generator.runtime.fetch import FetchPolicy, fetch_all, fetch_url
+from generator.runtime.fetch import ByteBudget, FetchPolicy, FetchPool, fetch_url
+from tests.unit import fake_pb_utils as pb
 
 SMALL_CAP = 1000
 LOCAL = FetchPolicy(allow_hosts=("127.0.0.1",), connect_timeout_s=0.5, read_timeout_s=0.5)
@@ -79,6 +85,7 @@ class _Handler(BaseHTTPRequestHandler):
             "/500": (500, b"boom", "text/plain"),
             "/503": (503, b"busy", "text/plain"),
             "/big": (200, b"x" * (SMALL_CAP + 1), "image/png"),
+            "/599": (599, b"odd", "text/plain"),
         }
         redirects = {
             "/redirect": "/image.png",
@@ -95,6 +102,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._redirect(redirects[path])
         elif path == "/see-other":
             self._redirect("/image.png", status=303)
+        elif path.startswith("/to-port/"):
+            self._redirect(f"http://127.0.0.1:{path.rsplit('/', 1)[1]}/image.png")
+        elif path.startswith("/reason/"):
+            self.send_response(int(path.rsplit("/", 1)[1]), "Secret upstream detail 10.9.8.7")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif path == "/reset":
+            linger = struct.pack("ii", 1, 0)
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+            self.connection.close()
+        elif path == "/close":
+            self.close_connection = True
         elif path == "/redirect-no-location":
             self._reply(302, ctype=None)
         elif path.startswith("/chain/"):
@@ -186,7 +205,12 @@ class _FakeDns:
             return self._real(host, port, *args, **kwargs)
         self.calls[host] += 1
         ips = self.first[host] if self.calls[host] == 1 else self.later.get(host, self.first[host])
-        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port)) for ip in ips]
+        return [
+            (socket.AF_INET6, socket.SOCK_STREAM, 6, "", (ip, port, 0, 0))
+            if ":" in ip
+            else (socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))
+            for ip in ips
+        ]
 
 
 @pytest.fixture
@@ -282,7 +306,58 @@ def test_fetch_rejects_host_when_any_resolved_address_is_private(fake_dns):
     fake_dns.first["mixed.example"] = ["93.184.216.34", "10.1.2.3"]
     err = _error("http://mixed.example/x.png")
     assert err.code == INVALID_ARG
-    assert "address 10.1.2.3 is private" in err.message
+    assert "host 'mixed.example' resolves to an address that is private" in err.message
+
+
+def test_fetch_never_shows_what_a_host_name_resolved_to(fake_dns):
+    fake_dns.first["inside.example"] = ["10.1.2.3"]
+    fake_dns.first["nat64.example"] = ["64:ff9b::a9fe:a9fe"]
+    err = _error("http://inside.example/x.png")
+    assert "10.1.2.3" not in err.message
+    err = _error("http://nat64.example/x.png")
+    assert err.code == INVALID_ARG
+    assert "host 'nat64.example' resolves to an address that is NAT64" in err.message
+    assert "a9fe" not in err.message
+
+
+def test_fetch_names_the_literal_address_the_url_wrote():
+    err = _error("http://2130706433/x.png", FetchPolicy(read_timeout_s=0.5))
+    assert "address 127.0.0.1 is loopback" in err.message
+
+
+def test_fetch_rejects_6to4_address_when_not_allowed():
+    for url in ("http://[2002:7f00:1::1]/x.png", "http://[2002:808:808::1]/x.png"):
+        err = _error(url)
+        assert err.code == INVALID_ARG
+        assert "is 6to4, which embeds an IPv4 address" in err.message
+
+
+def test_fetch_rejects_site_local_address_when_not_allowed():
+    err = _error("http://[fec0::1]/x.png")
+    assert err.code == INVALID_ARG
+    assert "address fec0::1 is site-local (add the host to allow_hosts" in err.message
+
+
+@pytest.mark.parametrize("addr", ["64:ff9b::a9fe:a9fe", "64:ff9b:1::a00:1", "64:ff9b::808:808"])
+def test_fetch_rejects_nat64_address_when_not_allowed(addr):
+    err = _error(f"http://[{addr}]/x.png")
+    assert err.code == INVALID_ARG
+    assert f"address {addr} is NAT64, which embeds an IPv4 address" in err.message
+
+
+def test_fetch_rejects_teredo_address_when_not_allowed():
+    assert "is Teredo" in _error("http://[2001:0:4136:e378::1]/x.png").message
+
+
+def test_fetch_allows_6to4_address_inside_allowed_cidr(monkeypatch):
+    def refuse(self):
+        raise ConnectionRefusedError("no network in unit tests")
+
+    monkeypatch.setattr(fetch._PinnedConnection, "connect", refuse)
+    policy = FetchPolicy(allow_hosts=("2002::/16",), read_timeout_s=0.5)
+    err = _error("http://[2002:7f00:1::1]/x.png", policy)
+    assert err.code == UNAVAILABLE
+    assert "refused" in err.message and "6to4" not in err.message
 
 
 def test_fetch_connects_to_the_checked_address_despite_dns_rebinding(server, fake_dns):
@@ -300,7 +375,57 @@ def test_fetch_reports_dns_failure_as_unavailable(monkeypatch):
     monkeypatch.setattr(fetch.socket, "getaddrinfo", fail)
     err = _error("http://no-such-host.invalid/x.png")
     assert err.code == UNAVAILABLE
-    assert "DNS lookup" in err.message
+    assert err.message.endswith("DNS lookup of 'no-such-host.invalid' failed (no such host)")
+
+
+class _SlowDns:
+    """``getaddrinfo`` taking ``delay_s`` (or until released) for ``*.slow.example``."""
+
+    def __init__(self, delay_s: float):
+        self.delay_s = delay_s
+        self.release = threading.Event()
+        self._real = socket.getaddrinfo
+
+    def getaddrinfo(self, host, port, *args, **kwargs):
+        if not host.endswith("slow.example"):
+            return self._real(host, port, *args, **kwargs)
+        self.release.wait(self.delay_s)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+
+@pytest.fixture
+def slow_dns(monkeypatch):
+    dns = _SlowDns(30.0)
+    monkeypatch.setattr(fetch.socket, "getaddrinfo", dns.getaddrinfo)
+    yield dns
+    dns.release.set()
+
+
+def test_fetch_bounds_a_hanging_dns_lookup_by_the_deadline(server, slow_dns):
+    start = time.monotonic()
+    err = _error(f"http://hang.slow.example:{server.server_port}/image.png")
+    assert time.monotonic() - start < 1.0
+    assert err.code == UNAVAILABLE
+    assert err.message.endswith("DNS lookup of 'hang.slow.example' timed out")
+
+
+def test_fetch_bounds_dns_lookup_by_connect_timeout(server, slow_dns):
+    policy = FetchPolicy(allow_hosts=("127.0.0.1",), connect_timeout_s=0.2, read_timeout_s=5)
+    start = time.monotonic()
+    err = _error(f"http://hang.slow.example:{server.server_port}/image.png", policy)
+    assert time.monotonic() - start < 0.6
+    assert "DNS lookup of 'hang.slow.example' timed out" in err.message
+
+
+def test_fetch_counts_dns_time_against_the_deadline(server, slow_dns):
+    slow_dns.delay_s = 0.3
+    url = f"http://a.slow.example:{server.server_port}/image.png"
+    assert fetch_url(url, LOCAL) == PNG
+    start = time.monotonic()
+    err = _error(f"http://b.slow.example:{server.server_port}/slow")
+    assert time.monotonic() - start < 1.0
+    assert err.code == UNAVAILABLE
+    assert "timed out" in err.message
 
 
 @pytest.mark.parametrize(
@@ -387,6 +512,38 @@ def test_fetch_maps_http_status_to_error_code(base, path, code):
     assert f"HTTP {path[1:]}" in err.message
 
 
+@pytest.mark.parametrize(
+    ("status", "shown", "code"),
+    [
+        (404, "HTTP 404 Not Found", INVALID_ARG),
+        (403, "HTTP 403 Forbidden", INVALID_ARG),
+        (503, "HTTP 503 Service Unavailable", UNAVAILABLE),
+    ],
+)
+def test_fetch_shows_standard_status_phrase_not_the_upstream_reason(base, status, shown, code):
+    err = _error(f"{base}/reason/{status}")
+    assert err.code == code
+    assert err.message.endswith(f"unavailable: {shown}" if code == UNAVAILABLE else shown)
+    assert "Secret" not in err.message and "10.9.8.7" not in err.message
+
+
+def test_fetch_shows_bare_code_for_unknown_status(base):
+    err = _error(f"{base}/599")
+    assert err.code == UNAVAILABLE
+    assert err.message.endswith("unavailable: HTTP 599")
+
+
+@pytest.mark.parametrize(
+    ("path", "phrase"),
+    [("/reset", "connection reset"), ("/close", "connection closed without a response")],
+)
+def test_fetch_describes_network_errors_with_a_fixed_phrase(base, path, phrase):
+    err = _error(base + path)
+    assert err.code == UNAVAILABLE
+    assert err.message.endswith(f"unavailable: {phrase}")
+    assert "Errno" not in err.message and "peer" not in err.message
+
+
 @pytest.mark.parametrize("path", ["/redirect", "/redirect-absolute", "/see-other", "/chain/3"])
 def test_fetch_follows_redirects(base, path):
     assert fetch_url(base + path, LOCAL) == PNG
@@ -431,6 +588,33 @@ def test_fetch_redirect_error_names_original_url_and_hop(base):
         f"IMAGE_URL '{base}/to-private' refused: address 10.0.0.1 is private (add the host to "
         "allow_hosts to permit it) (after redirect to 'http://10.0.0.1/x.jpg')"
     )
+
+
+def test_fetch_allows_ports_on_allowed_ports(server, base):
+    policy = FetchPolicy(allow_hosts=("127.0.0.1",), allowed_ports=(server.server_port, 8443))
+    assert fetch_url(f"{base}/image.png", policy) == PNG
+
+
+def test_fetch_rejects_port_not_on_allowed_ports(server, closed_port):
+    policy = FetchPolicy(allow_hosts=("127.0.0.1",), allowed_ports=(server.server_port,))
+    err = _error(f"http://127.0.0.1:{closed_port}/image.png", policy)
+    assert err.code == INVALID_ARG
+    assert f"port {closed_port} is not allowed (allowed: {server.server_port})" in err.message
+
+
+def test_fetch_checks_default_port_against_allowed_ports(fake_dns):
+    fake_dns.first["example.com"] = ["93.184.216.34"]
+    err = _error("http://example.com/x.png", FetchPolicy(allowed_ports=(443,)))
+    assert "port 80 is not allowed (allowed: 443)" in err.message
+    assert fake_dns.calls["example.com"] == 0
+
+
+def test_fetch_checks_allowed_ports_on_every_redirect_hop(server, base, closed_port):
+    policy = FetchPolicy(allow_hosts=("127.0.0.1",), allowed_ports=(server.server_port,))
+    err = _error(f"{base}/to-port/{closed_port}", policy)
+    assert err.code == INVALID_ARG
+    assert f"port {closed_port} is not allowed" in err.message
+    assert "after redirect to" in err.message
 
 
 def test_fetch_reports_connection_refused_as_unavailable(closed_port):
@@ -519,23 +703,58 @@ def test_fetch_verifies_tls_certificate_for_original_host(tls_server, fake_dns, 
     url = f"https://images.example:{srv.server_port}/image.png"
     untrusted = _error(url)
     assert untrusted.code == UNAVAILABLE
-    assert "CERTIFICATE_VERIFY_FAILED" in untrusted.message
+    assert untrusted.message.endswith("unavailable: TLS certificate verification failed")
     monkeypatch.setattr(fetch, "_tls_context", lambda: ssl.create_default_context(cafile=cert))
     assert fetch_url(url, LOCAL) == PNG
     mismatch = _error(f"https://other.example:{srv.server_port}/image.png")
     assert mismatch.code == UNAVAILABLE
 
 
-def test_fetch_all_runs_concurrently(base):
+@pytest.fixture
+def pool():
+    pools: list[FetchPool] = []
+
+    def make(policy: FetchPolicy = LOCAL, max_concurrency: int = 16) -> FetchPool:
+        pools.append(FetchPool(policy, max_concurrency))
+        return pools[-1]
+
+    yield make
+    for p in pools:
+        p.close()
+
+
+class _Answers:
+    """Records ``on_done`` calls of ``FetchPool.fetch_groups`` with their time."""
+
+    def __init__(self, expected: int):
+        self.expected = expected
+        self.start = time.monotonic()
+        self.calls: list[tuple[int, float, list]] = []
+        self._lock = threading.Lock()
+        self.all_done = threading.Event()
+
+    def __call__(self, group: int, results: list) -> None:
+        with self._lock:
+            self.calls.append((group, time.monotonic() - self.start, results))
+            if len(self.calls) >= self.expected:
+                self.all_done.set()
+
+    def wait(self) -> dict[int, tuple[float, list]]:
+        assert self.all_done.wait(10)
+        time.sleep(0.05)
+        groups = [g for g, _, _ in self.calls]
+        assert sorted(groups) == list(range(self.expected)), "one answer per group"
+        return {g: (t, r) for g, t, r in self.calls}
+
+
+def test_fetch_pool_runs_urls_concurrently(base, pool):
     urls = [f"{base}/slow?i={i}" for i in range(16)]
     start = time.monotonic()
-    with ThreadPoolExecutor(16) as pool:
-        results = fetch_all(urls, LOCAL, pool)
+    assert pool().fetch(urls) == [PNG] * 16
     assert time.monotonic() - start < 2.0
-    assert results == [PNG] * 16
 
 
-def test_fetch_all_keeps_order_and_returns_errors(base, closed_port):
+def test_fetch_pool_keeps_order_and_returns_errors(base, closed_port, pool):
     urls = [
         f"{base}/image.png",
         f"{base}/404",
@@ -545,8 +764,7 @@ def test_fetch_all_keeps_order_and_returns_errors(base, closed_port):
         f"http://127.0.0.1:{closed_port}/x",
         f"{base}/octet",
     ]
-    with ThreadPoolExecutor(4) as pool:
-        results = fetch_all(urls, LOCAL, pool)
+    results = pool(max_concurrency=4).fetch(urls)
     assert results[0] == PNG and results[3] == b"abc" and results[6] == PNG
     codes = {i: r.code for i, r in enumerate(results) if isinstance(r, RequestError)}
     assert codes == {1: INVALID_ARG, 2: INVALID_ARG, 4: UNAVAILABLE, 5: UNAVAILABLE}
@@ -554,19 +772,239 @@ def test_fetch_all_keeps_order_and_returns_errors(base, closed_port):
         assert urls[i] in results[i].message
 
 
-def test_fetch_all_fetches_repeated_url_once(base, server):
+def test_fetch_pool_fetches_repeated_url_once(base, server, pool):
     url = f"{base}/image.png?dedupe"
-    with ThreadPoolExecutor(4) as pool:
-        assert fetch_all([url, url, url], LOCAL, pool) == [PNG] * 3
+    assert pool(max_concurrency=4).fetch([url, url, url]) == [PNG] * 3
     assert server.hits["/image.png?dedupe"] == 1
 
 
-def test_fetch_all_wraps_unexpected_errors_as_internal():
-    with ThreadPoolExecutor(2) as pool:
-        results = fetch_all([None, "data:,ok"], LOCAL, pool)  # type: ignore[list-item]
+def test_fetch_pool_wraps_unexpected_errors_as_internal(pool):
+    results = pool(max_concurrency=2).fetch([None, "data:,ok"])  # type: ignore[list-item]
     assert isinstance(results[0], RequestError) and results[0].code == INTERNAL
     assert "internal error (AttributeError)" in results[0].message
     assert results[1] == b"ok"
+
+
+def test_fetch_groups_answers_each_group_as_soon_as_its_own_urls_are_done(base, server, pool):
+    groups = [
+        [f"{base}/drip?tarpit"],
+        [f"{base}/image.png?fast"],
+        [f"{base}/octet?a", f"{base}/image.png?fast", "data:,x"],
+        [],
+        [f"{base}/image.png?fast", f"{base}/drip?tarpit"],
+    ]
+    answers = _Answers(len(groups))
+    pool().fetch_groups(groups, answers)
+    returned = time.monotonic() - answers.start
+    got = answers.wait()
+    assert returned < 0.3
+    for fast in (1, 2, 3):
+        assert got[fast][0] < 0.35
+    assert got[1][1] == [PNG] and got[2][1] == [PNG, PNG, b"x"] and got[3][1] == []
+    for slow in (0, 4):
+        assert got[slow][0] > 0.4
+        assert got[slow][1][-1].code == UNAVAILABLE
+        assert "timed out" in got[slow][1][-1].message
+    assert got[4][1][0] == PNG
+    assert server.hits["/image.png?fast"] == 1 and server.hits["/drip?tarpit"] == 1
+
+
+def test_fetch_groups_blocks_while_max_concurrency_urls_are_in_flight(base, pool):
+    fetcher = pool(max_concurrency=2)
+    answers = _Answers(3)
+    fetcher.fetch_groups([[f"{base}/hang?1"], [f"{base}/hang?2"]], answers)
+    start = time.monotonic()
+    fetcher.fetch_groups([[f"{base}/image.png?after-slot"]], lambda _g, r: answers(2, r))
+    assert time.monotonic() - start > 0.35
+    got = answers.wait()
+    assert got[2][1] == [PNG]
+    assert got[0][1][0].code == got[1][1][0].code == UNAVAILABLE
+
+
+def test_fetch_pool_close_returns_at_once_and_fails_waiting_urls(base, pool):
+    fetcher = pool(max_concurrency=1)
+    answers = _Answers(2)
+    fetcher.fetch_groups([[f"{base}/hang?close"]], answers)
+    waiting = threading.Thread(
+        target=fetcher.fetch_groups,
+        args=([[f"{base}/image.png?late"]], lambda _g, r: answers(1, r)),
+    )
+    waiting.start()
+    time.sleep(0.1)
+    start = time.monotonic()
+    fetcher.close()
+    assert time.monotonic() - start < 0.1
+    got = answers.wait()
+    waiting.join(2)
+    assert "timed out" in got[0][1][0].message
+    late = got[1][1][0]
+    assert late.code == UNAVAILABLE and "shutting down" in late.message
+    after = fetcher.fetch(["data:,x"])
+    assert after[0].code == UNAVAILABLE and "shutting down" in after[0].message
+
+
+def test_fetch_pool_fails_the_url_that_passes_max_batch_bytes(base, pool):
+    policy = FetchPolicy(allow_hosts=("127.0.0.1",), max_batch_bytes=2 * len(PNG) + 10)
+    fetcher = pool(policy, max_concurrency=1)
+    results = fetcher.fetch([f"{base}/image.png?b={i}" for i in range(3)])
+    assert results[:2] == [PNG, PNG]
+    err = results[2]
+    assert err.code == INVALID_ARG
+    assert err.message.endswith(
+        f"refused: the images of this batch are over max_batch_bytes={2 * len(PNG) + 10} together"
+    )
+    assert fetcher.fetch([f"{base}/image.png?next-batch"]) == [PNG]
+
+
+def test_fetch_pool_counts_streamed_bodies_and_data_uris_against_max_batch_bytes(base, pool):
+    policy = FetchPolicy(allow_hosts=("127.0.0.1",), max_batch_bytes=SMALL_CAP * 6)
+    data = "data:;base64," + base64.b64encode(b"x" * SMALL_CAP * 2).decode()
+    results = pool(policy, max_concurrency=1).fetch([f"{base}/no-length-big", data])
+    assert results[0] == b"x" * SMALL_CAP * 5
+    assert results[1].code == INVALID_ARG and "max_batch_bytes" in results[1].message
+
+
+def test_fetch_refuses_declared_length_over_batch_budget_before_reading(base):
+    budget = ByteBudget(len(PNG) - 1)
+    with pytest.raises(RequestError, match="max_batch_bytes") as info:
+        fetch_url(f"{base}/image.png", LOCAL, budget)
+    assert info.value.code == INVALID_ARG
+    assert budget.left() == len(PNG) - 1
+
+
+def test_fetch_pool_rejects_zero_concurrency():
+    with pytest.raises(ValueError, match="max_concurrency"):
+        FetchPool(LOCAL, 0)
+
+
+FINAL = 2
+
+
+class _Sender:
+    """Records what the adapter sends for one request."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[pb.InferenceResponse, int, float]] = []
+        self.start = time.monotonic()
+        self.event = threading.Event()
+
+    def send(self, response=None, flags=0) -> None:
+        self.sent.append((response, flags, time.monotonic() - self.start))
+        self.event.set()
+
+    def one(self) -> tuple[pb.InferenceResponse, float]:
+        assert self.event.wait(5)
+        time.sleep(0.05)
+        assert len(self.sent) == 1 and self.sent[0][1] == FINAL
+        return self.sent[0][0], self.sent[0][2]
+
+
+class _UrlRequest(pb.InferenceRequest):
+    def __init__(self, *urls: bytes | str):
+        rows = [[u.encode() if isinstance(u, str) else u] for u in urls]
+        super().__init__([pb.Tensor("IMAGE_URL", np.array(rows, dtype=object))])
+        self.sender = _Sender()
+
+    def get_response_sender(self) -> _Sender:
+        return self.sender
+
+
+@pytest.fixture
+def fetch_model(monkeypatch):
+    """The ``fetch_image`` adapter on the fake ``pb_utils``, as Triton loads it."""
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
+    monkeypatch.setattr(pb, "TRITONSERVER_RESPONSE_COMPLETE_FINAL", FINAL, raising=False)
+    monkeypatch.setitem(sys.modules, "embed_runtime", generator.runtime)
+    for sub in ("adapter", "errors", "fetch", "text"):
+        module = importlib.import_module(f"generator.runtime.{sub}")
+        monkeypatch.setitem(sys.modules, f"embed_runtime.{sub}", module)
+    path = fetch.__file__.replace("runtime/fetch.py", "backends/fetch_image.py")
+    spec = importlib.util.spec_from_file_location("_adapter_fetch_image", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    params = {
+        "allow_hosts": "127.0.0.1",
+        "connect_timeout_s": "0.5",
+        "read_timeout_s": "0.5",
+        "max_bytes": "100000",
+        "max_redirects": "3",
+        "max_concurrency": "4",
+        "allowed_ports": "",
+        "max_batch_bytes": str(3 * len(PNG)),
+    }
+    model = module.TritonPythonModel()
+    model.initialize(
+        {
+            "model_config": json.dumps(
+                {"parameters": {k: {"string_value": v} for k, v in params.items()}}
+            )
+        }
+    )
+    yield model
+    model.finalize()
+
+
+def test_fetch_model_answers_each_request_when_its_own_urls_are_done(fetch_model, base):
+    tarpit = _UrlRequest(f"{base}/image.png?a", f"{base}/drip?model")
+    fast = _UrlRequest(f"{base}/image.png?a", "data:,x")
+    bad = _UrlRequest(b"\xff\xfe")
+    refused = _UrlRequest("http://[2002:7f00:1::1]/x.png")
+    start = time.monotonic()
+    assert fetch_model.execute([tarpit, fast, bad, refused]) is None
+    assert time.monotonic() - start < 0.3
+    response, at = fast.sender.one()
+    assert at < 0.3 and fast.sender.sent[0][2] < 0.3
+    assert response.output("IMAGE")[:, 0].tolist() == [PNG, b"x"]
+    for request, code, fragment in (
+        (bad, pb.TritonError.INVALID_ARG, "not valid UTF-8"),
+        (refused, pb.TritonError.INVALID_ARG, "is 6to4"),
+        (tarpit, pb.TritonError.UNAVAILABLE, "timed out"),
+    ):
+        response, at = request.sender.one()
+        assert response.error().code() == code
+        assert fragment in response.error().message()
+    assert tarpit.sender.sent[0][2] > 0.4
+
+
+def test_fetch_model_applies_max_batch_bytes_per_execute(fetch_model, base):
+    requests = [_UrlRequest(f"{base}/image.png?budget={i}") for i in range(4)]
+    fetch_model.execute(requests)
+    errors = [r for r in requests if r.sender.one()[0].has_error()]
+    assert len(errors) == 1
+    assert "max_batch_bytes" in errors[0].sender.sent[0][0].error().message()
+    again = _UrlRequest(f"{base}/image.png?next")
+    fetch_model.execute([again])
+    assert not again.sender.one()[0].has_error()
+
+
+def test_fetch_model_sends_one_response_per_request_when_the_pool_fails(fetch_model, base):
+    def fail_after_first(groups, on_done):
+        on_done(0, [PNG])
+        raise RuntimeError("pool broke")
+
+    fetch_model.pool.fetch_groups = fail_after_first
+    first, second = _UrlRequest(f"{base}/image.png"), _UrlRequest(f"{base}/octet")
+    fetch_model.execute([first, second])
+    assert not first.sender.one()[0].has_error()
+    error = second.sender.one()[0].error()
+    assert error.code() == pb.TritonError.INTERNAL
+    assert "pool broke" not in error.message()
+
+
+class _BrokenTensor(pb.Tensor):
+    def as_numpy(self):
+        raise RuntimeError("tensor broke")
+
+
+def test_fetch_model_answers_every_request_when_reading_inputs_fails(fetch_model, base):
+    good = _UrlRequest(f"{base}/image.png")
+    broken = _UrlRequest()
+    broken._inputs = [_BrokenTensor("IMAGE_URL", np.empty((1, 1), dtype=object))]
+    assert fetch_model.execute([good, broken]) is None
+    for request in (good, broken):
+        error = request.sender.one()[0].error()
+        assert error.code() == pb.TritonError.INTERNAL
+        assert "tensor broke" not in error.message()
 
 
 def test_from_parameters_parses_all_keys():
@@ -577,10 +1015,13 @@ def test_from_parameters_parses_all_keys():
             "read_timeout_s": "4",
             "max_bytes": "1048576",
             "max_redirects": "0",
+            "allowed_ports": " 443, 8443,",
+            "max_batch_bytes": "4194304",
             "unrelated": "ignored",
         }
     )
     assert policy.allow_hosts == ("127.0.0.1", "10.0.0.0/8", "images.example")
+    assert (policy.allowed_ports, policy.max_batch_bytes) == ((443, 8443), 4194304)
     assert (policy.connect_timeout_s, policy.read_timeout_s) == (1.5, 4.0)
     assert (policy.max_bytes, policy.max_redirects) == (1048576, 0)
 
@@ -588,6 +1029,7 @@ def test_from_parameters_parses_all_keys():
 def test_from_parameters_keeps_defaults_for_absent_keys():
     assert FetchPolicy.from_parameters({}) == FetchPolicy()
     assert FetchPolicy.from_parameters({"allow_hosts": ""}).allow_hosts == ()
+    assert FetchPolicy.from_parameters({"allowed_ports": ""}).allowed_ports == ()
 
 
 @pytest.mark.parametrize(
@@ -603,6 +1045,12 @@ def test_from_parameters_keeps_defaults_for_absent_keys():
         ("max_redirects", "-1"),
         ("max_redirects", ""),
         ("allow_hosts", "10.0.0.0/33"),
+        ("allowed_ports", "80,http"),
+        ("allowed_ports", "0"),
+        ("allowed_ports", "65536"),
+        ("allowed_ports", "-1"),
+        ("max_batch_bytes", "0"),
+        ("max_batch_bytes", "1e9"),
     ],
 )
 def test_from_parameters_rejects_bad_value(key, value):

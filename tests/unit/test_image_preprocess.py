@@ -12,10 +12,14 @@ from PIL import Image, ImageOps, features
 
 from generator.runtime.errors import InvalidInputError
 from generator.runtime.image import (
+    PixelBudget,
     PreprocessParams,
     decode_image,
+    load_image,
+    open_image,
     preprocess,
     preprocess_batch,
+    preprocess_opened,
 )
 
 open_clip = pytest.importorskip("open_clip")
@@ -28,7 +32,7 @@ from generator.families.open_clip_assets import (  # noqa: E402
 )
 
 RNG = np.random.default_rng(1234)
-TOLERANCE = 1e-5
+TOLERANCE = 0.0
 
 
 def _encode(image: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
@@ -214,7 +218,7 @@ def _png_header_only(width: int, height: int) -> bytes:
         (_encode(Image.fromarray(_noise(640, 480)), "JPEG")[:3000], "could not be decoded"),
         (_encode(Image.new("RGB", (32, 32)), "ICO"), "not a supported image"),
         (_png_header_only(50_000, 50_000), "pixels"),
-        (_png_header_only(10_000, 5_000), "above the limit of 40000000"),
+        (_png_header_only(5_000, 4_000), r"above the limit of 16777216 \(max_image_pixels\)"),
     ],
     ids=["empty", "garbage", "truncated_png", "truncated_jpeg", "ico", "bomb", "over_cap"],
 )
@@ -228,15 +232,74 @@ def test_pixel_cap_does_not_depend_on_pillow_global(monkeypatch):
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)
     with pytest.raises(InvalidInputError, match="above the limit"):
         decode_image(_png_header_only(50_000, 50_000), PreprocessParams(size=(224, 224)))
-    small = PreprocessParams(size=(224, 224), max_pixels=100)
+    small = PreprocessParams(size=(224, 224), max_image_pixels=100)
     with pytest.raises(InvalidInputError, match="above the limit of 100"):
         decode_image(IMAGES["rgb_640x480"], small)
+
+
+def test_default_image_cap_admits_4096_squared_and_refuses_one_row_more():
+    params = PreprocessParams(size=(224, 224))
+    assert params.max_image_pixels == 4096 * 4096 and params.max_batch_pixels == 4 * 4096 * 4096
+    assert open_image(_png_header_only(4096, 4096), params).size == (4096, 4096)
+    assert open_image(_png_header_only(6000, 2796), params).size == (6000, 2796)
+    with pytest.raises(InvalidInputError, match="4096x4097 = 16781312 pixels, above the limit"):
+        open_image(_png_header_only(4096, 4097), params)
+
+
+def test_pillow_bomb_error_becomes_invalid_input(monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 640x480 > 2x: Pillow raises
+    with pytest.raises(InvalidInputError, match="decompression bomb") as info:
+        open_image(IMAGES["rgb_640x480"], PreprocessParams(size=(224, 224)))
+    assert info.value.code == "INVALID_ARG"
+
+
+def test_open_image_reads_the_header_only():
+    params = PreprocessParams(size=(224, 224))
+    image = open_image(_png_header_only(3000, 2000), params)  # IDAT holds 64 bytes only
+    assert image.size == (3000, 2000)
+    with pytest.raises(InvalidInputError, match="could not be decoded"):
+        load_image(image, params)
+    with pytest.raises(InvalidInputError, match="must be BYTES"):
+        open_image("not bytes", params)  # type: ignore[arg-type]
+
+
+def test_preprocess_opened_equals_decode_then_preprocess_and_releases_pixels():
+    params = preprocess_params_from_model(CONFIGS["longest_224"])
+    for name in ("cmyk_jpeg_640x480", "gif_animated", "p_transparent_200x150"):
+        image = open_image(IMAGES[name], params)
+        got = preprocess_opened(image, params)
+        assert np.array_equal(got, _ours(IMAGES[name], params))
+        with pytest.raises(ValueError, match="closed image"):
+            image.getpixel((0, 0))
+    rotated = _exif_jpeg(6)
+    assert np.array_equal(
+        preprocess_opened(open_image(rotated, params), params), _ours(rotated, params)
+    )
+
+
+def test_pixel_budget_charges_requests_in_order_and_refusals_charge_nothing():
+    budget = PixelBudget(limit=20_000)
+    budget.charge(8_000, 1)
+    with pytest.raises(InvalidInputError) as info:
+        budget.charge(16_000, 2)
+    assert info.value.code == "INVALID_ARG"
+    assert info.value.message == (
+        "IMAGE request needs 16000 pixels for 2 image(s), but only 12000 of the "
+        "per-execution budget max_batch_pixels=20000 are left after the requests batched "
+        "before it; retry it, or send fewer or smaller images per request"
+    )
+    budget.charge(12_000, 1)  # exactly the rest
+    assert budget.used == 20_000
+    with pytest.raises(InvalidInputError, match="needs 1 pixels for 1 image.s., but only 0"):
+        budget.charge(1, 1)
+    with pytest.raises(InvalidInputError, match="above the per-execution budget max_batch_pix"):
+        PixelBudget(limit=100).charge(101, 3)
 
 
 def test_byte_cap_and_extreme_aspect_ratio_are_refused():
     with pytest.raises(InvalidInputError, match="bytes, above the limit"):
         decode_image(IMAGES["rgb_640x480"], PreprocessParams(size=(224, 224), max_bytes=100))
-    params = PreprocessParams(size=(224, 224), max_pixels=1_000_000)
+    params = PreprocessParams(size=(224, 224), max_image_pixels=1_000_000)
     sliver = decode_image(_encode(Image.fromarray(_noise(20_000, 1))), params)
     with pytest.raises(InvalidInputError, match="aspect ratio"):
         preprocess(sliver, params)
@@ -256,7 +319,8 @@ def test_params_round_trip_through_config_parameters():
         mean=(0.1, 0.2, 0.30000000000000004),
         std=(0.5, 0.25, 1 / 3),
         fill_color=7,
-        max_pixels=1234,
+        max_image_pixels=1234,
+        max_batch_pixels=4321,
         max_bytes=5678,
         apply_exif=False,
     )
@@ -270,6 +334,10 @@ def test_params_round_trip_through_config_parameters():
     [
         ("image_size", None, "'image_size' is missing"),
         ("mean", None, "'mean' is missing"),
+        ("max_image_pixels", None, "'max_image_pixels' is missing"),
+        ("max_batch_pixels", None, "'max_batch_pixels' is missing"),
+        ("max_batch_pixels", "lots", "'max_batch_pixels' is invalid"),
+        ("max_batch_pixels", "1000", "max_batch_pixels .1000. must be at least max_image_pix"),
         ("image_size", "224", "'image_size' is invalid"),
         ("fill_color", "black", "'fill_color' is invalid"),
         ("apply_exif", "maybe", "'apply_exif' is invalid"),

@@ -211,15 +211,26 @@ def test_wrong_value_types_are_rejected(key: str, value: object, message: str) -
         ("name", "bad name", "name must match"),
         ("name", "-leading-dash", "name must match"),
         ("name", "x" * 101, "name must match"),
-        ("max_batch_size", 0, "max_batch_size must be >= 1"),
-        ("encoder_instances", 0, "encoder_instances must be >= 1"),
-        ("preprocess_instances", 0, "preprocess_instances must be >= 1"),
-        ("max_rows_per_run", 0, "max_rows_per_run must be >= 1"),
+        ("max_batch_size", 0, "max_batch_size must be within [1, 4096]"),
+        ("max_batch_size", 100_000, "max_batch_size must be within [1, 4096]"),
+        ("encoder_instances", 0, "encoder_instances must be within [1, 16]"),
+        ("encoder_instances", 1000, "encoder_instances must be within [1, 16]"),
+        ("preprocess_instances", 17, "preprocess_instances must be within [1, 16]"),
+        ("max_rows_per_run", 0, "max_rows_per_run must be within [1, 4096]"),
+        ("max_rows_per_run", 10**9, "max_rows_per_run must be within [1, 4096]"),
         ("max_padding_share", 1.5, "max_padding_share must be within [0, 1]"),
         ("max_padding_share", -0.1, "max_padding_share must be within [0, 1]"),
-        ("max_queue_delay_us", -1, "must be >= 0"),
-        ("ort_threads", -1, "must be >= 0"),
-        ("max_seq_length", 1, "max_seq_length must be >= 2"),
+        ("max_queue_delay_us", -1, "max_queue_delay_us must be within [0, 1e+07]"),
+        ("max_queue_delay_us", 10**12, "max_queue_delay_us must be within [0, 1e+07]"),
+        ("ort_threads", -1, "ort_threads must be within [0, 256]"),
+        ("ort_threads", 10_000, "ort_threads must be within [0, 256]"),
+        ("max_seq_length", 1, "max_seq_length must be within [2, 8192]"),
+        ("max_seq_length", 10**6, "max_seq_length must be within [2, 8192]"),
+        ("max_text_bytes", 10, "max_text_bytes must be within [64, 1.67772e+07]"),
+        ("max_text_bytes", 10**9, "max_text_bytes must be within [64, 1.67772e+07]"),
+        ("max_request_text_bytes", 100, "max_request_text_bytes must be >= max_text_bytes"),
+        ("max_image_pixels", 0, "max_image_pixels must be within"),
+        ("max_batch_pixels", 1 << 40, "max_batch_pixels must be within"),
     ],
 )
 def test_bad_choices_and_ranges_are_rejected(key: str, value: object, message: str) -> None:
@@ -405,3 +416,27 @@ def test_non_table_entries_are_manifest_errors(data: dict) -> None:
 def test_entry_name_clashing_with_another_entrys_model_dir_is_rejected() -> None:
     with pytest.raises(ManifestError, match="mini_tokenize"):
         _parse(ST, {**ST, "name": "mini_tokenize"})
+
+
+def test_model_manager_table_is_closed_by_default_and_validated(tmp_path: Path) -> None:
+    manifest = parse_manifest({"models": [ST]}, tmp_path)
+    assert manifest.model_manager.allowed_roots == ()
+    assert manifest.model_manager.allow_hub is False
+    data = {
+        "models": [ST],
+        "model_manager": {"allowed_roots": ["relative/dir"], "max_runtime_models": 1000},
+        "fetch_image": {"allowed_ports": [0, 443], "max_redirects": 100},
+    }
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(data, tmp_path)
+    joined = "\n".join(info.value.errors)
+    assert "allowed_roots must be absolute folder paths" in joined
+    assert "max_runtime_models must be within [0, 256]" in joined
+    assert "allowed_ports must hold port numbers 1-65535" in joined
+    assert "fetch_image: max_redirects must be within [0, 20]" in joined
+    good = parse_manifest(
+        {"models": [ST], "model_manager": {"allowed_roots": [str(tmp_path)], "allow_hub": True}},
+        tmp_path,
+    )
+    assert good.model_manager.allowed_roots == (str(tmp_path),)
+    assert good.model_manager.allow_hub is True

@@ -18,6 +18,8 @@ BASE_PARAMS = {
     "max_length": "16",
     "pad_to_max_length": "false",
     "output_names": ",".join(NAMES),
+    "max_text_bytes": "16384",
+    "max_request_text_bytes": "262144",
 }
 
 
