@@ -16,7 +16,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from embed_runtime.adapter import config_parameters, error_response, gather_rows, input_array
 from embed_runtime.errors import RequestError
-from embed_runtime.fetch import FetchPolicy, FetchPool
+from embed_runtime.fetch import FetchPolicy
+from embed_runtime.fetch_pool import FetchPool
 from embed_runtime.text import decode_texts
 
 

