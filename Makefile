@@ -9,13 +9,18 @@ STAMP := $(VENV)/.installed
 # torch/torchvision first, from the exact pins (a CPU machine still gets the small
 # local wheel cache where one exists); then the project with all extras.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+# Set for a lighter first install on a CPU machine: the +cpu wheels of the same pins
+# instead of the default build with ~6 GB of CUDA libraries (a fresh venv, or make clean):
+#   make serve TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# Unset, torch installs exactly as before (PyPI and any local wheel cache).
+TORCH_INDEX_URL ?=
 
-.PHONY: serve test build stop lint unit integration clean
+.PHONY: serve test build stop lint unit integration clean perf perf-analyzer
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip==25.3
-	$(PY) -m pip install -q $(TORCH_PINS)
+	$(PY) -m pip install -q $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL) )$(TORCH_PINS)
 	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[runtime,server,generator,client,dev]"
 	touch $@
 
@@ -34,16 +39,48 @@ stop:
 	@if [ -x $(PY) ]; then $(PY) -m generator stop; fi
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check generator client tests bench
+	$(VENV)/bin/ruff check generator client tests bench deploy
+	$(VENV)/bin/shellcheck deploy/*.sh deploy/perf/*.sh
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q
 
-integration: $(STAMP)
+integration: $(STAMP) perf-analyzer
 	$(PY) -m pytest tests/integration -q
 
-test: $(STAMP) lint
+test: $(STAMP) perf-analyzer lint
 	$(PY) -m pytest tests -q
+
+# The real perf_analyzer (Triton 2.51, the local server's release) outside Docker, beside
+# the venv's own tritonclient: the binary from the hash-pinned tritonclient==2.51.0 wheel,
+# libcudart.so.12 from nvidia-cuda-runtime-cu12==12.6.77 (no GPU needed), libb64.so.0d from
+# Debian's libb64-0d (apt-get when missing and root). Idempotent: a rerun only checks.
+PERF_ANALYZER_DIR := .build/tools/perf_analyzer
+PERF_ANALYZER := $(PERF_ANALYZER_DIR)/perf_analyzer
+
+perf-analyzer: $(STAMP)
+	PYTHON=$(PY) deploy/perf/install_perf_analyzer.sh $(PERF_ANALYZER_DIR)
+
+# perf_analyzer sweep of every ensemble a running `make serve` has (deploy/perf/run_perf.sh:
+# the client's generated data, concurrency 1-32, gRPC), then its table into docs/benchmarks.md.
+# perf_analyzer reads model configs, an admin API: give it the same EMBED_ADMIN_KEY or
+# EMBED_ADMIN_KEY_FILE as `make serve`. PERF_CONCURRENCY, PERF_MEASUREMENT_MS, PERF_MODELS...
+# (see run_perf.sh) narrow it; PERF_HOST and TRITON_HTTP_PORT / TRITON_GRPC_PORT find the server.
+# A window counts as stable when the last 3 agree within PERF_STABILITY %: 25 (and up to 20
+# windows) lets a shared CPU machine settle; perf_analyzer's own 10 suits a quiet host.
+PERF_HOST ?= 127.0.0.1
+PERF_RESULTS ?= .build/perf-results
+PERF_DOC ?= docs/benchmarks.md
+PERF_STABILITY ?= 25
+PERF_MAX_TRIALS ?= 20
+
+perf: perf-analyzer
+	TRITON_HTTP_URL=$(PERF_HOST):$${TRITON_HTTP_PORT:-8000} \
+	TRITON_GRPC_URL=$(PERF_HOST):$${TRITON_GRPC_PORT:-8001} \
+	PERF_ANALYZER=$(PERF_ANALYZER) PERF_RESULTS=$(PERF_RESULTS) PYTHON=$(PY) \
+	PERF_STABILITY=$(PERF_STABILITY) PERF_MAX_TRIALS=$(PERF_MAX_TRIALS) \
+	PERF_COMMAND="make perf" deploy/perf/run_perf.sh
+	$(PY) deploy/perf/perf_table.py $(PERF_RESULTS) --doc $(PERF_DOC)
 
 clean:
 	rm -rf $(VENV) .build model_repository/*/ model_repository/.generator-state.json

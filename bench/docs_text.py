@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from bench.report import Summary
 
 BEGIN, END = "<!-- analysis:begin -->", "<!-- analysis:end -->"
+# `make perf` (deploy/perf/perf_table.py) owns this block; a bench run carries it over.
+PERF_BEGIN, PERF_END = "<!-- perf:begin -->", "<!-- perf:end -->"
 DEFAULT_ANALYSIS = "(no analysis written yet)"
 SDK_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3-sdk"
 SERVER_NOTE = (
@@ -178,6 +180,12 @@ def _analysis(previous: str) -> str:
     return match.group(1).strip() if match else DEFAULT_ANALYSIS
 
 
+def _perf_block(previous: str) -> list[str]:
+    """The ``make perf`` section of the previous document, markers included (or nothing)."""
+    match = re.search(re.escape(PERF_BEGIN) + r".*?" + re.escape(PERF_END), previous, re.S)
+    return [match.group(0)] if match else []
+
+
 def render(s: Summary, chart_name: str, previous: str = "") -> str:
     """The whole markdown document."""
     meta = s.meta
@@ -234,6 +242,7 @@ def render(s: Summary, chart_name: str, previous: str = "") -> str:
         machine_table(s),
         "## perf_analyzer",
         perf_analyzer_section(),
+        *_perf_block(previous),
         "## Method",
         METHOD,
     ]

@@ -18,7 +18,7 @@ from pathlib import Path
 from .admin import ADMIN_HEADER, KEY_ENV, configured_admin_key
 from .build import RepositoryWriter, build_repository, entry_fingerprint, remove_entry
 from .manifest import ManifestError, load_serving_manifest
-from .manifest_edit import append_entry, remove_entry_text
+from .manifest_edit import append_entry, remove_entry_text, restored_on_error
 from .shared_models import startup_models
 from .triton_local import (
     TritonLaunch,
@@ -88,9 +88,10 @@ def _cmd_add(args) -> int:
         "checkpoint": args.checkpoint,
         "max_batch_size": args.max_batch_size,
     }
-    append_entry(args.manifest, {k: v for k, v in fields.items() if v is not None})
-    manifest = load_serving_manifest(args.manifest, args.repo)
-    build_repository(manifest, args.repo, only=[args.name])
+    with restored_on_error(args.manifest):
+        append_entry(args.manifest, {k: v for k, v in fields.items() if v is not None})
+        manifest = load_serving_manifest(args.manifest, args.repo)
+        build_repository(manifest, args.repo, only=[args.name])
     print(f"added {args.name}: serves {', '.join(manifest.get(args.name).ensembles)}")
     return 0
 

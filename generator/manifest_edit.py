@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .manifest import ManifestError, parse_manifest
@@ -53,3 +55,19 @@ def remove_entry_text(path: Path, name: str) -> None:
     if len(kept) == len(blocks):
         raise KeyError(f"model {name!r} is not in {path}")
     _write_checked(path, "".join(kept))
+
+
+@contextmanager
+def restored_on_error(path: Path) -> Iterator[None]:
+    """Put ``path`` back byte for byte (or remove it, if it did not exist) when the block raises."""
+    original = path.read_bytes() if path.exists() else None
+    try:
+        yield
+    except BaseException:
+        if original is None:
+            path.unlink(missing_ok=True)
+        else:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(original)
+            tmp.replace(path)
+        raise

@@ -18,6 +18,7 @@ import argparse
 import base64
 import json
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -75,7 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="folder for the data files")
     parser.add_argument("--models", default="", help="space-separated ensembles (default: all)")
     args = parser.parse_args(argv)
-    ensembles = ready_ensembles(args.url)
+    try:
+        ensembles = ready_ensembles(args.url)
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        print(
+            f"error: no Triton answers at {args.url} ({reason}): start it first, e.g. `make serve`",
+            file=sys.stderr,
+        )
+        return 2
     wanted = args.models.split()
     unknown = sorted(set(wanted) - set(ensembles))
     if unknown:

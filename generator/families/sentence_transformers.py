@@ -9,7 +9,6 @@ normalisation when the manifest asks for normalised embeddings.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 from pathlib import Path
 
@@ -35,14 +34,6 @@ VALIDATION_TEXTS = (
     "Numbers 3.14159, 2,718 and 1e-10 in one line.",
     "URLs like https://example.com/a?b=c and e-mail x@y.z",
 )
-POOLING_MODES = (
-    "pooling_mode_cls_token",
-    "pooling_mode_mean_tokens",
-    "pooling_mode_max_tokens",
-    "pooling_mode_mean_sqrt_len_tokens",
-    "pooling_mode_weightedmean_tokens",
-    "pooling_mode_lasttoken",
-)
 
 
 def resolve_source(entry: ModelEntry, manifest: Manifest) -> str:
@@ -62,18 +53,6 @@ def resolve_source(entry: ModelEntry, manifest: Manifest) -> str:
             raise FileNotFoundError(f"{entry.name}: {local} is not a sentence-transformers folder")
         return str(local)
     return source
-
-
-def pooling_modes(model_dir: str) -> list[str]:
-    """Pooling modes switched on in the model's ``1_Pooling/config.json`` (if local)."""
-    modules = Path(model_dir) / "modules.json"
-    if not modules.is_file():
-        return []
-    for module in json.loads(modules.read_text()):
-        if module["type"].endswith("Pooling"):
-            cfg = json.loads((Path(model_dir) / module["path"] / "config.json").read_text())
-            return [m.removeprefix("pooling_mode_") for m in POOLING_MODES if cfg.get(m)]
-    return []
 
 
 def _load(entry: ModelEntry, manifest: Manifest):

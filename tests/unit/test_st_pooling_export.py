@@ -1,0 +1,157 @@
+"""Each pooling mode and head of a sentence-transformers model exports with exact parity.
+
+Tiny random-initialised models (``tests/st_factory.py``) cover mean, CLS, max,
+last-token and weighted-mean pooling, a Dense head and both ways of normalising. The
+family's ``build`` exports each; the graph is then compared with
+``SentenceTransformer.encode`` of the saved folder (an independent load), on texts of
+very different lengths run together (padding) and alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from generator.families import sentence_transformers as family
+from generator.manifest import Manifest, ModelEntry
+from generator.render import parse_config
+from generator.runtime.ort_runner import EncoderParams, OrtEncoder
+from generator.runtime.text import BatchTokenizer, TokenizerParams
+from tests.st_factory import (
+    VARIANTS,
+    TinyVariant,
+    build_tiny_model,
+    load_reference,
+    manifest_entry,
+    parity,
+    parity_texts,
+    reference_embeddings,
+)
+
+MIN_COSINE = 0.999999
+MAX_ABS_DIFF = 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class Exported:
+    variant: TinyVariant
+    folder: Path
+    work: Path
+    tokenize_params: dict[str, str]
+    encode_params: dict[str, str]
+    encode_config: str
+    reference: object
+    session: object
+    texts: list[str]
+    expected: np.ndarray
+
+
+def _parameters(config: str) -> dict[str, str]:
+    return {k: v.string_value for k, v in parse_config(config).parameters.items()}
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: v.name)
+def exported(request, tmp_path_factory) -> Exported:
+    variant = request.param
+    base = tmp_path_factory.mktemp(variant.name)
+    folder = build_tiny_model(variant, base / "model")
+    entry = ModelEntry(**manifest_entry(variant, folder))
+    work = base / "work"
+    work.mkdir()
+    dirs = family.build(entry, Manifest(models=(entry,), base_dir=base), work)
+    configs = {d.name: d.config for d in dirs}
+    texts = parity_texts()
+    reference = load_reference(folder)
+    return Exported(
+        variant,
+        folder,
+        work,
+        _parameters(configs[f"{variant.name}_tokenize"]),
+        _parameters(configs[f"{variant.name}_encode"]),
+        configs[f"{variant.name}_encode"],
+        reference,
+        ort.InferenceSession(str(work / "model.onnx")),
+        texts,
+        reference_embeddings(reference, variant, texts),
+    )
+
+
+def _reference_tokens(exported: Exported, texts: list[str]) -> dict[str, np.ndarray]:
+    """Token tensors from sentence-transformers' own tokenizer, padded to the longest."""
+    names = [i.name for i in exported.session.get_inputs()]
+    features = exported.reference.preprocess(texts)
+    return {n: features[n].numpy().astype(np.int64) for n in names}
+
+
+def _check(label: str, exported: Exported, got: np.ndarray) -> None:
+    assert got.shape == exported.expected.shape
+    cos, diff = parity(got, exported.expected)
+    print(f"\n{exported.variant.name} {label}: min cos {cos:.9f}, max|diff| {diff:.2e}")
+    assert cos >= MIN_COSINE
+    assert diff <= MAX_ABS_DIFF
+
+
+def test_saved_model_declares_its_pooling_mode_and_head(exported):
+    """The factory's folder carries the config the export has to read."""
+    variant, folder = exported.variant, exported.folder
+    modules = [
+        m["type"].rsplit(".", 1)[-1] for m in json.loads((folder / "modules.json").read_text())
+    ]
+    expected = ["Transformer", "Pooling"]
+    expected += ["Dense"] * variant.dense + ["Normalize"] * variant.normalize_module
+    assert modules == expected
+    pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    assert pooling["pooling_mode"] == variant.pooling
+
+
+def test_graph_matches_sentence_transformers_with_all_texts_in_one_padded_batch(exported):
+    """Short rows padded to the longest (64 tokens) must pool only their real tokens."""
+    inputs = _reference_tokens(exported, exported.texts)
+    lengths = inputs["attention_mask"].sum(axis=1)
+    assert lengths.min() <= 3 and lengths.max() == inputs["attention_mask"].shape[1] == 64
+    got = exported.session.run(["EMBEDDING"], inputs)[0]
+    _check("one padded batch", exported, got)
+
+
+def test_graph_matches_sentence_transformers_row_by_row(exported):
+    session = exported.session
+    rows = [
+        session.run(["EMBEDDING"], _reference_tokens(exported, [text]))[0]
+        for text in exported.texts
+    ]
+    _check("row by row", exported, np.concatenate(rows))
+
+
+def test_serving_runtime_matches_sentence_transformers(exported):
+    """The served path without Triton: runtime tokenizer, ragged merge, sorted chunks."""
+    tokenizer = BatchTokenizer(
+        str(exported.work / "tokenizer.json"),
+        TokenizerParams.from_parameters(exported.tokenize_params),
+    )
+    params = dataclasses.replace(
+        EncoderParams.from_parameters(exported.encode_params), max_rows_per_run=3
+    )
+    encoder = OrtEncoder(str(exported.work / "model.onnx"), params)
+    texts = exported.texts
+    requests = [tokenizer.encode(texts[i : i + 5]) for i in range(0, len(texts), 5)]
+    got = np.concatenate(encoder.encode_tokens(requests))
+    _check("serving runtime", exported, got)
+
+
+def test_embedding_width_and_normalisation_follow_the_pipeline(exported):
+    variant = exported.variant
+    encode_config = parse_config(exported.encode_config)
+    assert [list(o.dims) for o in encode_config.output] == [[variant.dim]]
+    inputs = _reference_tokens(exported, exported.texts[:8])
+    got = exported.session.run(["EMBEDDING"], inputs)[0]
+    assert got.shape == (8, variant.dim)
+    norms = np.linalg.norm(got, axis=1)
+    if variant.normalized:
+        np.testing.assert_allclose(norms, 1.0, atol=1e-5)
+    else:
+        assert np.abs(norms - 1.0).min() > 1e-2, "raw pooled vectors are not unit length"
