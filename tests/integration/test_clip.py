@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
@@ -253,25 +254,51 @@ def test_text_and_image_share_one_space(client):
     np.testing.assert_allclose(np.linalg.norm(image, axis=1), 1.0, atol=1e-5)
 
 
-def _bad_urls(image_server) -> dict[str, tuple[str, str]]:
-    """URL -> (expected status word, message fragment)."""
+STATUS = {
+    "refused": {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"},
+    "unavailable": {"http": "503", "grpc": "StatusCode.UNAVAILABLE"},
+}
+
+
+def _bad_urls(image_server, closed: int) -> dict[str, tuple[str, str, str]]:
+    """case -> (URL, refused | unavailable, the exact reason after the URL)."""
     u = image_server.url
+    timeout = "timed out (connect_timeout_s=3, read_timeout_s=2)"
+    hint = "(add the host to allow_hosts to permit it)"
     return {
-        "404": (u("/missing.jpg"), "404"),
-        "500": (u("/status/500"), "500"),
-        "refused": (f"http://127.0.0.1:{closed_port()}/x.jpg", "refused"),
-        "timeout": (u("/hang"), "timed out"),
-        "drip": (u("/drip"), "timed out"),
-        "loop": (u("/loop/a"), "redirect"),
-        "to-metadata": (u("/to-metadata"), "169.254.169.254"),
-        "file": ("file:///etc/passwd", "scheme"),
-        "ftp": ("ftp://127.0.0.1/x.jpg", "scheme"),
-        "private": ("http://10.1.2.3/x.jpg", "private"),
-        "big": (u("/big"), "bytes"),
-        "html": (u("/html"), "content type"),
+        "404": (u("/missing.jpg"), "refused", "HTTP 404 Not Found"),
+        "500": (u("/status/500"), "unavailable", "HTTP 500 Internal Server Error"),
+        "refused": (
+            f"http://127.0.0.1:{closed}/x.jpg",
+            "unavailable",
+            f"connection to 127.0.0.1:{closed} refused",
+        ),
+        "timeout": (u("/hang"), "unavailable", timeout),
+        "drip": (u("/drip"), "unavailable", timeout),
+        "loop": (u("/loop/a"), "refused", "redirect loop"),
+        "to-metadata": (
+            u("/to-metadata"),
+            "refused",
+            f"address 169.254.169.254 is link-local {hint} "
+            "(after redirect to 'http://169.254.169.254/latest/meta-data/')",
+        ),
+        "file": (
+            "file:///etc/passwd",
+            "refused",
+            "scheme 'file' is not allowed (allowed: http, https)",
+        ),
+        "ftp": (
+            "ftp://127.0.0.1/x.jpg",
+            "refused",
+            "scheme 'ftp' is not allowed (allowed: http, https)",
+        ),
+        "private": ("http://10.1.2.3/x.jpg", "refused", f"address 10.1.2.3 is private {hint}"),
+        "big": (u("/big"), "refused", "body is over max_bytes=2000000 (Content-Length 3000000)"),
+        "html": (u("/html"), "refused", "content type 'text/html' is not an image"),
     }
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize(
     "case",
     [
@@ -289,13 +316,15 @@ def _bad_urls(image_server) -> dict[str, tuple[str, str]]:
         "html",
     ],
 )
-def test_bad_url_fails_only_its_request(server, image_server, case):
-    url, fragment = _bad_urls(image_server)[case]
+def test_bad_url_fails_only_its_request(server, image_server, case, protocol):
+    url, kind, reason = _bad_urls(image_server, closed_port())[case]
     good = image_server.url("/img/photo.jpg")
+    module = grpcclient if protocol == "grpc" else httpclient
+    address = server.grpc_url if protocol == "grpc" else server.http_url
 
     def send(item: str):
-        tc = httpclient.InferenceServerClient(server.http_url)
-        inp = httpclient.InferInput("IMAGE_URL", [1, 1], "BYTES")
+        tc = module.InferenceServerClient(address)
+        inp = module.InferInput("IMAGE_URL", [1, 1], "BYTES")
         inp.set_data_from_numpy(np.array([[item.encode()]], dtype=np.object_))
         try:
             return tc.infer(f"{CLIP_MODEL}_image_url", [inp]).as_numpy("EMBEDDING")
@@ -308,26 +337,34 @@ def test_bad_url_fails_only_its_request(server, image_server, case):
         results = list(pool.map(send, [good, url, good, good]))
     bad = results[1]
     assert isinstance(bad, InferenceServerException), case
-    assert fragment.lower() in str(bad).lower(), str(bad)
-    assert url[:40] in str(bad)
+    assert str(bad.status()) == STATUS[kind][protocol]
+    expected = f"in ensemble '{CLIP_MODEL}_image_url', IMAGE_URL '{url}' {kind}: {reason}"
+    assert bad.message() == expected
     for ok in (results[0], results[2], results[3]):
         assert isinstance(ok, np.ndarray)
 
 
 @pytest.mark.parametrize(
-    ("payload", "fragment"),
+    ("payload", "reason"),
     [
-        (b"", "empty"),
-        (b"this is not an image at all", "not"),
-        (IMAGES["photo.jpg"][: len(IMAGES["photo.jpg"]) // 2], "truncated"),
-        (decompression_bomb(), "pixels"),
+        (b"", "IMAGE is empty"),
+        (
+            b"this is not an image at all",
+            "IMAGE is not a supported image (formats: JPEG, MPO, PNG, GIF, WEBP, BMP, TIFF, AVIF)",
+        ),
+        (
+            IMAGES["photo.jpg"][: len(IMAGES["photo.jpg"]) // 2],
+            "IMAGE could not be decoded: image file is truncated (0 bytes not processed)",
+        ),
+        (decompression_bomb(), "IMAGE refused as a decompression bomb: Image size (1600000000"),
     ],
     ids=["empty", "garbage", "truncated-jpeg", "decompression-bomb"],
 )
-def test_bad_image_bytes_fail_with_a_clear_message(client, payload, fragment):
+def test_bad_image_bytes_fail_with_a_clear_message(client, payload, reason):
     with pytest.raises(EmbeddingClientError) as info:
         client.embed_images(CLIP_MODEL, [IMAGES["photo.png"], payload])
-    assert fragment in str(info.value).lower()
+    assert info.value.status == STATUS["refused"][client.protocol]
+    assert info.value.message.startswith(f"in ensemble '{CLIP_MODEL}_image', {reason}")
     assert client.embed_images(CLIP_MODEL, [IMAGES["photo.png"]]).shape[0] == 1
 
 
