@@ -15,7 +15,7 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 # Unset, torch installs exactly as before (PyPI and any local wheel cache).
 TORCH_INDEX_URL ?=
 
-.PHONY: serve test build stop lint unit integration clean perf perf-analyzer
+.PHONY: serve test build stop lint unit integration clean perf perf-analyzer test-docker
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -81,6 +81,16 @@ perf: perf-analyzer
 	PERF_STABILITY=$(PERF_STABILITY) PERF_MAX_TRIALS=$(PERF_MAX_TRIALS) \
 	PERF_COMMAND="make perf" deploy/perf/run_perf.sh
 	$(PY) deploy/perf/perf_table.py $(PERF_RESULTS) --doc $(PERF_DOC)
+
+# The CPU Docker deployment end to end (deploy/docker/test_docker.sh, needs root): installs
+# docker.io / docker-compose / debootstrap / prometheus when missing, starts dockerd when none
+# runs, builds the Debian base locally where no registry answers, builds the CPU images,
+# brings docker-compose.cpu.yml (+ the admin-key override) up from nothing, runs tests/docker
+# (parity over HTTP and gRPC, bad input, security settings, metrics vs the dashboard), the
+# perf profile with the real perf_analyzer, promtool, a restart, then tears it all down.
+# Not part of `make test` (tests/docker is collected only under this target).
+test-docker: $(STAMP)
+	PYTHON=$(PY) deploy/docker/test_docker.sh
 
 clean:
 	rm -rf $(VENV) .build model_repository/*/ model_repository/.generator-state.json
