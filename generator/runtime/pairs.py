@@ -21,8 +21,9 @@ def decode_pairs(
     """UTF-8 decode one request's ``QUERY`` and ``TEXT`` rows into pairs.
 
     Both tensors must hold the same number of rows; each row is checked as ``TEXT`` rows
-    are (non-empty, valid UTF-8, at most ``max_text_bytes``), and the two together stay
-    within ``max_request_text_bytes``. Raises :class:`InvalidInputError`.
+    are (non-empty, valid UTF-8, at most ``max_text_bytes``), and both together stay
+    within ``max_request_text_bytes`` (checked first, on the raw bytes). Raises
+    :class:`InvalidInputError`.
     """
     n_queries, n_texts = queries.reshape(-1).size, texts.reshape(-1).size
     if n_queries != n_texts:
@@ -30,14 +31,20 @@ def decode_pairs(
             f"QUERY has {n_queries} rows and TEXT {n_texts}: send one QUERY row per TEXT row"
         )
     total = params.max_request_bytes
-    left = decode_texts(queries, "QUERY", params.max_text_bytes, total)
-    used = sum(len(q.encode("utf-8")) for q in left)
-    if total and used >= total:
-        raise InvalidInputError(
-            f"QUERY rows total {used} bytes, over this model's max_request_text_bytes={total}"
-        )
-    right = decode_texts(texts, "TEXT", params.max_text_bytes, total - used if total else 0)
+    if total:
+        used = sum(_size(item) for rows in (queries, texts) for item in rows.reshape(-1))
+        if used > total:
+            raise InvalidInputError(
+                f"QUERY and TEXT rows total {used} bytes, over this model's "
+                f"max_request_text_bytes={total}"
+            )
+    left = decode_texts(queries, "QUERY", params.max_text_bytes)
+    right = decode_texts(texts, "TEXT", params.max_text_bytes)
     return list(zip(left, right, strict=True))
+
+
+def _size(item: object) -> int:
+    return len(item) if isinstance(item, bytes) else len(str(item).encode("utf-8"))
 
 
 class PairTokenizer:

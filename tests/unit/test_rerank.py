@@ -45,8 +45,8 @@ def test_decode_pairs_pairs_rows_in_order():
         (("q",), ("",), "TEXT row 0 is empty"),
         (("q" * 101,), ("a",), "QUERY row 0 is 101 bytes, over this model's max_text_bytes=100"),
         (("q",), ("a" * 101,), "TEXT row 0 is 101 bytes, over this model's max_text_bytes=100"),
-        (("q" * 90,) * 3, ("a" * 90,) * 3, "TEXT rows total 270 bytes"),
-        (("q" * 100,) * 3, ("a",) * 3, "QUERY rows total 300 bytes"),
+        (("q" * 90,) * 2, ("a" * 90,) * 2, "QUERY and TEXT rows total 360 bytes, over"),
+        (("q" * 100,) * 3, ("a",) * 3, "QUERY and TEXT rows total 303 bytes, over"),
     ],
 )
 def test_decode_pairs_rejects_bad_requests(queries, texts, message):
