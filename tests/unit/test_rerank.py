@@ -9,6 +9,7 @@ requests, length-sorted chunks), with ``CrossEncoder.predict`` of an independent
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,8 @@ import pytest
 
 from generator.families import cross_encoder as family
 from generator.families.tiny_rerank import TINY_MAX_LENGTH, create_tiny_cross_encoder
-from generator.manifest import Manifest, ModelEntry
+from generator.lifecycle import check_cross_encoder_folder, parse_request
+from generator.manifest import RUNTIME_MANIFEST, Manifest, ModelEntry
 from generator.render import parse_config
 from generator.runtime.errors import InvalidInputError
 from generator.runtime.ort_runner import EncoderParams, OrtEncoder
@@ -117,3 +119,36 @@ def test_build_refuses_a_folder_that_is_not_a_cross_encoder(tmp_path):
     entry = ModelEntry(name="rr", family="cross-encoder", source=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="not a sentence-transformers folder"):
         family.build(entry, Manifest(models=(entry,)), tmp_path / "work")
+
+
+def test_runtime_loads_refuse_reranker_folders_with_custom_code(exported, tmp_path):
+    import shutil
+
+    folder = shutil.copytree(exported.folder, tmp_path / "rr")
+    check_cross_encoder_folder(folder)
+    config = folder / "config_sentence_transformers.json"
+    settings = json.loads(config.read_text())
+    config.write_text(json.dumps(settings | {"activation_fn": "my_pkg.Activation"}))
+    with pytest.raises(InvalidInputError, match="not a torch class"):
+        check_cross_encoder_folder(folder)
+    config.write_text(json.dumps(settings))
+    model_config = folder / "config.json"
+    model_config.write_text(json.dumps({"auto_map": {"AutoModel": "x.Y"}}))
+    with pytest.raises(InvalidInputError, match="auto_map"):
+        check_cross_encoder_folder(folder)
+
+
+def test_model_manager_loads_a_cross_encoder_folder(exported, tmp_path, monkeypatch):
+    from tests.unit.test_lifecycle_security import _manager
+
+    manager = _manager(tmp_path, roots=[exported.folder.parent])
+    built: list[str] = []
+    monkeypatch.setattr(manager, "_build", built.append)
+    raw = {"action": "load", "family": "cross-encoder", "source": str(exported.folder)}
+    manager.load(parse_request(json.dumps(raw)))
+    assert built == ["tiny-rerank"]
+    record = (manager.params.repo / RUNTIME_MANIFEST).read_text()
+    assert 'family = "cross-encoder"' in record
+    bad = {"action": "load", "family": "cross-encoder", "source": "cross-encoder/ms-marco"}
+    with pytest.raises(InvalidInputError, match="hub downloads are off"):
+        manager.load(parse_request(json.dumps(bad)))
