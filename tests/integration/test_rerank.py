@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -217,8 +218,12 @@ def test_client_surfaces_the_reason(rerank_setup):
 
 
 def test_bad_requests_fail_alone_among_concurrent_good_ones(rerank_setup):
-    """Good and bad requests released together: the good ones score exactly."""
+    """Good and bad requests released together: the good ones score exactly, and the
+    encoder runs the good ones in fewer executions than requests (ragged batching)."""
     server, reference = rerank_setup
+    encode = f"{MODEL}_encode"
+    with server.client() as client:
+        before = {s.name: s for s in client.model_statistics(encode)}[encode]
     pairs = rerank_pairs()
     bad = {3: ("", "text"), 7: ("q", "")}
     jobs = [bad.get(i, pairs[i]) for i in range(len(pairs))]
@@ -244,3 +249,14 @@ def test_bad_requests_fail_alone_among_concurrent_good_ones(rerank_setup):
     good = [i for i in range(len(jobs)) if i not in bad]
     got = np.asarray([results[i] for i in good], dtype=np.float32)
     _check("concurrent", got, _predict(reference, [pairs[i] for i in good]))
+    deadline = time.monotonic() + 10
+    while True:
+        with server.client() as client:
+            after = {s.name: s for s in client.model_statistics(encode)}[encode]
+        if after.success_count - before.success_count >= len(good) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert after.success_count - before.success_count == len(good)
+    executions = after.execution_count - before.execution_count
+    print(f"concurrent: {len(good)} encoder requests in {executions} executions")
+    assert executions < len(good)
