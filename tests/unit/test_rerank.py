@@ -152,3 +152,26 @@ def test_model_manager_loads_a_cross_encoder_folder(exported, tmp_path, monkeypa
     bad = {"action": "load", "family": "cross-encoder", "source": "cross-encoder/ms-marco"}
     with pytest.raises(InvalidInputError, match="hub downloads are off"):
         manager.load(parse_request(json.dumps(bad)))
+
+
+def test_top_k_sorts_best_first_and_keeps_input_order_on_ties():
+    from client.rerank import top_k
+
+    ranked = top_k(np.array([0.2, 0.9, 0.2, 0.5], dtype=np.float32), ["a", "b", "c", "d"], 3)
+    assert [(r.index, r.text) for r in ranked] == [(1, "b"), (3, "d"), (0, "a")]
+    assert ranked[0].score == pytest.approx(0.9)
+
+
+def test_cli_parses_rerank():
+    from client.cli import parse_args
+
+    args = parse_args(["rerank", "--model", "rr", "--query", "q", "t1", "t2", "--top-k", "1"])
+    assert (args.command, args.model, args.query, args.texts, args.top_k) == (
+        "rerank",
+        "rr",
+        "q",
+        ["t1", "t2"],
+        1,
+    )
+    with pytest.raises(SystemExit):
+        parse_args(["rerank", "--model", "rr", "--query", "q"])
