@@ -260,3 +260,20 @@ def test_bad_requests_fail_alone_among_concurrent_good_ones(rerank_setup):
     executions = after.execution_count - before.execution_count
     print(f"concurrent: {len(good)} encoder requests in {executions} executions")
     assert executions < len(good)
+
+
+def test_model_manager_loads_a_cross_encoder_at_runtime(server, tmp_path_factory):
+    """A runtime load through ``model_manager`` (the session server), then a delete."""
+    from sentence_transformers import CrossEncoder
+
+    folder = create_tiny_cross_encoder(tmp_path_factory.mktemp("rt-rerank") / "rr", seed=7)
+    request = {"action": "load", "family": "cross-encoder", "source": str(folder)}
+    with server.client() as client:
+        answer = client.manage({**request, "name": "rt-rerank", "options": {"max_batch_size": 8}})
+        assert (answer["status"], answer["ensembles"]) == ("loaded", ["rt-rerank"])
+        texts = ["a server", "a fish", "a long passage " * 40]
+        scores = client.rerank("rt-rerank", QUERY, texts)
+        want = CrossEncoder(str(folder), device="cpu").predict([(QUERY, t) for t in texts])
+        _check("runtime load", scores, want)
+        assert client.manage({"action": "delete", "name": "rt-rerank"})["status"] == "deleted"
+        assert not client.is_model_ready("rt-rerank")
