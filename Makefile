@@ -29,10 +29,15 @@ TINY_CLIP := .build/tiny-clip/open_clip_pytorch_model.bin
 $(TINY_CLIP): | $(STAMP)
 	$(PY) -m generator tiny-clip .build/tiny-clip
 
-serve: $(STAMP) $(TINY_CLIP)
+TINY_RERANK := .build/tiny-rerank/modules.json
+
+$(TINY_RERANK): | $(STAMP)
+	$(PY) -m generator tiny-rerank .build/tiny-rerank
+
+serve: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)
 	$(PY) -m generator serve
 
-build: $(STAMP) $(TINY_CLIP)
+build: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)
 	$(PY) -m generator build
 
 stop:

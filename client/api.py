@@ -38,6 +38,7 @@ from .records import (
     summarize_statistics,
     unwrap_model_config,
 )
+from .rerank import RerankMixin
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 TEXT_INPUT = "TEXT"
@@ -81,7 +82,7 @@ def default_url(protocol: str) -> str:
     return f"localhost:{DEFAULT_PORTS[protocol]}"
 
 
-class EmbeddingClient(LifecycleMixin):
+class EmbeddingClient(LifecycleMixin, RerankMixin):
     """Embed texts and images with models served by Triton; query server state.
 
     Every failure (Triton error, unreachable server, unreadable local file, bad input)

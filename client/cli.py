@@ -3,6 +3,7 @@
     python -m client embed --model all-MiniLM-L6-v2 "some text" "more text"
     python -m client embed --model clip-vit-b-32 --image cat.jpg --image https://host/dog.png
     python -m client embed --model clip-vit-b-32_text "a photo of a cat" --format npy --out t.npy
+    python -m client rerank --model rerank-tiny --query "what is triton?" "a server" "a fish"
     python -m client models
     python -m client stats [--model M] [--json]
     python -m client ready [--model M]
@@ -27,7 +28,7 @@ from typing import TextIO
 
 import numpy as np
 
-from . import bench_cli
+from . import bench_cli, rerank_cli
 from .api import EmbeddingClient, default_url
 from .errors import EmbeddingClientError
 from .records import ModelInfo, ModelStats
@@ -89,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     manage.add_argument("request", help='e.g. \'{"action": "list"}\'')
     bench_cli.add_parsers(sub, common)
+    rerank_cli.add_parser(sub, common)
     return parser
 
 
@@ -209,6 +211,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
                 return _cmd_manage(client, args)
             if args.command == "embed":
                 return _cmd_embed(client, args)
+            if args.command == "rerank":
+                return rerank_cli.run(client, args)
             if args.command == "models":
                 print(format_models(client.list_models()))
                 return 0

@@ -45,7 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--force", action="store_true", help="rebuild even if unchanged")
     add = sub.add_parser("add", help="append a model to the manifest and build it")
     add.add_argument("name")
-    add.add_argument("--family", required=True, choices=["sentence-transformers", "open-clip"])
+    add.add_argument(
+        "--family", required=True, choices=["sentence-transformers", "open-clip", "cross-encoder"]
+    )
     add.add_argument("--source", help="HF id or local folder (sentence-transformers)")
     add.add_argument("--arch", help="open_clip architecture, e.g. ViT-B-32")
     add.add_argument("--pretrained", help="open_clip pretrained tag")
@@ -57,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("tiny-clip", help="save a tiny random-init OpenCLIP checkpoint")
     tiny.add_argument("out_dir", type=Path)
     tiny.add_argument("--seed", type=int, default=0)
+    rerank = sub.add_parser("tiny-rerank", help="save a tiny random-init cross-encoder")
+    rerank.add_argument("out_dir", type=Path)
+    rerank.add_argument("--seed", type=int, default=0)
     serve = sub.add_parser("serve", help="build, then run tritonserver in the foreground")
     serve.add_argument("--no-build", action="store_true")
     serve.add_argument("--pid-file", type=Path, default=DEFAULT_PID)
@@ -126,6 +131,17 @@ def _cmd_tiny_clip(args) -> int:
     return 0
 
 
+def _cmd_tiny_rerank(args) -> int:
+    from .families.tiny_rerank import create_tiny_cross_encoder  # noqa: PLC0415
+
+    if (args.out_dir / "modules.json").is_file():
+        print(f"{args.out_dir} exists")
+        return 0
+    create_tiny_cross_encoder(args.out_dir, seed=args.seed)
+    print(f"wrote {args.out_dir}")
+    return 0
+
+
 def _cmd_serve(args) -> int:
     manifest = load_serving_manifest(args.manifest, args.repo)
     if not args.no_build:
@@ -177,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         "remove": _cmd_remove,
         "list": _cmd_list,
         "tiny-clip": _cmd_tiny_clip,
+        "tiny-rerank": _cmd_tiny_rerank,
         "serve": _cmd_serve,
         "stop": _cmd_stop,
     }

@@ -5,6 +5,7 @@ A request is a JSON object, e.g.::
     {"action": "load", "family": "sentence-transformers", "source": "/models/my-st",
      "name": "my-st", "options": {"max_batch_size": 32}}
     {"action": "load", "family": "open-clip", "arch": "ViT-B-32", "pretrained": "laion2b_s34b_b79k"}
+    {"action": "load", "family": "cross-encoder", "source": "/models/my-reranker"}
     {"action": "unload", "name": "my-st"}     # until the next restart
     {"action": "delete", "name": "my-st"}     # unload, remove files and the runtime record
     {"action": "list"}
@@ -183,6 +184,32 @@ def check_sentence_transformers_folder(folder: Path) -> None:
         )
 
 
+def check_cross_encoder_folder(folder: Path) -> None:
+    """Refuse a reranker folder with custom code, as sentence-transformers folders are.
+
+    Besides :func:`check_sentence_transformers_folder`, the activation named in
+    ``config_sentence_transformers.json`` must be one of torch's (anything else is code
+    of the model's own, which ``CrossEncoder`` would only run with ``trust_remote_code``).
+    """
+    check_sentence_transformers_folder(folder)
+    path = folder / "config_sentence_transformers.json"
+    try:
+        config = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise InvalidInputError(
+            "source has an unreadable config_sentence_transformers.json"
+        ) from None
+    activation = config.get("activation_fn") if isinstance(config, dict) else None
+    if activation is not None and not (
+        isinstance(activation, str) and activation.startswith("torch.")
+    ):
+        raise InvalidInputError(
+            f"config_sentence_transformers.json names the activation {activation!r}, not a "
+            "torch class: models with custom code are not loaded at runtime (add them to the "
+            "manifest instead)"
+        )
+
+
 class ModelManager:
     """Serialises lifecycle actions on one repository."""
 
@@ -284,7 +311,10 @@ class ModelManager:
                 raise InvalidInputError("source must be an absolute path on the server or a hub id")
             if source.startswith(("/", "~")):
                 out["source"] = self._allowed_path(source, "source", settings, want_dir=True)
-                check_sentence_transformers_folder(Path(out["source"]))
+                if request["family"] == "cross-encoder":
+                    check_cross_encoder_folder(Path(out["source"]))
+                else:
+                    check_sentence_transformers_folder(Path(out["source"]))
             else:
                 out["source"] = self._hub(source, "source", settings, HUB_ID_RE)
         arch = request.get("arch")

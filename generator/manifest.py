@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FAMILIES = ("sentence-transformers", "open-clip")
+FAMILIES = ("sentence-transformers", "open-clip", "cross-encoder")
 DEVICES = ("cpu", "gpu")
 ENCODER_BACKENDS = ("python-ort", "onnxruntime")
 GPU_ACCELERATORS = ("none", "tensorrt")
@@ -275,8 +275,8 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
         errors.append(f"{where}: precision 'int8' (dynamic quantisation) needs device 'cpu'")
     if entry.precision == "fp16" and entry.device != "gpu":
         errors.append(f"{where}: precision 'fp16' needs device 'gpu'")
-    if entry.family == "sentence-transformers" and not entry.source:
-        errors.append(f"{where}: sentence-transformers models need 'source'")
+    if entry.family in ("sentence-transformers", "cross-encoder") and not entry.source:
+        errors.append(f"{where}: {entry.family} models need 'source'")
     if entry.family == "open-clip":
         if not entry.arch:
             errors.append(f"{where}: open-clip models need 'arch'")

@@ -9,6 +9,7 @@ from pathlib import Path
 REGISTRY = {
     "sentence-transformers": "generator.families.sentence_transformers",
     "open-clip": "generator.families.open_clip",
+    "cross-encoder": "generator.families.cross_encoder",
 }
 
 

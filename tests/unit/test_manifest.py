@@ -203,7 +203,11 @@ def test_wrong_value_types_are_rejected(key: str, value: object, message: str) -
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("family", "bert", "family must be one of ['sentence-transformers', 'open-clip']"),
+        (
+            "family",
+            "bert",
+            "family must be one of ['sentence-transformers', 'open-clip', 'cross-encoder']",
+        ),
         ("device", "tpu", "device must be one of ['cpu', 'gpu']"),
         ("encoder_backend", "tensorrt", "encoder_backend must be one of"),
         ("precision", "bf16", "precision must be one of"),

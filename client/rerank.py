@@ -1,0 +1,96 @@
+"""Reranking with a served cross-encoder: one query against many texts.
+
+The ensemble ``<model>`` of a ``cross-encoder`` entry takes ``QUERY`` [N, 1] and
+``TEXT`` [N, 1] (row ``i`` is the pair ``(QUERY[i], TEXT[i])``) and returns ``SCORE``
+[N, 1]; :meth:`RerankMixin.rerank` repeats the query once per text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import EmbeddingClientError
+from .payload import bytes_tensor, encode_texts, split_batches
+
+QUERY_INPUT = "QUERY"
+TEXT_INPUT = "TEXT"
+SCORE_OUTPUT = "SCORE"
+_BATCH_LIMIT = re.compile(r"batch-size must be <= (\d+)")
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One text of a ranking: its index in the input, its score and the text."""
+
+    index: int
+    score: float
+    text: str
+
+
+def top_k(scores: np.ndarray, texts: Sequence[str], k: int | None = None) -> list[Ranked]:
+    """``texts`` sorted by descending score (ties keep input order), at most ``k``."""
+    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+    return [Ranked(int(i), float(scores[i]), texts[i]) for i in order[:k]]
+
+
+class RerankMixin:
+    """``rerank`` and ``rank`` for :class:`client.api.EmbeddingClient`."""
+
+    def rerank(self, model: str, query: str, texts: Sequence[str]) -> np.ndarray:
+        """Score every text against ``query``: float32 [N] (float32 [N, L] for L labels).
+
+        Scores are what ``CrossEncoder.predict`` returns (its activation, Sigmoid for a
+        one-label model, runs in the graph). Texts are sent in requests of at most the
+        model's ``max_batch_size`` pairs and about ``max_request_bytes`` bytes; an empty
+        list returns an empty array without calling the server.
+        """
+        if not isinstance(query, str):
+            raise EmbeddingClientError("query must be a string")
+        items = encode_texts(texts)
+        if not items:
+            return np.zeros((0,), dtype=np.float32)
+        q = query.encode("utf-8")
+        sizes = [len(q) + len(item) for item in items]
+        try:
+            slices = split_batches(sizes, self._max_batch_size(model), self.max_request_bytes)
+            scores = np.concatenate([self._score(model, q, items[s]) for s in slices], axis=0)
+        except EmbeddingClientError as exc:
+            limit = _BATCH_LIMIT.search(exc.message)
+            if limit is None or self._max_batch.get(model) != 0:
+                raise
+            self._max_batch[model] = int(limit.group(1))
+            return self.rerank(model, query, texts)
+        return scores[:, 0] if scores.shape[1] == 1 else scores
+
+    def rank(
+        self, model: str, query: str, texts: Sequence[str], k: int | None = None
+    ) -> list[Ranked]:
+        """The ``k`` best texts for ``query`` (all when ``k`` is None), best first."""
+        return top_k(self.rerank(model, query, texts), list(texts), k)
+
+    def _score(self, model: str, query: bytes, items: list[bytes]) -> np.ndarray:
+        inputs = []
+        for name, rows in ((QUERY_INPUT, [query] * len(items)), (TEXT_INPUT, items)):
+            data = bytes_tensor(rows)
+            tensor = self._tc.InferInput(name, list(data.shape), "BYTES")
+            inputs.append((tensor, data))
+        with self._errors(model):
+            for tensor, data in inputs:
+                tensor.set_data_from_numpy(data)
+            result = self._client.infer(
+                model,
+                [t for t, _ in inputs],
+                outputs=[self._tc.InferRequestedOutput(SCORE_OUTPUT)],
+                **self._call,
+            )
+        scores = result.as_numpy(SCORE_OUTPUT)
+        if scores is None or scores.ndim != 2 or scores.shape[0] != len(items):
+            shape = None if scores is None else scores.shape
+            raise EmbeddingClientError(
+                f"expected {SCORE_OUTPUT} of shape [{len(items)}, L], got {shape}", model=model
+            )
+        return scores.astype(np.float32, copy=False)

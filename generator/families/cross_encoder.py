@@ -1,0 +1,208 @@
+"""Family ``cross-encoder``: a sentence-transformers ``CrossEncoder`` reranker.
+
+Three model dirs: ``<name>_tokenize`` (pairs of ``QUERY`` and ``TEXT`` rows tokenized
+together, truncated ``longest_first`` as ``CrossEncoder`` does), ``<name>_encode`` (the
+ONNX classifier with the model's activation in the graph, exactly what
+``CrossEncoder.predict`` returns, run ragged in length-sorted chunks) and the ensemble
+``<name>``: ``QUERY`` [N, 1] + ``TEXT`` [N, 1] -> ``SCORE`` [N, num_labels].
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..build_types import ModelDir
+from ..manifest import Manifest, ModelEntry
+from ..onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
+from ..precision import apply_precision
+from ..render import Batching, Instances, IOSpec, Step, ensemble, python_model
+from ..runtime.pairs import PairTokenizer
+from ..runtime.text import TokenizerParams
+from .common import encoder_dir
+from .sentence_transformers import resolve_source
+
+# Score parity gate of the exported graph against ``CrossEncoder.predict`` (max |diff|).
+SCORE_ATOL = 1e-5
+
+VALIDATION_PAIRS = (
+    ("what is the capital of France?", "Paris is the capital and largest city of France."),
+    ("how do rerankers work", "A cross-encoder reads the query and the passage together."),
+    ("¿Dónde está la biblioteca?", "Está cerca del río."),
+    ("東京", "東京は日本の首都です。"),
+    ("x", "y"),
+    ("emoji 🙂🚀", "punctuation!!! ... ???"),
+    ("a long query " * 30, "short text"),
+    ("short query", "The quick brown fox jumps over the lazy dog. " * 40),
+    ("both long " * 60, "and longer still " * 60),
+    ("   spaces   ", "Numbers 3.14159, 2,718 and 1e-10; URLs like https://example.com/a?b=c"),
+)
+
+
+def _load(entry: ModelEntry, manifest: Manifest):
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from sentence_transformers import CrossEncoder  # noqa: PLC0415
+
+    source = resolve_source(entry, manifest)
+    kwargs = {"max_length": entry.max_seq_length} if entry.max_seq_length else {}
+    model = CrossEncoder(
+        source, device="cpu", model_kwargs={"attn_implementation": "eager"}, **kwargs
+    ).eval()
+    transformer = model[0]
+    if len(model) != 1 or transformer.tokenizer.padding_side != "right":
+        raise ValueError(
+            f"{entry.name}: only sequence-classification cross-encoders (one Transformer "
+            "module, right padding) are supported"
+        )
+    return model
+
+
+def _scorer_module(model, input_names: list[str]):
+    import torch  # noqa: PLC0415
+
+    activation = model.activation_fn
+
+    class Scorer(torch.nn.Module):
+        """Logits of the classifier and the activation ``CrossEncoder.predict`` applies."""
+
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *tensors):
+            features = dict(zip(input_names, tensors, strict=True))
+            scores = self.model(features)["scores"].float()
+            return activation(scores) if activation is not None else scores
+
+    return Scorer().eval()
+
+
+def _features(model, pairs, input_names: list[str]) -> dict[str, np.ndarray]:
+    enc = model.preprocess([list(p) for p in pairs])
+    return {n: enc[n].numpy().astype(np.int64) for n in input_names}
+
+
+def _write_tokenizer(model, path: Path) -> list[str]:
+    from tokenizers import Tokenizer  # noqa: PLC0415
+
+    tok = Tokenizer.from_str(model[0].tokenizer.backend_tokenizer.to_str())
+    tok.no_padding()
+    tok.no_truncation()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    names = ["input_ids", "attention_mask"]
+    if "token_type_ids" in model[0].tokenizer.model_input_names:
+        names.append("token_type_ids")
+    return names
+
+
+def check_pair_tokenizer(model, path: Path, params: TokenizerParams) -> list[str]:
+    """Differences between the runtime pair tokenizer and ``CrossEncoder.preprocess``."""
+    runtime = PairTokenizer(str(path), params)
+    failures = []
+    for pair in VALIDATION_PAIRS:
+        want = _features(model, [pair], list(params.output_names))
+        got = runtime.encode([pair])
+        for name in params.output_names:
+            if want[name].tolist() != got[name].tolist():
+                failures.append(f"{name} differs from CrossEncoder on {pair[0][:30]!r}")
+    return failures
+
+
+def score_parity(model, scorer, pairs, input_names: list[str], onnx_path: Path) -> float:
+    """Max |ONNX - CrossEncoder.predict| over ``pairs`` (scored one batch at once)."""
+    import onnxruntime as ort  # noqa: PLC0415
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    want = np.asarray(model.predict([list(p) for p in pairs], batch_size=len(pairs)))
+    got = session.run(["SCORE"], _features(model, pairs, input_names))[0]
+    return float(np.max(np.abs(got.reshape(want.shape) - want)))
+
+
+def _token_limits(model) -> dict[str, int]:
+    auto = model[0].auto_model
+    limits = {
+        "vocab_size": int(auto.get_input_embeddings().num_embeddings),
+        "max_width": int(model.max_seq_length),
+    }
+    if getattr(auto.config, "type_vocab_size", None):
+        limits["type_vocab_size"] = int(auto.config.type_vocab_size)
+    return limits
+
+
+def _tokenize_dir(entry: ModelEntry, name: str, tokenizer_json: Path, params: TokenizerParams):
+    config = python_model(
+        name,
+        entry.max_batch_size,
+        [IOSpec("QUERY", "TYPE_STRING", (1,)), IOSpec("TEXT", "TYPE_STRING", (1,))],
+        [IOSpec(n, "TYPE_INT64", (-1,)) for n in params.output_names],
+        {
+            "max_length": str(params.max_length),
+            "pad_to_max_length": "false",
+            "pad_id": str(params.pad_id),
+            "lowercase": "false",
+            "output_names": ",".join(params.output_names),
+            "tokenizer_file": "tokenizer.json",
+            "max_text_bytes": str(entry.max_text_bytes),
+            "max_request_text_bytes": str(entry.max_request_text_bytes),
+        },
+        Batching(True, entry.max_queue_delay_us // 2),
+        Instances(entry.preprocess_instances),
+    )
+    return ModelDir(name, config, "tokenize_pairs", {"tokenizer.json": tokenizer_json})
+
+
+def _ensemble_dir(entry: ModelEntry, labels: int, input_names: list[str]) -> ModelDir:
+    tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
+    pairs = (("QUERY", "QUERY"), ("TEXT", "TEXT"))
+    tokens = tuple((n, n) for n in input_names)
+    config = ensemble(
+        entry.name,
+        entry.max_batch_size,
+        [IOSpec("QUERY", "TYPE_STRING", (1,)), IOSpec("TEXT", "TYPE_STRING", (1,))],
+        [IOSpec("SCORE", "TYPE_FP32", (labels,))],
+        [Step(tokenize, pairs, tokens), Step(encode, tokens, (("SCORE", "SCORE"),))],
+    )
+    return ModelDir(entry.name, config, None, {})
+
+
+def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
+    """Export, validate and describe the three model dirs of one reranker."""
+    model = _load(entry, manifest)
+    tokenizer_json = work / "tokenizer.json"
+    input_names = _write_tokenizer(model, tokenizer_json)
+    pad_id = model[0].tokenizer.pad_token_id or 0
+    params = TokenizerParams(int(model.max_seq_length), False, tuple(input_names), pad_id)
+    failures = check_pair_tokenizer(model, tokenizer_json, params)
+    if failures:
+        raise RuntimeError(f"{entry.name}: tokenizer parity failed:\n  " + "\n  ".join(failures))
+
+    labels = int(model.num_labels)
+    spec = GraphSpec(
+        inputs=tuple(TensorSpec(n, "int64", (-1,)) for n in input_names),
+        outputs=(TensorSpec("SCORE", "float32", (labels,)),),
+    )
+    scorer = _scorer_module(model, input_names)
+    onnx_path = work / "model.onnx"
+    sample = model.preprocess([list(p) for p in VALIDATION_PAIRS[:3]])
+    export_module(scorer, spec, {n: sample[n] for n in input_names}, onnx_path)
+    batches = (VALIDATION_PAIRS[:1], VALIDATION_PAIRS[1:5], VALIDATION_PAIRS)
+    cases = [_features(model, batch, input_names) for batch in batches]
+    atol = SCORE_ATOL if entry.graph_precision == "fp32" else 1e-2
+    validate_graph(onnx_path, spec, scorer, cases, atol=atol, min_cosine=0.0)
+    if entry.graph_precision == "fp32":
+        diff = score_parity(model, scorer, VALIDATION_PAIRS, input_names, onnx_path)
+        if diff > SCORE_ATOL:
+            raise RuntimeError(
+                f"{entry.name}: ONNX scores differ from CrossEncoder.predict by {diff:.2e}"
+            )
+    apply_precision(onnx_path, entry.graph_precision, spec, scorer, cases)
+
+    tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
+    return [
+        _tokenize_dir(entry, tokenize, tokenizer_json, params),
+        encoder_dir(entry, encode, onnx_path, spec, ragged=True, limits=_token_limits(model)),
+        _ensemble_dir(entry, labels, input_names),
+    ]

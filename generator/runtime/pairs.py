@@ -1,0 +1,77 @@
+"""Batched tokenization of (``QUERY``, ``TEXT``) pairs for cross-encoder rerankers.
+
+One pair per row: row ``i`` of a request's ``QUERY`` and ``TEXT`` tensors is pair ``i``.
+Pairs are tokenized together as ``[CLS] query [SEP] text [SEP]`` and truncated as
+sentence-transformers' ``CrossEncoder`` does (``longest_first`` to ``max_length``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .errors import InvalidInputError
+from .text import TokenizerParams, decode_texts
+
+
+def decode_pairs(
+    queries: np.ndarray, texts: np.ndarray, params: TokenizerParams
+) -> list[tuple[str, str]]:
+    """UTF-8 decode one request's ``QUERY`` and ``TEXT`` rows into pairs.
+
+    Both tensors must hold the same number of rows; each row is checked as ``TEXT`` rows
+    are (non-empty, valid UTF-8, at most ``max_text_bytes``), and both together stay
+    within ``max_request_text_bytes`` (checked first, on the raw bytes). Raises
+    :class:`InvalidInputError`.
+    """
+    n_queries, n_texts = queries.reshape(-1).size, texts.reshape(-1).size
+    if n_queries != n_texts:
+        raise InvalidInputError(
+            f"QUERY has {n_queries} rows and TEXT {n_texts}: send one QUERY row per TEXT row"
+        )
+    total = params.max_request_bytes
+    if total:
+        used = sum(_size(item) for rows in (queries, texts) for item in rows.reshape(-1))
+        if used > total:
+            raise InvalidInputError(
+                f"QUERY and TEXT rows total {used} bytes, over this model's "
+                f"max_request_text_bytes={total}"
+            )
+    left = decode_texts(queries, "QUERY", params.max_text_bytes)
+    right = decode_texts(texts, "TEXT", params.max_text_bytes)
+    return list(zip(left, right, strict=True))
+
+
+def _size(item: object) -> int:
+    return len(item) if isinstance(item, bytes) else len(str(item).encode("utf-8"))
+
+
+class PairTokenizer:
+    """A ``tokenizers.Tokenizer`` set up once for pair truncation and padding."""
+
+    def __init__(self, tokenizer_path: str, params: TokenizerParams):
+        from tokenizers import Tokenizer  # noqa: PLC0415 - serve-time dependency
+
+        self.params = params
+        self.tokenizer = Tokenizer.from_file(tokenizer_path)
+        self.tokenizer.enable_truncation(max_length=params.max_length, strategy="longest_first")
+        pad_kwargs = {"pad_id": params.pad_id}
+        if params.pad_to_max_length:
+            pad_kwargs["length"] = params.max_length
+        self.tokenizer.enable_padding(**pad_kwargs)
+
+    def encode(self, pairs: Sequence[tuple[str, str]]) -> dict[str, np.ndarray]:
+        """Tokenize all pairs in one call; arrays are [len(pairs), longest] int64."""
+        if self.params.lowercase:
+            pairs = [(q.lower(), t.lower()) for q, t in pairs]
+        encodings = self.tokenizer.encode_batch(list(pairs))
+        fields = {
+            "input_ids": lambda e: e.ids,
+            "attention_mask": lambda e: e.attention_mask,
+            "token_type_ids": lambda e: e.type_ids,
+        }
+        return {
+            name: np.asarray([fields[name](e) for e in encodings], dtype=np.int64)
+            for name in self.params.output_names
+        }

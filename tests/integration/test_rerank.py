@@ -1,0 +1,279 @@
+"""The cross-encoder family served by a real Triton agrees with ``CrossEncoder.predict``.
+
+A server of this module's own serves a tiny random-initialised cross-encoder
+(``generator/families/tiny_rerank.py``, 64-token limit) as ``rr``: ``QUERY`` [N, 1] and
+``TEXT`` [N, 1] -> ``SCORE`` [N, 1]. Requests mix short pairs with pairs far over the
+limit (truncated ``longest_first``); concurrent requests share ragged executions run in
+length-sorted chunks of 4 rows. Bad requests fail alone with INVALID_ARG.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from client import EmbeddingClientError
+from client.cli import main as client_main
+from generator.admin import KEY_ENV
+from generator.build import build_repository
+from generator.families.tiny_rerank import create_tiny_cross_encoder
+from generator.manifest import parse_manifest
+from generator.shared_models import startup_models
+from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
+from tests.integration.conftest import ADMIN_KEY, Server
+from tests.rerank_data import QUERY, rerank_pairs
+
+pytestmark = pytest.mark.integration
+
+MODEL = "rr"
+MAX_BATCH = 8
+MAX_TEXT_BYTES = 4096
+MAX_REQUEST_TEXT_BYTES = 16384
+MAX_ABS_DIFF = 1e-5
+PROTOCOLS = ["http", "grpc"]
+INVALID = {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}
+IN_ENSEMBLE = f"in ensemble '{MODEL}', "
+_MODULES = {"http": httpclient, "grpc": grpcclient}
+
+
+@pytest.fixture(scope="module")
+def rerank_setup(tmp_path_factory):
+    """Build the tiny cross-encoder, its repository and the reference; start Triton."""
+    from sentence_transformers import CrossEncoder
+
+    base = tmp_path_factory.mktemp("rerank")
+    folder = create_tiny_cross_encoder(base / "tiny-rerank", seed=5)
+    entry = {
+        "name": MODEL,
+        "family": "cross-encoder",
+        "source": str(folder),
+        "max_batch_size": MAX_BATCH,
+        "max_queue_delay_us": 20000,
+        "max_rows_per_run": 4,
+        "max_text_bytes": MAX_TEXT_BYTES,
+        "max_request_text_bytes": MAX_REQUEST_TEXT_BYTES,
+    }
+    manifest = parse_manifest({"models": [entry]}, base)
+    repo = base / "model_repository"
+    build_repository(manifest, repo, log=lambda _msg: None)
+    reference = CrossEncoder(str(folder), device="cpu")
+    ports = TritonPorts(*free_ports(3))
+    launch = TritonLaunch(repo, ports, load_models=startup_models(manifest), admin_key=ADMIN_KEY)
+    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY})
+    process.start()
+    try:
+        process.wait_ready(timeout_s=float(os.environ.get("TRITON_START_TIMEOUT", 240)))
+        yield Server(ports, manifest, repo, process), reference
+    finally:
+        process.stop()
+
+
+def _tensor(rows) -> np.ndarray:
+    items = [r.encode("utf-8") if isinstance(r, str) else r for r in rows]
+    return np.array(items, dtype=np.object_).reshape(-1, 1)
+
+
+def _score(server, protocol: str, queries, texts) -> np.ndarray:
+    """One raw request of ``QUERY`` and ``TEXT`` rows; returns ``SCORE``."""
+    module = _MODULES[protocol]
+    url = server.http_url if protocol == "http" else server.grpc_url
+    tc = module.InferenceServerClient(url)
+    try:
+        inputs = []
+        for name, rows in (("QUERY", queries), ("TEXT", texts)):
+            array = _tensor(rows)
+            inp = module.InferInput(name, list(array.shape), "BYTES")
+            inp.set_data_from_numpy(array)
+            inputs.append(inp)
+        return tc.infer(MODEL, inputs).as_numpy("SCORE")
+    finally:
+        tc.close()
+
+
+def _refusal(server, protocol: str, queries, texts) -> tuple[str, str]:
+    try:
+        _score(server, protocol, queries, texts)
+    except InferenceServerException as exc:
+        return str(exc.status()), str(exc.message())
+    raise AssertionError("the request was expected to fail but succeeded")
+
+
+def _predict(reference, pairs) -> np.ndarray:
+    return np.asarray(reference.predict([list(p) for p in pairs], batch_size=len(pairs)))
+
+
+def _check(label: str, got: np.ndarray, want: np.ndarray) -> None:
+    assert got.dtype == np.float32 and got.shape == want.shape
+    diff = float(np.max(np.abs(got.astype(np.float64) - want)))
+    print(f"\n{label}: max|diff| {diff:.2e} over {len(want)} pairs")
+    assert diff <= MAX_ABS_DIFF
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_served_scores_match_cross_encoder_predict(rerank_setup, protocol):
+    """Two requests mixing 3-token pairs with pairs truncated from hundreds of tokens."""
+    server, reference = rerank_setup
+    pairs = rerank_pairs()
+    got = np.concatenate(
+        [
+            _score(server, protocol, [q for q, _ in part], [t for _, t in part])
+            for part in (pairs[:MAX_BATCH], pairs[MAX_BATCH:])
+        ]
+    )
+    assert got.shape == (len(pairs), 1)
+    _check(f"raw {protocol}", got[:, 0], _predict(reference, pairs))
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_client_rerank_scores_one_query_against_many_texts(rerank_setup, protocol):
+    server, reference = rerank_setup
+    texts = [t for _, t in rerank_pairs()] * 2  # 24 texts: three requests of <= 8
+    with server.client(protocol) as client:
+        scores = client.rerank(MODEL, QUERY, texts)
+        ranked = client.rank(MODEL, QUERY, texts, k=3)
+        empty = client.rerank(MODEL, QUERY, [])
+    _check(f"client {protocol}", scores, _predict(reference, [(QUERY, t) for t in texts]))
+    assert scores.shape == (len(texts),) and empty.shape == (0,)
+    best = np.argsort(-scores, kind="stable")[:3]
+    assert [r.index for r in ranked] == best.tolist()
+    assert [r.text for r in ranked] == [texts[i] for i in best]
+
+
+def test_cli_prints_texts_best_first(rerank_setup, capsys):
+    server, reference = rerank_setup
+    texts = ["a server", "a fish", "Triton serves models over HTTP and gRPC."]
+    argv = ["rerank", "--url", server.http_url, "--model", MODEL, "--query", QUERY, *texts]
+    assert client_main([*argv, "--top-k", "2"], environ={}) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    want = _predict(reference, [(QUERY, t) for t in texts])
+    order = np.argsort(-want, kind="stable")[:2]
+    assert [line["index"] for line in lines] == order.tolist()
+    assert [line["text"] for line in lines] == [texts[i] for i in order]
+    assert np.allclose([line["score"] for line in lines], want[order], atol=MAX_ABS_DIFF)
+
+
+@pytest.mark.parametrize(
+    ("queries", "texts", "reason"),
+    [
+        (["q", ""], ["a", "b"], "QUERY row 1 is empty or whitespace only"),
+        (["q", "q"], ["a", " \n"], "TEXT row 1 is empty or whitespace only"),
+        (["q"], [b"\xff"], "TEXT row 0 is not valid UTF-8 (invalid start byte)"),
+        (
+            ["q"],
+            ["a" * (MAX_TEXT_BYTES + 1)],
+            f"TEXT row 0 is {MAX_TEXT_BYTES + 1} bytes, over this model's max_text_bytes=4096",
+        ),
+        (
+            ["q" * MAX_TEXT_BYTES] * 4,
+            ["a"] * 4,
+            "QUERY and TEXT rows total 16388 bytes, over this model's max_request_text_bytes=16384",
+        ),
+        (
+            ["q" * 2048] * 4,
+            ["a" * 3000] * 4,
+            "QUERY and TEXT rows total 20192 bytes, over this model's max_request_text_bytes=16384",
+        ),
+    ],
+    ids=[
+        "empty-query",
+        "blank-text",
+        "non-utf8",
+        "row-over-cap",
+        "long-queries-over-cap",
+        "request-over-cap",
+    ],
+)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_bad_pairs_are_refused_with_invalid_arg(rerank_setup, protocol, queries, texts, reason):
+    server, _ = rerank_setup
+    assert _refusal(server, protocol, queries, texts) == (INVALID[protocol], IN_ENSEMBLE + reason)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_mismatched_rows_and_too_many_pairs_are_refused(rerank_setup, protocol):
+    server, _ = rerank_setup
+    status, message = _refusal(server, protocol, ["q"], ["a", "b"])
+    print(f"\nmismatched {protocol}: {message}")
+    assert status == INVALID[protocol] and "batch size" in message
+    many = MAX_BATCH + 1
+    status, message = _refusal(server, protocol, ["q"] * many, ["a"] * many)
+    print(f"too many {protocol}: {message}")
+    assert status == INVALID[protocol]
+    assert f"batch-size must be <= {MAX_BATCH}" in message
+
+
+def test_client_surfaces_the_reason(rerank_setup):
+    server, _ = rerank_setup
+    with server.client("grpc") as client, pytest.raises(EmbeddingClientError) as caught:
+        client.rerank(MODEL, QUERY, ["fine", ""])
+    assert caught.value.message == IN_ENSEMBLE + "TEXT row 1 is empty or whitespace only"
+
+
+def test_bad_requests_fail_alone_among_concurrent_good_ones(rerank_setup):
+    """Good and bad requests released together: the good ones score exactly, and the
+    encoder runs the good ones in fewer executions than requests (ragged batching)."""
+    server, reference = rerank_setup
+    encode = f"{MODEL}_encode"
+    with server.client() as client:
+        before = {s.name: s for s in client.model_statistics(encode)}[encode]
+    pairs = rerank_pairs()
+    bad = {3: ("", "text"), 7: ("q", "")}
+    jobs = [bad.get(i, pairs[i]) for i in range(len(pairs))]
+    barrier = threading.Barrier(len(jobs))
+    results: list = [None] * len(jobs)
+
+    def send(i: int) -> None:
+        protocol = PROTOCOLS[i % 2]
+        barrier.wait()
+        try:
+            results[i] = _score(server, protocol, [jobs[i][0]], [jobs[i][1]])[0, 0]
+        except InferenceServerException as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for i in bad:
+        assert isinstance(results[i], InferenceServerException)
+        assert "empty or whitespace only" in str(results[i].message())
+    good = [i for i in range(len(jobs)) if i not in bad]
+    got = np.asarray([results[i] for i in good], dtype=np.float32)
+    _check("concurrent", got, _predict(reference, [pairs[i] for i in good]))
+    deadline = time.monotonic() + 10
+    while True:
+        with server.client() as client:
+            after = {s.name: s for s in client.model_statistics(encode)}[encode]
+        if after.success_count - before.success_count >= len(good) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert after.success_count - before.success_count == len(good)
+    executions = after.execution_count - before.execution_count
+    print(f"concurrent: {len(good)} encoder requests in {executions} executions")
+    assert executions < len(good)
+
+
+def test_model_manager_loads_a_cross_encoder_at_runtime(server, tmp_path_factory):
+    """A runtime load through ``model_manager`` (the session server), then a delete."""
+    from sentence_transformers import CrossEncoder
+
+    folder = create_tiny_cross_encoder(tmp_path_factory.mktemp("rt-rerank") / "rr", seed=7)
+    request = {"action": "load", "family": "cross-encoder", "source": str(folder)}
+    with server.client() as client:
+        answer = client.manage({**request, "name": "rt-rerank", "options": {"max_batch_size": 8}})
+        assert (answer["status"], answer["ensembles"]) == ("loaded", ["rt-rerank"])
+        texts = ["a server", "a fish", "a long passage " * 40]
+        scores = client.rerank("rt-rerank", QUERY, texts)
+        want = CrossEncoder(str(folder), device="cpu").predict([(QUERY, t) for t in texts])
+        _check("runtime load", scores, want)
+        assert client.manage({"action": "delete", "name": "rt-rerank"})["status"] == "deleted"
+        assert not client.is_model_ready("rt-rerank")
