@@ -172,3 +172,39 @@ def test_runtime_manifest_round_trips_prompts(tmp_path):
     append_entry(path, _entry(prompts={"query": 'q "1": '}, truncate_dim=32))
     entry = load_manifest(path).models[0]
     assert entry.prompts == {"query": 'q "1": '} and entry.truncate_dim == 32
+
+
+def test_cli_passes_prompt_name_and_dimensions():
+    from client.cli import parse_args  # noqa: PLC0415
+
+    args = parse_args(
+        ["embed", "--model", "m", "--prompt-name", "query", "--dimensions", "128", "x"]
+    )
+    assert (args.prompt_name, args.dimensions, args.texts) == ("query", 128, ["x"])
+    with pytest.raises(SystemExit):
+        parse_args(["embed", "--model", "m", "--dimensions", "8", "--image", "a.png"])
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_embed_texts_sends_options_as_request_parameters(monkeypatch, protocol):
+    import inspect  # noqa: PLC0415
+
+    from client import EmbeddingClient  # noqa: PLC0415
+
+    sent = []
+
+    class Result:
+        def as_numpy(self, _name):
+            return np.zeros((1, 4), dtype=np.float32)
+
+    signature = inspect.signature(EmbeddingClient.embed_texts).parameters
+    assert signature["prompt_name"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert signature["dimensions"].kind is inspect.Parameter.KEYWORD_ONLY
+    with EmbeddingClient("127.0.0.1:1", protocol) as client:
+        monkeypatch.setattr(client, "_max_batch_size", lambda _m: 8)
+        monkeypatch.setattr(
+            client._client, "infer", lambda *a, **kw: sent.append(kw.get("parameters")) or Result()
+        )
+        client.embed_texts("m", ["x"], prompt_name="query", dimensions=4)
+        client.embed_texts("m", ["x"])
+    assert sent == [{"prompt_name": "query", "dimensions": 4}, None]
