@@ -8,6 +8,7 @@ normalisation when the manifest asks for normalised embeddings.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 from pathlib import Path
@@ -174,10 +175,17 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     pad_id = model.tokenizer.pad_token_id or 0
     lowercase = bool(getattr(model[0], "do_lower_case", False))
     prompts, default_prompt = _prompts(entry, model)
+    # The model's own truncate_dim (config_sentence_transformers.json) is its default
+    # width, as in sentence-transformers; the graph itself returns every dimension.
+    own_truncate_dim, model.truncate_dim = model.truncate_dim, None
     dim = int(model.get_embedding_dimension())
-    if entry.truncate_dim and entry.truncate_dim > dim:
-        raise ValueError(f"{entry.name}: truncate_dim {entry.truncate_dim} is over {dim}")
+    entry = dataclasses.replace(entry, truncate_dim=entry.truncate_dim or own_truncate_dim)
     truncatable = dim if entry.encoder_backend == "python-ort" else 0
+    if entry.truncate_dim and not 1 <= entry.truncate_dim <= truncatable:
+        raise ValueError(
+            f"{entry.name}: truncate_dim {entry.truncate_dim} needs encoder_backend "
+            f"'python-ort' and at most {dim}"
+        )
     tok_params = TokenizerParams(
         max_len,
         False,

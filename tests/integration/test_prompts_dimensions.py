@@ -3,8 +3,9 @@
 A server of this module's own serves two copies of the bundled MiniLM: ``pm`` has
 ``prompts`` {"query", "passage"} and ``default_prompt_name`` "query" in its
 ``config_sentence_transformers.json``; ``pm_nodefault`` gets the same prompts from the
-manifest and has no default. Both are request parameters (an ensemble forwards them to
-its steps), so one execution may mix prompts and widths.
+manifest, has no default prompt and a manifest ``truncate_dim`` of 128 (its default
+width, as ``SentenceTransformer(..., truncate_dim=128)``). Both options are request
+parameters (an ensemble forwards them to its steps), so one execution may mix them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +31,7 @@ from generator.manifest import parse_manifest
 from generator.shared_models import startup_models
 from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 from tests.integration.conftest import ADMIN_KEY, Server
+from tests.integration.test_perf_analyzer import KEY_HEADER, perf_analyzer
 from tests.integration.text_helpers import (
     INVALID,
     assert_parity,
@@ -38,6 +41,7 @@ from tests.integration.text_helpers import (
 )
 
 pytestmark = pytest.mark.integration
+perf_analyzer = perf_analyzer  # the fixture, re-exported for this module
 
 PROMPTS = {"query": "query: ", "passage": "passage: "}
 TEXTS = [
@@ -48,6 +52,7 @@ TEXTS = [
 ]
 WIDTHS = (1, 32, 64, 128, 383, 384)
 DIM = 384
+NODEFAULT_DIM = 128  # pm_nodefault's manifest truncate_dim
 
 
 def _reference(folder, **kwargs):
@@ -71,12 +76,21 @@ def setup(tmp_path_factory):
     common["max_queue_delay_us"] = 100_000
     entries = [
         {"name": "pm", "source": str(source), **common},
-        {"name": "pm_nodefault", "source": str(plain), "prompts": PROMPTS, **common},
+        {
+            "name": "pm_nodefault",
+            "source": str(plain),
+            "prompts": PROMPTS,
+            "truncate_dim": NODEFAULT_DIM,
+            **common,
+        },
     ]
     manifest = parse_manifest({"models": entries}, base)
     repo = base / "model_repository"
     build_repository(manifest, repo, log=lambda _msg: None)
-    references = {"pm": _reference(source), "pm_nodefault": _reference(plain, prompts=PROMPTS)}
+    references = {
+        "pm": _reference(source),
+        "pm_nodefault": _reference(plain, prompts=PROMPTS, truncate_dim=NODEFAULT_DIM),
+    }
     ports = TritonPorts(*free_ports(3))
     launch = TritonLaunch(repo, ports, load_models=startup_models(manifest), admin_key=ADMIN_KEY)
     process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY})
@@ -152,6 +166,18 @@ BAD = [
 ]
 
 
+def _stats(client, model: str, before=None, requests: int = 0):
+    """``model``'s statistics, once ``requests`` more than ``before`` are counted."""
+    deadline = time.monotonic() + 10
+    while True:
+        stats = {s.name: s for s in client.model_statistics(model)}[model]
+        if before is None or time.monotonic() > deadline:
+            return stats
+        if stats.success_count - before.success_count >= requests:
+            return stats
+        time.sleep(0.05)
+
+
 def _send(server, protocol: str, parameters: dict, model: str = "pm"):
     tc = raw_client(server, protocol)
     try:
@@ -177,9 +203,14 @@ def test_bad_option_fails_alone_beside_a_good_request(setup, protocol, parameter
         barrier.wait()
         return _send(server, protocol, params)
 
-    with ThreadPoolExecutor(3) as pool:
-        futures = [pool.submit(job, p) for p in (parameters, {"dimensions": 64}, {})]
-        bad, good_64, good_full = (f.result() for f in futures)
+    with server.client() as client:
+        before = _stats(client, "pm_tokenize")
+        with ThreadPoolExecutor(3) as pool:
+            futures = [pool.submit(job, p) for p in (parameters, {"dimensions": 64}, {})]
+            bad, good_64, good_full = (f.result() for f in futures)
+        after = _stats(client, "pm_tokenize", before, 2)
+    executions = after.execution_count - before.execution_count
+    assert executions < 3, f"3 requests in {executions} executions: no shared execution"
     assert isinstance(bad, tuple), "the bad request succeeded"
     status, message = bad
     assert status == INVALID[protocol] and reason in message, (status, message)
@@ -209,16 +240,10 @@ def test_requests_of_different_widths_share_executions(setup):
 
     encode = "pm_encode"
     with server.client() as client:
-        before = {s.name: s for s in client.model_statistics(encode)}[encode]
+        before = _stats(client, encode)
         with ThreadPoolExecutor(len(jobs)) as pool:
             answers = list(pool.map(send, jobs))
-        deadline = time.monotonic() + 10
-        while True:
-            after = {s.name: s for s in client.model_statistics(encode)}[encode]
-            done = after.success_count - before.success_count >= len(jobs)
-            if done or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        after = _stats(client, encode, before, len(jobs))
     full = {t: _want(references["pm"])[i] for i, t in enumerate(TEXTS)}
     for (k, text), got in zip(jobs, answers, strict=True):
         want = full[text][:k] / np.linalg.norm(full[text][:k])
@@ -228,3 +253,21 @@ def test_requests_of_different_widths_share_executions(setup):
     print(f"\n{requests} requests of {len(WIDTHS)} widths in {executions} executions")
     assert requests == len(jobs)
     assert executions < requests
+
+
+def test_perf_analyzer_sends_prompt_name_and_dimensions(setup, perf_analyzer, tmp_path):
+    """perf_analyzer 2.51's ``--request-parameter`` (gRPC only) reaches the steps: a good
+    pair runs, ``dimensions`` 0 is refused with this project's message."""
+    server, _ = setup
+    data = tmp_path / "text.json"
+    data.write_text(json.dumps({"data": [{"TEXT": {"content": ["a cat"], "shape": [1]}}]}))
+    base = [str(perf_analyzer), "-m", "pm", "-u", server.grpc_url, "-i", "grpc"]
+    base += ["--input-data", str(data), "--request-count", "8", "-H", f"{KEY_HEADER}:{ADMIN_KEY}"]
+    base += ["--request-parameter", "prompt_name:passage:string"]
+    good = base + ["--request-parameter", "dimensions:64:int"]
+    done = subprocess.run(good, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    bad = base + ["--request-parameter", "dimensions:0:int"]
+    done = subprocess.run(bad, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert f"dimensions must be within [1, {DIM}], got 0" in done.stdout + done.stderr
