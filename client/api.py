@@ -159,9 +159,26 @@ class EmbeddingClient(LifecycleMixin, RerankMixin):
                 f"cannot reach Triton at {self.url} ({self.protocol}): {exc}", model=model
             ) from exc
 
-    def embed_texts(self, model: str, texts: Sequence[str]) -> np.ndarray:
-        """Embed ``texts`` with the text ensemble ``model`` (CLIP: ``<name>_text``)."""
-        return self._embed(model, TEXT_INPUT, encode_texts(texts))
+    def embed_texts(
+        self,
+        model: str,
+        texts: Sequence[str],
+        *,
+        prompt_name: str | None = None,
+        dimensions: int | None = None,
+    ) -> np.ndarray:
+        """Embed ``texts`` with the text ensemble ``model`` (CLIP: ``<name>_text``).
+
+        ``prompt_name`` picks one of the model's prompts (else its default, if any);
+        ``dimensions`` k keeps the first k values (Matryoshka), renormalised when the
+        model normalises. Both travel as request parameters.
+        """
+        parameters = {
+            key: value
+            for key, value in (("prompt_name", prompt_name), ("dimensions", dimensions))
+            if value is not None
+        }
+        return self._embed(model, TEXT_INPUT, encode_texts(texts), parameters)
 
     def embed_images(self, model: str, images: Sequence[ImageItem]) -> np.ndarray:
         """Embed images with the CLIP model ``model``.
@@ -180,29 +197,38 @@ class EmbeddingClient(LifecycleMixin, RerankMixin):
         ]
         return reassemble(len(images), parts)
 
-    def _embed(self, model: str, input_name: str, items: list[bytes]) -> np.ndarray:
+    def _embed(
+        self, model: str, input_name: str, items: list[bytes], parameters: dict | None = None
+    ) -> np.ndarray:
         if not items:
             return np.zeros((0, 0), dtype=np.float32)
         sizes = [len(item) for item in items]
         try:
             slices = split_batches(sizes, self._max_batch_size(model), self.max_request_bytes)
-            chunks = [self._infer(model, input_name, items[s]) for s in slices]
+            chunks = [self._infer(model, input_name, items[s], parameters) for s in slices]
         except EmbeddingClientError as exc:
             limit = _BATCH_LIMIT.search(exc.message)
             if limit is None or self._max_batch.get(model) != 0:
                 raise
             # The config is admin-only without a key: learn the limit from Triton's refusal.
             self._max_batch[model] = int(limit.group(1))
-            return self._embed(model, input_name, items)
+            return self._embed(model, input_name, items, parameters)
         return np.concatenate(chunks, axis=0)
 
-    def _infer(self, model: str, input_name: str, items: list[bytes]) -> np.ndarray:
+    def _infer(
+        self, model: str, input_name: str, items: list[bytes], parameters: dict | None = None
+    ) -> np.ndarray:
         data = bytes_tensor(items)
         infer_input = self._tc.InferInput(input_name, list(data.shape), "BYTES")
         with self._errors(model):
             infer_input.set_data_from_numpy(data)
+            extra = {"parameters": parameters} if parameters else {}
             result = self._client.infer(
-                model, [infer_input], outputs=[self._tc.InferRequestedOutput(OUTPUT)], **self._call
+                model,
+                [infer_input],
+                outputs=[self._tc.InferRequestedOutput(OUTPUT)],
+                **extra,
+                **self._call,
             )
         embedding = result.as_numpy(OUTPUT)
         if embedding is None or embedding.ndim != 2 or embedding.shape[0] != len(items):

@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH_OR_URL",
         help="image file or http(s)/data: URL (repeatable; --model is the CLIP name)",
     )
+    embed.add_argument("--prompt-name", help="one of the text model's prompts (e.g. query)")
+    embed.add_argument(
+        "--dimensions", type=int, help="keep the first N values (Matryoshka truncation)"
+    )
     embed.add_argument("--format", choices=["json", "npy"], default="json")
     embed.add_argument("--out", help="write here instead of stdout (required for npy)")
 
@@ -103,6 +107,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error("embed: give either texts or --image, not both or neither")
         if args.format == "npy" and not args.out:
             parser.error("embed: --format npy needs --out")
+        if args.images and (args.prompt_name is not None or args.dimensions is not None):
+            parser.error("embed: --prompt-name and --dimensions apply to texts only")
     return args
 
 
@@ -157,7 +163,8 @@ def _cmd_embed(client: EmbeddingClient, args: argparse.Namespace) -> int:
     if args.images:
         inputs, vectors = args.images, client.embed_images(args.model, args.images)
     else:
-        inputs, vectors = args.texts, client.embed_texts(args.model, args.texts)
+        options = {"prompt_name": args.prompt_name, "dimensions": args.dimensions}
+        inputs, vectors = args.texts, client.embed_texts(args.model, args.texts, **options)
     if args.format == "npy":
         np.save(args.out, vectors)
         print(f"wrote {vectors.shape[0]}x{vectors.shape[1]} float32 to {args.out}", file=sys.stderr)

@@ -74,6 +74,9 @@ class ModelEntry:
     max_request_text_bytes: int = 262144
     max_image_pixels: int = 16_777_216
     max_batch_pixels: int = 67_108_864
+    prompts: dict[str, str] | None = None
+    default_prompt_name: str | None = None
+    truncate_dim: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields (for hashing and display)."""
@@ -184,6 +187,9 @@ _OPTIONAL_SAMPLES: dict[str, object] = {
     "pretrained": "",
     "checkpoint": "",
     "max_seq_length": 0,
+    "prompts": {},
+    "default_prompt_name": "",
+    "truncate_dim": 0,
 }
 
 
@@ -225,6 +231,22 @@ def _parse_table(
     if len(errors) > before or unknown:
         return {}
     return {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+
+
+def _check_prompts(where: str, entry: ModelEntry, errors: list[str]) -> None:
+    """``prompts`` / ``default_prompt_name`` / ``truncate_dim``: text models only."""
+    options = (entry.prompts, entry.default_prompt_name, entry.truncate_dim)
+    if entry.family != "sentence-transformers" and any(v is not None for v in options):
+        errors.append(f"{where}: prompts, default_prompt_name and truncate_dim need a text model")
+    if entry.prompts is not None and not all(
+        isinstance(v, str) and len(k) <= 64 and len(v) <= 1024 for k, v in entry.prompts.items()
+    ):
+        errors.append(f"{where}: prompts must map names (<= 64 chars) to strings (<= 1024)")
+    if entry.truncate_dim is not None:
+        if entry.truncate_dim < 1:
+            errors.append(f"{where}: truncate_dim must be >= 1")
+        if entry.encoder_backend != "python-ort":
+            errors.append(f"{where}: truncate_dim needs encoder_backend 'python-ort'")
 
 
 def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntry | None:
@@ -275,6 +297,7 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
         errors.append(f"{where}: precision 'int8' (dynamic quantisation) needs device 'cpu'")
     if entry.precision == "fp16" and entry.device != "gpu":
         errors.append(f"{where}: precision 'fp16' needs device 'gpu'")
+    _check_prompts(where, entry, errors)
     if entry.family in ("sentence-transformers", "cross-encoder") and not entry.source:
         errors.append(f"{where}: {entry.family} models need 'source'")
     if entry.family == "open-clip":

@@ -12,6 +12,7 @@ import triton_python_backend_utils as pb_utils
 from embed_runtime.adapter import config_parameters, error_response, input_array, run_or_isolate
 from embed_runtime.errors import RequestError
 from embed_runtime.ort_runner import EncoderParams, OrtEncoder, check_request
+from embed_runtime.request_options import request_parameters, resolve_dimensions, truncate
 
 
 class TritonPythonModel:
@@ -31,15 +32,20 @@ class TritonPythonModel:
     def _read(self, request):
         arrays = {n: input_array(pb_utils, request, n) for n in self.params.input_names}
         check_request(self.params, arrays)
-        return arrays if self.params.ragged else arrays[self.params.input_names[0]]
+        parameters = request_parameters(request.parameters())
+        full, default = self.params.max_dimensions, self.params.default_dimensions
+        dims = resolve_dimensions(parameters, full, default)
+        return (arrays if self.params.ragged else arrays[self.params.input_names[0]]), dims
 
     def execute(self, requests):
         """Embed all valid requests in one sorted, chunked pass."""
         responses = [None] * len(requests)
-        valid, inputs = [], []
+        valid, inputs, dims = [], [], []
         for i, request in enumerate(requests):
             try:
-                inputs.append(self._read(request))
+                arrays, k = self._read(request)
+                inputs.append(arrays)
+                dims.append(k)
                 valid.append(i)
             except RequestError as exc:
                 responses[i] = error_response(pb_utils, exc)
@@ -47,10 +53,12 @@ class TritonPythonModel:
             return responses
         run = self.encoder.encode_tokens if self.params.ragged else self.encoder.encode_dense
         outputs = run_or_isolate(run, inputs, self.logger.log_error)
-        for i, out in zip(valid, outputs, strict=True):
+        for i, out, k in zip(valid, outputs, dims, strict=True):
             if isinstance(out, Exception):
                 responses[i] = error_response(pb_utils, out, self.logger.log_error)
                 continue
+            if k:
+                out = truncate(out, k, self.params.normalize)
             tensor = pb_utils.Tensor(self.params.output_name, out)
             responses[i] = pb_utils.InferenceResponse(output_tensors=[tensor])
         return responses

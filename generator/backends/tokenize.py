@@ -10,7 +10,14 @@ from embed_runtime.adapter import (
     input_array,
     run_or_isolate,
 )
-from embed_runtime.text import BatchTokenizer, TokenizerParams, decode_texts, split_rows
+from embed_runtime.request_options import request_parameters
+from embed_runtime.text import (
+    BatchTokenizer,
+    TokenizerParams,
+    decode_texts,
+    prompted_texts,
+    split_rows,
+)
 
 
 class TritonPythonModel:
@@ -29,7 +36,8 @@ class TritonPythonModel:
     def _read(self, request):
         rows = input_array(pb_utils, request, "TEXT")
         caps = self.params.max_text_bytes, self.params.max_request_bytes
-        return decode_texts(rows, "TEXT", *caps)
+        texts = decode_texts(rows, "TEXT", *caps)
+        return prompted_texts(texts, request_parameters(request.parameters()), self.params)
 
     def _tokenize(self, groups):
         texts = [text for group in groups for text in group]

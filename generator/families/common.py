@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,11 +45,24 @@ def tokenize_dir(
             "tokenizer_file": "tokenizer.json",
             "max_text_bytes": str(entry.max_text_bytes),
             "max_request_text_bytes": str(entry.max_request_text_bytes),
+            **_prompt_parameters(params),
         },
         Batching(True, entry.max_queue_delay_us // 2),
         Instances(entry.preprocess_instances),
     )
     return ModelDir(name, config, "tokenize", {"tokenizer.json": tokenizer_json})
+
+
+def _prompt_parameters(params: TokenizerParams) -> dict[str, str]:
+    """Prompt and ``dimensions`` settings, only for models that have them (goldens stay)."""
+    out = {}
+    if params.prompts:
+        out["prompts"] = json.dumps(dict(params.prompts), ensure_ascii=False, sort_keys=True)
+    if params.default_prompt_name:
+        out["default_prompt_name"] = params.default_prompt_name
+    if params.max_dimensions:
+        out["max_dimensions"] = str(params.max_dimensions)
+    return out
 
 
 def _trt_profiles(inputs: Sequence[IOSpec], max_batch_size: int) -> dict[str, str]:
@@ -87,11 +101,13 @@ def encoder_dir(
     spec: GraphSpec,
     ragged: bool,
     limits: dict[str, int] | None = None,
+    max_dimensions: int = 0,
 ) -> ModelDir:
     """An encoder: the Python ORT runner, or Triton's native ``onnxruntime`` backend.
 
     ``limits`` (``vocab_size``, ``type_vocab_size``, ``max_width``) bound what a direct
-    call may send the Python runner's token inputs.
+    call may send the Python runner's token inputs. ``max_dimensions`` D > 0 lets the
+    Python runner truncate to a request's ``dimensions`` (the output is then ``[-1]``).
     """
     kind = "KIND_GPU" if entry.device == "gpu" else "KIND_CPU"
     instances = Instances(entry.encoder_instances, kind)
@@ -122,6 +138,11 @@ def encoder_dir(
         "execution_provider": "cuda" if entry.device == "gpu" else "cpu",
         **{key: str(value) for key, value in (limits or {}).items()},
     }
+    if max_dimensions:
+        parameters["max_dimensions"] = str(max_dimensions)
+        parameters["default_dimensions"] = str(entry.truncate_dim or 0)
+        parameters["normalize"] = str(entry.normalize).lower()
+        outputs = [IOSpec(o.name, o.data_type, (-1,)) for o in outputs]
     inputs = [IOSpec.from_tensor(t, ragged=ragged) for t in spec.inputs]
     config = python_model(
         name, entry.max_batch_size, inputs, outputs, parameters, batching, instances

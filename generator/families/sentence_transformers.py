@@ -8,6 +8,7 @@ normalisation when the manifest asks for normalised embeddings.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 from pathlib import Path
@@ -118,6 +119,40 @@ def _check_tokenizer(model, path: Path, params: TokenizerParams) -> list[str]:
     return failures
 
 
+def _prompts(entry: ModelEntry, model) -> tuple[dict[str, str], str]:
+    """The model's prompts and default prompt name, the manifest's on top.
+
+    Refuses a Pooling with ``include_prompt=False`` (prompt tokens left out of pooling):
+    the exported graph pools every attended token, so such a model would drift.
+    """
+    prompts = {k: v for k, v in (model.prompts or {}).items() if v is not None}
+    prompts.update(entry.prompts or {})
+    default = entry.default_prompt_name or model.default_prompt_name or ""
+    if default and default not in prompts:
+        raise ValueError(
+            f"{entry.name}: default_prompt_name {default!r} is not in {sorted(prompts)}"
+        )
+    for module in model:
+        if getattr(module, "include_prompt", True) is False and any(prompts.values()):
+            raise ValueError(
+                f"{entry.name}: Pooling include_prompt=False (prompt tokens left out of pooling) "
+                "is not supported"
+            )
+    return prompts, default
+
+
+def _check_prompts(model, path: Path, params: TokenizerParams) -> list[str]:
+    runtime = BatchTokenizer(str(path), params)
+    failures = []
+    for name, prompt in params.prompts:
+        for text in VALIDATION_TEXTS[:4] + VALIDATION_TEXTS[6:7]:
+            want = model.preprocess([text], prompt=prompt)["input_ids"][0].tolist()
+            got = runtime.encode([prompt + text])["input_ids"][0].tolist()
+            if want != got:
+                failures.append(f"prompt {name!r} tokenizes differently on {text[:40]!r}")
+    return failures
+
+
 def _token_limits(model) -> dict[str, int]:
     """Bounds of valid token inputs: the embedding tables' sizes and the max width."""
     transformer = model[0].auto_model
@@ -139,12 +174,33 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     input_names = _write_tokenizer(model, tokenizer_json)
     pad_id = model.tokenizer.pad_token_id or 0
     lowercase = bool(getattr(model[0], "do_lower_case", False))
-    tok_params = TokenizerParams(max_len, False, tuple(input_names), pad_id, lowercase)
+    prompts, default_prompt = _prompts(entry, model)
+    # The model's own truncate_dim (config_sentence_transformers.json) is its default
+    # width, as in sentence-transformers; the graph itself returns every dimension.
+    own_truncate_dim, model.truncate_dim = model.truncate_dim, None
+    dim = int(model.get_embedding_dimension())
+    entry = dataclasses.replace(entry, truncate_dim=entry.truncate_dim or own_truncate_dim)
+    truncatable = dim if entry.encoder_backend == "python-ort" else 0
+    if entry.truncate_dim and not 1 <= entry.truncate_dim <= truncatable:
+        raise ValueError(
+            f"{entry.name}: truncate_dim {entry.truncate_dim} needs encoder_backend "
+            f"'python-ort' and at most {dim}"
+        )
+    tok_params = TokenizerParams(
+        max_len,
+        False,
+        tuple(input_names),
+        pad_id,
+        lowercase,
+        prompts=tuple(sorted(prompts.items())),
+        default_prompt_name=default_prompt,
+        max_dimensions=truncatable,
+    )
     failures = _check_tokenizer(model, tokenizer_json, tok_params)
+    failures += _check_prompts(model, tokenizer_json, tok_params)
     if failures:
         raise RuntimeError(f"{entry.name}: tokenizer parity failed:\n  " + "\n  ".join(failures))
 
-    dim = int(model.get_embedding_dimension())
     spec = _graph_spec(input_names, dim)
     encoder = _encoder_module(model, input_names, entry.normalize)
     onnx_path = work / "model.onnx"
@@ -160,12 +216,20 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
     return [
         tokenize_dir(entry, tokenize, tokenizer_json, tok_params, -1),
-        encoder_dir(entry, encode, onnx_path, spec, ragged=True, limits=_token_limits(model)),
+        encoder_dir(
+            entry,
+            encode,
+            onnx_path,
+            spec,
+            ragged=True,
+            limits=_token_limits(model),
+            max_dimensions=truncatable,
+        ),
         chain_dir(
             entry,
             entry.name,
             IOSpec("TEXT", "TYPE_STRING", (1,)),
-            dim,
+            -1 if truncatable else dim,
             [(tokenize, ["TEXT"], input_names), (encode, input_names, ["EMBEDDING"])],
         ),
     ]

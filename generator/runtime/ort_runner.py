@@ -33,6 +33,9 @@ class EncoderParams:
     vocab_size: int = 0
     type_vocab_size: int = 0
     max_width: int = 0
+    max_dimensions: int = 0
+    default_dimensions: int = 0
+    normalize: bool = False
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> EncoderParams:
@@ -54,6 +57,9 @@ class EncoderParams:
                 vocab_size=int(params.get("vocab_size", "0")),
                 type_vocab_size=int(params.get("type_vocab_size", "0")),
                 max_width=int(params.get("max_width", "0")),
+                max_dimensions=int(params.get("max_dimensions", "0")),
+                default_dimensions=int(params.get("default_dimensions", "0")),
+                normalize=params.get("normalize", "false").lower() == "true",
             )
         except KeyError as exc:
             raise ValueError(f"encoder config parameter {exc.args[0]!r} is missing") from exc

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InvalidInputError
+from .request_options import apply_prompt, parse_prompts, resolve_dimensions, resolve_prompt
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,9 @@ class TokenizerParams:
     lowercase: bool = False
     max_text_bytes: int = 16384
     max_request_bytes: int = 262144
+    prompts: tuple[tuple[str, str], ...] = ()
+    default_prompt_name: str = ""
+    max_dimensions: int = 0
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> TokenizerParams:
@@ -34,9 +38,23 @@ class TokenizerParams:
                 lowercase=params.get("lowercase", "false").lower() == "true",
                 max_text_bytes=int(params["max_text_bytes"]),
                 max_request_bytes=int(params["max_request_text_bytes"]),
+                prompts=tuple(parse_prompts(params.get("prompts", "{}")).items()),
+                default_prompt_name=params.get("default_prompt_name", ""),
+                max_dimensions=int(params.get("max_dimensions", "0")),
             )
         except KeyError as exc:
             raise ValueError(f"tokenizer config parameter {exc.args[0]!r} is missing") from exc
+
+
+def prompted_texts(texts: list[str], parameters: dict, params: TokenizerParams) -> list[str]:
+    """``texts`` with the request's prompt prepended; also checks its ``dimensions``.
+
+    The byte caps apply to the user's texts before this; the prompt counts against
+    ``max_length`` like any other text, as in sentence-transformers.
+    """
+    resolve_dimensions(parameters, params.max_dimensions)
+    prompt = resolve_prompt(parameters, dict(params.prompts), params.default_prompt_name)
+    return apply_prompt(prompt, texts)
 
 
 def decode_texts(

@@ -6,6 +6,7 @@ numpy arrays, responses hold tensors or one error, and the logger records messag
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 
 import numpy as np
@@ -55,11 +56,15 @@ class Tensor:
 class InferenceRequest:
     """A request as seen by ``execute``: a set of named input tensors."""
 
-    def __init__(self, inputs: Iterable[Tensor] = ()):
+    def __init__(self, inputs: Iterable[Tensor] = (), parameters: dict | None = None):
         self._inputs = list(inputs)
+        self._parameters = json.dumps(parameters or {})
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
+
+    def parameters(self) -> str:
+        return self._parameters
 
 
 class InferenceResponse:

@@ -34,6 +34,7 @@ RUNTIME_SUBMODULES = (
     "fetch_pool",
     "image",
     "ragged",
+    "request_options",
 )
 TOKEN_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 TOKENIZE_PARAMS = {

@@ -136,14 +136,25 @@ def test_onnxruntime_model_without_accelerator_has_no_optimization_block() -> No
 
 
 def test_sentence_transformers_model_dirs_match_golden(tmp_path: Path) -> None:
-    params = TokenizerParams(256, False, TOKEN_NAMES, pad_id=0, lowercase=True)
+    params = TokenizerParams(
+        256,
+        False,
+        TOKEN_NAMES,
+        pad_id=0,
+        lowercase=True,
+        prompts=(("passage", "passage: "), ("query", 'query "q": ')),
+        default_prompt_name="query",
+        max_dimensions=384,
+    )
     tok = tokenize_dir(ENTRY, "mini_tokenize", tmp_path / "tokenizer.json", params, -1)
-    enc = encoder_dir(ENTRY, "mini_encode", tmp_path / "model.onnx", TOKEN_SPEC, ragged=True)
+    enc = encoder_dir(
+        ENTRY, "mini_encode", tmp_path / "model.onnx", TOKEN_SPEC, ragged=True, max_dimensions=384
+    )
     chain = chain_dir(
         ENTRY,
         "mini",
         IOSpec("TEXT", "TYPE_STRING", (1,)),
-        384,
+        -1,
         [
             ("mini_tokenize", ["TEXT"], list(TOKEN_NAMES)),
             ("mini_encode", TOKEN_NAMES, ["EMBEDDING"]),
