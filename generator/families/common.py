@@ -36,21 +36,25 @@ def tokenize_dir(
         entry.max_batch_size,
         [IOSpec("TEXT", "TYPE_STRING", (1,))],
         [IOSpec(n, "TYPE_INT64", (dims,)) for n in params.output_names],
-        {
-            "max_length": str(params.max_length),
-            "pad_to_max_length": str(params.pad_to_max_length).lower(),
-            "pad_id": str(params.pad_id),
-            "lowercase": str(params.lowercase).lower(),
-            "output_names": ",".join(params.output_names),
-            "tokenizer_file": "tokenizer.json",
-            "max_text_bytes": str(entry.max_text_bytes),
-            "max_request_text_bytes": str(entry.max_request_text_bytes),
-            **_prompt_parameters(params),
-        },
+        {**tokenizer_parameters(entry, params), **_prompt_parameters(params)},
         Batching(True, entry.max_queue_delay_us // 2),
         Instances(entry.preprocess_instances),
     )
     return ModelDir(name, config, "tokenize", {"tokenizer.json": tokenizer_json})
+
+
+def tokenizer_parameters(entry: ModelEntry, params: TokenizerParams) -> dict[str, str]:
+    """Config parameters every tokenizer model reads (``TokenizerParams.from_parameters``)."""
+    return {
+        "max_length": str(params.max_length),
+        "pad_to_max_length": str(params.pad_to_max_length).lower(),
+        "pad_id": str(params.pad_id),
+        "lowercase": str(params.lowercase).lower(),
+        "output_names": ",".join(params.output_names),
+        "tokenizer_file": "tokenizer.json",
+        "max_text_bytes": str(entry.max_text_bytes),
+        "max_request_text_bytes": str(entry.max_request_text_bytes),
+    }
 
 
 def _prompt_parameters(params: TokenizerParams) -> dict[str, str]:

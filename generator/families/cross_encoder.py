@@ -21,8 +21,8 @@ from ..precision import apply_precision
 from ..render import Batching, Instances, IOSpec, Step, ensemble, python_model
 from ..runtime.pairs import PairTokenizer
 from ..runtime.text import TokenizerParams
-from .common import encoder_dir
-from .sentence_transformers import resolve_source
+from .common import encoder_dir, tokenizer_parameters
+from .sentence_transformers import resolve_source, token_limits
 
 # Score parity gate of the exported graph against ``CrossEncoder.predict`` (max |diff|).
 SCORE_ATOL = 1e-5
@@ -121,33 +121,13 @@ def score_parity(model, scorer, pairs, input_names: list[str], onnx_path: Path) 
     return float(np.max(np.abs(got.reshape(want.shape) - want)))
 
 
-def _token_limits(model) -> dict[str, int]:
-    auto = model[0].auto_model
-    limits = {
-        "vocab_size": int(auto.get_input_embeddings().num_embeddings),
-        "max_width": int(model.max_seq_length),
-    }
-    if getattr(auto.config, "type_vocab_size", None):
-        limits["type_vocab_size"] = int(auto.config.type_vocab_size)
-    return limits
-
-
 def _tokenize_dir(entry: ModelEntry, name: str, tokenizer_json: Path, params: TokenizerParams):
     config = python_model(
         name,
         entry.max_batch_size,
         [IOSpec("QUERY", "TYPE_STRING", (1,)), IOSpec("TEXT", "TYPE_STRING", (1,))],
         [IOSpec(n, "TYPE_INT64", (-1,)) for n in params.output_names],
-        {
-            "max_length": str(params.max_length),
-            "pad_to_max_length": "false",
-            "pad_id": str(params.pad_id),
-            "lowercase": "false",
-            "output_names": ",".join(params.output_names),
-            "tokenizer_file": "tokenizer.json",
-            "max_text_bytes": str(entry.max_text_bytes),
-            "max_request_text_bytes": str(entry.max_request_text_bytes),
-        },
+        tokenizer_parameters(entry, params),
         Batching(True, entry.max_queue_delay_us // 2),
         Instances(entry.preprocess_instances),
     )
@@ -203,6 +183,6 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
     return [
         _tokenize_dir(entry, tokenize, tokenizer_json, params),
-        encoder_dir(entry, encode, onnx_path, spec, ragged=True, limits=_token_limits(model)),
+        encoder_dir(entry, encode, onnx_path, spec, ragged=True, limits=token_limits(model)),
         _ensemble_dir(entry, labels, input_names),
     ]

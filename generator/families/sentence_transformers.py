@@ -153,7 +153,7 @@ def _check_prompts(model, path: Path, params: TokenizerParams) -> list[str]:
     return failures
 
 
-def _token_limits(model) -> dict[str, int]:
+def token_limits(model) -> dict[str, int]:
     """Bounds of valid token inputs: the embedding tables' sizes and the max width."""
     transformer = model[0].auto_model
     config = transformer.config
@@ -222,7 +222,7 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
             onnx_path,
             spec,
             ragged=True,
-            limits=_token_limits(model),
+            limits=token_limits(model),
             max_dimensions=truncatable,
         ),
         chain_dir(

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .errors import InvalidInputError
-from .text import TokenizerParams, decode_texts
+from .text import TokenizerParams, decode_texts, encodings_to_arrays
 
 
 def decode_pairs(
@@ -65,13 +65,6 @@ class PairTokenizer:
         """Tokenize all pairs in one call; arrays are [len(pairs), longest] int64."""
         if self.params.lowercase:
             pairs = [(q.lower(), t.lower()) for q, t in pairs]
-        encodings = self.tokenizer.encode_batch(list(pairs))
-        fields = {
-            "input_ids": lambda e: e.ids,
-            "attention_mask": lambda e: e.attention_mask,
-            "token_type_ids": lambda e: e.type_ids,
-        }
-        return {
-            name: np.asarray([fields[name](e) for e in encodings], dtype=np.int64)
-            for name in self.params.output_names
-        }
+        return encodings_to_arrays(
+            self.tokenizer.encode_batch(list(pairs)), self.params.output_names
+        )

@@ -118,16 +118,23 @@ class BatchTokenizer:
         """Tokenize all texts in one call; arrays are [len(texts), longest] int64."""
         if self.params.lowercase:
             texts = [t.lower() for t in texts]
-        encodings = self.tokenizer.encode_batch(list(texts))
-        fields = {
-            "input_ids": lambda e: e.ids,
-            "attention_mask": lambda e: e.attention_mask,
-            "token_type_ids": lambda e: e.type_ids,
-        }
-        return {
-            name: np.asarray([fields[name](e) for e in encodings], dtype=np.int64)
-            for name in self.params.output_names
-        }
+        return encodings_to_arrays(
+            self.tokenizer.encode_batch(list(texts)), self.params.output_names
+        )
+
+
+_FIELDS = {
+    "input_ids": lambda e: e.ids,
+    "attention_mask": lambda e: e.attention_mask,
+    "token_type_ids": lambda e: e.type_ids,
+}
+
+
+def encodings_to_arrays(encodings: Sequence, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """``tokenizers`` encodings (padded to one width) as ``{name: [rows, width] int64}``."""
+    return {
+        name: np.asarray([_FIELDS[name](e) for e in encodings], dtype=np.int64) for name in names
+    }
 
 
 def split_rows(arrays: dict[str, np.ndarray], counts: Sequence[int]) -> list[dict[str, np.ndarray]]:
