@@ -101,10 +101,12 @@ clean:
 	rm -rf $(VENV) .build model_repository/*/ model_repository/.generator-state.json
 
 # Benchmark suite: Triton vs the raw ONNX Runtime ceiling and peer services, written to
-# docs/benchmarks.md (BENCH_ARGS="--quick" for a smoke test, "--device gpu" on a GPU),
+# docs/benchmarks.md (BENCH_ARGS="--quick" for a smoke test, "--device gpu" on a GPU), the
+# rerank load (bench.rerank, RERANK_ARGS="--quick"),
 # then the precision / graph-optimisation knobs in-process, written to docs/precision.md.
 .PHONY: bench
 bench: $(STAMP)
 	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[bench]"
 	$(PY) -m bench.run $(BENCH_ARGS)
+	$(PY) -m bench.rerank $(RERANK_ARGS)
 	$(PY) -m bench.precision $(PRECISION_ARGS)

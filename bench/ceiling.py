@@ -26,7 +26,8 @@ import numpy as np
 BATCH = 32
 
 
-def _config_parameters(model_dir: Path) -> dict[str, str]:
+def config_parameters(model_dir: Path) -> dict[str, str]:
+    """The string ``parameters`` of ``model_dir/config.pbtxt``."""
     from google.protobuf import text_format  # noqa: PLC0415
     from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
 
@@ -80,15 +81,26 @@ class TextCeiling:
         return asdict(self)
 
 
+def served_tokenizer(repo: Path, model: str):
+    """The ``BatchTokenizer`` of ``<model>_tokenize``, set up as Triton sets it up."""
+    from generator.runtime.text import BatchTokenizer, TokenizerParams  # noqa: PLC0415
+
+    tok_dir = repo / f"{model}_tokenize"
+    params = TokenizerParams.from_parameters(config_parameters(tok_dir))
+    return BatchTokenizer(str(tok_dir / "1" / "tokenizer.json"), params)
+
+
+def chunk_settings(repo: Path, model: str) -> tuple[int, float]:
+    """``(max_rows_per_run, max_padding_share)`` of the served ``<model>_encode``."""
+    params = config_parameters(repo / f"{model}_encode")
+    return int(params["max_rows_per_run"]), float(params["max_padding_share"])
+
+
 def tokenize_sentences(
     repo: Path, model: str, sentences: list[str]
 ) -> tuple[dict, np.ndarray, float]:
     """Token arrays, true lengths and µs per sentence, with ``<model>_tokenize``'s tokenizer."""
-    from generator.runtime.text import BatchTokenizer, TokenizerParams  # noqa: PLC0415
-
-    tok_dir = repo / f"{model}_tokenize"
-    params = TokenizerParams.from_parameters(_config_parameters(tok_dir))
-    tokenizer = BatchTokenizer(str(tok_dir / "1" / "tokenizer.json"), params)
+    tokenizer = served_tokenizer(repo, model)
     start = time.perf_counter()
     for i in range(0, len(sentences), BATCH):
         tokenizer.encode(sentences[i : i + BATCH])

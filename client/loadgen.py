@@ -365,8 +365,13 @@ def run_triton_load(
     requests: Sequence[Sequence[bytes]],
     spec: LoadSpec,
     label: str | None = None,
+    factory: SenderFactory | None = None,
 ) -> LoadResult:
-    """:func:`run_load` against a Triton ensemble, with the window's server-side times."""
+    """:func:`run_load` against a Triton ensemble, with the window's server-side times.
+
+    ``factory`` replaces the default one-input :class:`TritonSender` (e.g. for an
+    ensemble of two inputs); ``input_name`` is then unused.
+    """
     from . import server_stats  # noqa: PLC0415 - keeps the peer-only path light
 
     order = server_stats.ensemble_order(url, protocol, model)
@@ -375,9 +380,12 @@ def run_triton_load(
     def mark() -> None:
         before["stats"] = server_stats.snapshot(url, protocol)
 
-    result = run_load(
-        lambda: TritonSender(url, model, input_name, protocol), requests, spec, label, mark
-    )
+    if factory is None:
+
+        def factory() -> TritonSender:
+            return TritonSender(url, model, input_name, protocol)
+
+    result = run_load(factory, requests, spec, label, mark)
     after = server_stats.snapshot(url, protocol)
     result.server = server_stats.window_stats(before.get("stats", {}), after, order)
     return result

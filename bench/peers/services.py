@@ -2,7 +2,8 @@
 
 - ``fastapi``: :mod:`bench.peers.fastapi_st` under uvicorn (one worker), in the
   project's venv.
-- ``infinity``: the ``infinity-emb`` server, torch engine, in its own venv under
+- ``infinity`` / ``infinity-onnx``: the ``infinity-emb`` server with its torch engine
+  and with its ONNX Runtime (optimum) engine, in its own venv under
   ``.build/venv-infinity`` so its dependencies cannot disturb the project's pins. It is
   installed on first use; if it cannot be installed or started offline with the local
   model folder, the reason is recorded and the peer is skipped.
@@ -21,6 +22,9 @@ from .process import PeerProcess
 
 INFINITY_VERSION = "0.0.78"
 TORCH_PIN = "torch==2.14.1"
+# infinity 0.0.78's optimum engine calls optimum 1.x APIs (2.x fails its optimisation
+# and its file lookup); the rest pins what optimum 1.24 and infinity (numpy < 2) accept.
+INFINITY_EXTRAS = ("optimum[onnxruntime]==1.24.0", "numpy<2", "pyarrow<20", "datasets<3.4")
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -40,17 +44,12 @@ class Peer:
     version: str
 
 
-def fastapi_peer(root: Path, model_path: str, port: int, log_dir: Path, device: str) -> Peer:
-    """Start the FastAPI + sentence-transformers service."""
-    import fastapi  # noqa: PLC0415
-    import sentence_transformers  # noqa: PLC0415
-    import uvicorn  # noqa: PLC0415
-
-    command = [
+def _uvicorn(app: str, port: int) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "uvicorn",
-        "bench.peers.fastapi_st:app",
+        app,
         "--host",
         "127.0.0.1",
         "--port",
@@ -58,12 +57,32 @@ def fastapi_peer(root: Path, model_path: str, port: int, log_dir: Path, device: 
         "--log-level",
         "warning",
         "--no-access-log",
+        # Clients wait at a barrier until every client has warmed up; uvicorn's default
+        # 5 s keep-alive would close their idle connections meanwhile.
+        "--timeout-keep-alive",
+        "600",
     ]
+
+
+def _fastapi_versions() -> str:
+    import fastapi  # noqa: PLC0415
+    import sentence_transformers  # noqa: PLC0415
+    import uvicorn  # noqa: PLC0415
+
+    return (
+        f"fastapi {fastapi.__version__}, uvicorn {uvicorn.__version__}, "
+        f"sentence-transformers {sentence_transformers.__version__}"
+    )
+
+
+def fastapi_peer(root: Path, model_path: str, port: int, log_dir: Path, device: str) -> Peer:
+    """Start the FastAPI + sentence-transformers service."""
     env = {
         **OFFLINE_ENV,
         "BENCH_MODEL_PATH": model_path,
         "BENCH_DEVICE": "cuda" if device == "gpu" else "cpu",
     }
+    command = _uvicorn("bench.peers.fastapi_st:app", port)
     process = PeerProcess("fastapi", command, port, "/health", log_dir / "fastapi.log", env, root)
     process.start()
     process.wait_ready(timeout_s=180)
@@ -77,11 +96,19 @@ def fastapi_peer(root: Path, model_path: str, port: int, log_dir: Path, device: 
             lambda reply: len(reply["embeddings"]),
         )
 
-    version = (
-        f"fastapi {fastapi.__version__}, uvicorn {uvicorn.__version__}, "
-        f"sentence-transformers {sentence_transformers.__version__}"
+    return Peer("fastapi", process, factory, _fastapi_versions())
+
+
+def fastapi_ce_peer(root: Path, model_path: str, port: int, log_dir: Path) -> Peer:
+    """Start the FastAPI + ``CrossEncoder.predict`` service (CPU); its factory is unused."""
+    env = {**OFFLINE_ENV, "BENCH_MODEL_PATH": model_path, "BENCH_DEVICE": "cpu"}
+    command = _uvicorn("bench.peers.fastapi_ce:app", port)
+    process = PeerProcess(
+        "fastapi-ce", command, port, "/health", log_dir / "fastapi-ce.log", env, root
     )
-    return Peer("fastapi", process, factory, version)
+    process.start()
+    process.wait_ready(timeout_s=180)
+    return Peer("fastapi-ce", process, lambda: None, _fastapi_versions())
 
 
 def _run(cmd: list[str], log, timeout_s: float) -> None:
@@ -93,7 +120,8 @@ def _run(cmd: list[str], log, timeout_s: float) -> None:
 def ensure_infinity(venv: Path, log_path: Path, install: bool = True) -> tuple[Path | None, str]:
     """``(infinity_emb executable, version)`` or ``(None, why not)``; installs if allowed."""
     exe = venv / "bin" / "infinity_emb"
-    if not exe.is_file():
+    optimum = next((venv / "lib").glob("python*/site-packages/optimum/onnxruntime"), None)
+    if not exe.is_file() or optimum is None:
         if not install:
             return None, f"not installed in {venv} (installation skipped)"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,7 +131,7 @@ def ensure_infinity(venv: Path, log_path: Path, install: bool = True) -> tuple[P
             with log_path.open("ab") as log:
                 _run([sys.executable, "-m", "venv", str(venv)], log, 120)
                 _run([pip, "install", "-q", TORCH_PIN], log, 900)
-                _run([pip, "install", "-q", spec], log, 900)
+                _run([pip, "install", "-q", spec, *INFINITY_EXTRAS, TORCH_PIN], log, 900)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
             return None, f"pip install {spec} failed ({exc}); see {log_path}"
     try:
@@ -124,19 +152,31 @@ def ensure_infinity(venv: Path, log_path: Path, install: bool = True) -> tuple[P
 
 
 def infinity_peer(
-    exe: Path, version: str, model_path: str, port: int, log_dir: Path, device: str
+    exe: Path,
+    version: str,
+    model_path: str,
+    port: int,
+    log_dir: Path,
+    device: str,
+    engine: str = "torch",
 ) -> Peer:
-    """Start ``infinity_emb v2`` (torch engine) on the local model folder, offline."""
+    """Start ``infinity_emb v2`` on the local model folder, offline.
+
+    ``engine="optimum"`` runs infinity's ONNX Runtime engine on ``model_path``, a folder
+    made by :func:`bench.peers.infinity_onnx.infinity_onnx_folder`; infinity finds its
+    ``model.onnx`` by a relative path, so the process starts inside that folder.
+    """
     served = "all-MiniLM-L6-v2"
+    name = "infinity" if engine == "torch" else "infinity-onnx"
     command = [
         str(exe),
         "v2",
         "--model-id",
-        model_path,
+        model_path if engine == "torch" else ".",
         "--served-model-name",
         served,
         "--engine",
-        "torch",
+        engine,
         "--device",
         "cuda" if device == "gpu" else "cpu",
         "--batch-size",
@@ -149,9 +189,8 @@ def infinity_peer(
         "--log-level",
         "warning",
     ]
-    process = PeerProcess(
-        "infinity", command, port, "/health", log_dir / "infinity.log", OFFLINE_ENV
-    )
+    cwd = None if engine == "torch" else Path(model_path)
+    process = PeerProcess(name, command, port, "/health", log_dir / f"{name}.log", OFFLINE_ENV, cwd)
     process.start()
     process.wait_ready(timeout_s=300)
 
@@ -164,4 +203,5 @@ def infinity_peer(
             lambda reply: len(reply["data"]),
         )
 
-    return Peer("infinity", process, factory, f"infinity-emb {version} (torch engine)")
+    label = "torch engine" if engine == "torch" else "ONNX Runtime engine via optimum"
+    return Peer(name, process, factory, f"infinity-emb {version} ({label})")
