@@ -7,6 +7,7 @@ the ``analysis:begin`` / ``analysis:end`` markers, which is carried over.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench import rerank_report
@@ -370,28 +371,8 @@ def perf_analyzer_section() -> str:
     return "\n".join(body)
 
 
-METHOD = """\
-- Load generator: `client/loadgen.py`, closed loop: each client thread has its own
-  connection (tritonclient HTTP/gRPC, or a keep-alive HTTP/1.1 connection posting JSON for
-  the peers), prepares its request bodies before the clock starts, sends a few untimed
-  warm-up requests, then sends back to back until it has sent its share or the load's time
-  cap passes. Latency is per request, measured around the blocking call; throughput
-  counts successful requests over the window.
-- Workload: `client/workload.py`: the same 512 varied sentences (`client/corpus.py`:
-  several scripts, code, numbers, 4 texts over 256 word pieces) for every system; request
-  k of a load takes the next sentences in order, so every load covers the pool evenly.
-- Ceiling: `bench/ceiling.py` runs the very `model.onnx` the generator exported for Triton
-  with default ONNX Runtime threading and full graph optimisation, on the same sentences
-  tokenized beforehand: length-sorted batches of 32 padded to their own longest row, and
-  batch 1. It is measured again just before every text load of every repeat.
-- Peers: `bench/peers/fastapi_st.py` (FastAPI + uvicorn, one worker, a sync endpoint
-  calling `SentenceTransformer.encode` once per request) and `infinity_emb v2 --engine
-  torch` from its own venv (`.build/venv-infinity`), both on the same local model folder,
-  offline. Embeddings from all systems are L2-normalised float32 of dimension 384.
-- Server side: Triton's statistics extension read just before and after each window;
-  the difference gives per-model queue and compute times of that window only.
-- Everything runs on one machine: the load generator's own CPU use competes with the
-  server, equally for every system."""
+# The "Method" section, as written in bench/method.md.
+METHOD = (Path(__file__).with_name("method.md")).read_text().strip()
 
 
 def plain_summary(s: Summary) -> str:
