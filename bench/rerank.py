@@ -50,8 +50,8 @@ QUERIES = (
 )
 TEXTS_PER_QUERY = 32
 LOAD_LABEL = "4 x 1 x 32"
-# The serving knobs of models.toml's text model (measured best there), and room for a
-# dynamic batch of every client's request.
+# The serving knobs of models.toml's rerank-tiny (those of its text model, measured best
+# there), with room for a dynamic batch of every client's request.
 SERVING = {
     "max_batch_size": 128,
     "max_queue_delay_us": 0,
