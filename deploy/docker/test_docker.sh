@@ -225,7 +225,8 @@ k8s_rc=0
 EMBED_DOCKER_STACK=1 EMBED_DOCKER_K8S=1 EMBED_DOCKER_WORK=$work \
     EMBED_ADMIN_KEY_FILE=$EMBED_ADMIN_KEY_SECRET_FILE \
     "$python" -m pytest tests/docker/test_k8s_container.py -q -p no:cacheprovider || k8s_rc=$?
-docker rm -f triton-embeddings-k8s-test-build triton-embeddings-k8s-test-server >/dev/null 2>&1 || true
+docker rm -f triton-embeddings-k8s-test-build triton-embeddings-k8s-test-server \
+    triton-embeddings-k8s-test-kserve >/dev/null 2>&1 || true
 docker volume rm -f triton-embeddings-k8s-test_repository >/dev/null 2>&1 || true
 cat "$work/k8s.txt" >>"$timings" 2>/dev/null || true
 echo "k8s container checks $(($(now) - t)) s" | tee -a "$timings"

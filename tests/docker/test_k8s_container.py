@@ -126,35 +126,44 @@ def _status(url: str) -> int:
         return 0
 
 
-@pytest.fixture(scope="module")
-def server(objects, host_files, repository):
-    """The Deployment's container, started and followed until its startup probe passes."""
-    pod = k8s.find(objects, "Deployment")["spec"]["template"]["spec"]
-    ctr = k8s.container(pod, "triton")
+def _start(pod: dict, ctr: dict, host_files: dict, name: str):
+    """Run ``ctr`` detached; return its info once the startup probe passes."""
     ports = {p["containerPort"]: _free_port() for p in ctr["ports"]}
-    name = f"{PREFIX}-server"
     _docker("rm", "-f", name, check=False)
     argv = k8s_docker.docker_run(pod, ctr, _bindings(ctr, host_files, ports), name)
     port, path = k8s_docker.probe_target(ctr, "startupProbe")
     budget = k8s_docker.probe_budget_s(ctr, "startupProbe")
     start = time.monotonic()
     subprocess.run([*argv[:2], "-d", *argv[2:]], capture_output=True, text=True, check=True)
-    ready_s = None
     while time.monotonic() - start < budget:
         if _status(f"http://127.0.0.1:{ports[port]}{path}") == 200:
-            ready_s = time.monotonic() - start
-            break
+            return {"ctr": ctr, "ports": ports, "name": name, "ready_s": time.monotonic() - start}
         running = _docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip()
         assert running == "true", _docker("logs", "--tail", "60", name).stderr
         time.sleep(0.25)
+    raise AssertionError(f"{name}: not ready within the startup budget of {budget} s")
+
+
+def _stop(name: str) -> None:
+    logs = _docker("logs", name, check=False)
+    (WORK / f"{name}.log").write_text(logs.stdout + logs.stderr)
+    _docker("rm", "-f", name, check=False)
+
+
+@pytest.fixture(scope="module")
+def server(objects, host_files, repository):
+    """The Deployment's container, started and followed until its startup probe passes."""
+    pod = k8s.find(objects, "Deployment")["spec"]["template"]["spec"]
+    name = f"{PREFIX}-server"
     try:
-        assert ready_s is not None, f"not ready within the startup budget of {budget} s"
-        _record(f"k8s Deployment container start to ready (pre-built repository) {ready_s:.1f} s")
-        yield {"ctr": ctr, "ports": ports, "name": name, "ready_s": ready_s}
+        info = _start(pod, k8s.container(pod, "triton"), host_files, name)
+        _record(
+            f"k8s Deployment container start to ready (pre-built repository) "
+            f"{info['ready_s']:.1f} s"
+        )
+        yield info
     finally:
-        logs = _docker("logs", name, check=False)
-        (WORK / "k8s-server.log").write_text(logs.stdout + logs.stderr)
-        _docker("rm", "-f", name, check=False)
+        _stop(name)
 
 
 def test_probes_on_the_manifest_paths_answer(server) -> None:
@@ -280,3 +289,35 @@ def test_autoscaling_queries_read_a_real_scrape(server, prometheus, objects) -> 
         f"k8s autoscaling: encoder queue {values[0]:.0f} us/request (adapter rule, per pod), "
         f"{values[1]:.0f} (KEDA query), {values[2]:.2f} encoder requests/s"
     )
+
+
+def test_kserve_runtime_container_serves_the_same_repository(objects, host_files, repository):
+    """The ServingRuntime's container in the pod KServe makes: the InferenceService's pod
+    securityContext, the runtime's volumes, the PVC read-only at /mnt/models."""
+    kserve = k8s.render("kserve")
+    assert k8s.find(kserve, "ConfigMap")["data"] == k8s.find(objects, "ConfigMap")["data"]
+    runtime = k8s.find(kserve, "ServingRuntime")["spec"]
+    predictor = k8s.find(kserve, "InferenceService")["spec"]["predictor"]
+    (ctr,) = runtime["containers"]
+    mount = {"name": "model-repository", "mountPath": "/mnt/models", "readOnly": True}
+    ctr = {**ctr, "volumeMounts": [*ctr["volumeMounts"], mount]}
+    claim = {"claimName": predictor["model"]["storageUri"].removeprefix("pvc://")}
+    pod = {
+        "securityContext": predictor["securityContext"],
+        "volumes": [
+            *runtime["volumes"],
+            {"name": "model-repository", "persistentVolumeClaim": claim},
+        ],
+    }
+    name = f"{PREFIX}-kserve"
+    try:
+        info = _start(pod, ctr, host_files, name)
+        _record(f"k8s KServe runtime container start to ready {info['ready_s']:.1f} s")
+        port = info["ports"][8080]
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert _status(f"http://127.0.0.1:{port}{ctr[probe]['httpGet']['path']}") == 200
+        with EmbeddingClient(f"127.0.0.1:{port}", "http") as client:
+            got = client.embed_texts(TEXT_MODEL, ["a v2 request through KServe's port"])
+        assert got.shape == (1, 384) and abs(float(np.linalg.norm(got)) - 1.0) < 1e-5
+    finally:
+        _stop(name)
