@@ -110,3 +110,19 @@ bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
 	$(PY) -m bench.rerank $(RERANK_ARGS)
 	$(PY) -m bench.precision $(PRECISION_ARGS)
+
+# Kubernetes (deploy/k8s, docs/kubernetes.md). tests/unit/test_k8s_*.py render every
+# kustomization with a real Kustomize: kubectl 1.20.2 (embedded Kustomize v2.0.3) from
+# Debian's kubernetes-client package, pinned by version and SHA-256 and unpacked into
+# .build/tools/kubectl (deploy/k8s/install_kustomize.sh; nothing installed system-wide).
+.PHONY: k8s-tools k8s-lint
+K8S_TOOLS := .build/tools/kubectl
+
+k8s-tools:
+	deploy/k8s/install_kustomize.sh $(K8S_TOOLS)
+
+k8s-lint: $(STAMP)
+	$(VENV)/bin/shellcheck deploy/k8s/*.sh
+
+test unit: k8s-tools
+lint: k8s-lint

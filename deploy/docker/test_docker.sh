@@ -13,6 +13,8 @@
 #      ports, bad input, security settings, metrics vs the dashboard), the perf profile
 #      (real perf_analyzer 2.51), promtool on the Prometheus config;
 #   5. restarts the stack: nothing exported again, the same answers;
+#   5b. runs the rendered Kubernetes CPU Job and Deployment container specs with docker
+#      (tests/docker/test_k8s_container.py, docs/kubernetes.md);
 #   6. tears everything down: containers, networks, volumes, the images it tagged (unless
 #      DOCKER_TEST_KEEP_IMAGES=1), and dockerd if it started it.
 #
@@ -215,4 +217,18 @@ log "restart: nothing is exported again, the same answers"
 compose down >/dev/null 2>&1   # containers and network; the volumes stay
 up restart
 run_tests restart "not perf"
+log "Kubernetes: the rendered CPU Job and Deployment containers run with docker (deploy/k8s)"
+compose down >/dev/null 2>&1   # the compose stack is done: its CPU for these containers
+deploy/k8s/install_kustomize.sh .build/tools/kubectl
+t=$(now)
+k8s_rc=0
+EMBED_DOCKER_STACK=1 EMBED_DOCKER_K8S=1 EMBED_DOCKER_WORK=$work \
+    EMBED_ADMIN_KEY_FILE=$EMBED_ADMIN_KEY_SECRET_FILE \
+    "$python" -m pytest tests/docker/test_k8s_container.py -q -p no:cacheprovider || k8s_rc=$?
+docker rm -f triton-embeddings-k8s-test-build triton-embeddings-k8s-test-server \
+    triton-embeddings-k8s-test-kserve >/dev/null 2>&1 || true
+docker volume rm -f triton-embeddings-k8s-test_repository >/dev/null 2>&1 || true
+cat "$work/k8s.txt" >>"$timings" 2>/dev/null || true
+echo "k8s container checks $(($(now) - t)) s" | tee -a "$timings"
+((k8s_rc == 0)) || exit "$k8s_rc"
 log "all Docker checks passed"

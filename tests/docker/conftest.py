@@ -10,3 +10,8 @@ import os
 
 if os.environ.get("EMBED_DOCKER_STACK") != "1":
     collect_ignore_glob = ["test_*.py"]
+
+# The Kubernetes container run (test_k8s_*.py) starts containers of its own: collected only
+# in its own step of test_docker.sh (EMBED_DOCKER_K8S=1), not with the compose checks.
+if os.environ.get("EMBED_DOCKER_K8S") != "1":
+    collect_ignore_glob = [*globals().get("collect_ignore_glob", []), "test_k8s_*.py"]

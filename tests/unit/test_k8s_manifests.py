@@ -1,0 +1,215 @@
+"""What deploy/k8s promises, read from the rendered objects (docs/kubernetes.md).
+
+Security settings, probes on Triton's health endpoints, /dev/shm, the read-only
+repository built by the Job, the admin key from a Secret, the names that tie Services,
+ServiceMonitor, PDB, HPA, ScaledObject and KServe objects together, and the Docker
+translation that `make test-docker` runs the containers with.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.docker import k8s_docker
+from tests.docker import k8s_manifests as k8s
+
+HEALTH = {"startupProbe": "/v2/health/ready", "readinessProbe": "/v2/health/ready"}
+
+
+@pytest.fixture(scope="module", params=["overlays/cpu", "overlays/gpu"])
+def overlay(request) -> tuple[str, list[dict]]:
+    return request.param, k8s.render(request.param)
+
+
+def _pod(objects, kind, name="triton-embeddings"):
+    return k8s.find(objects, kind, name)["spec"]["template"]["spec"]
+
+
+def _env(ctr) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in ctr["env"]}
+
+
+def _mounts(ctr) -> dict[str, dict]:
+    return {m["mountPath"]: m for m in ctr["volumeMounts"]}
+
+
+def test_server_runs_non_root_read_only_without_privileges(overlay) -> None:
+    _, objects = overlay
+    pod = _pod(objects, "Deployment")
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["automountServiceAccountToken"] is False
+    ctr = k8s.container(pod, "triton")
+    sc = ctr["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"]
+
+
+def test_probes_use_triton_health_with_a_startup_budget_for_loading(overlay) -> None:
+    _, objects = overlay
+    ctr = k8s.container(_pod(objects, "Deployment"), "triton")
+    for probe, path in HEALTH.items():
+        assert k8s_docker.probe_target(ctr, probe) == (8000, path)
+    assert k8s_docker.probe_target(ctr, "livenessProbe") == (8000, "/v2/health/live")
+    assert k8s_docker.probe_budget_s(ctr, "startupProbe") >= 600
+    assert _env(ctr)["TRITON_HTTP_PORT"] == "8000"
+
+
+def test_dev_shm_is_memory_backed_and_within_the_memory_limit(overlay) -> None:
+    _, objects = overlay
+    pod = _pod(objects, "Deployment")
+    ctr = k8s.container(pod, "triton")
+    shm = k8s.volume_for(pod, _mounts(ctr)["/dev/shm"])["emptyDir"]
+    assert shm["medium"] == "Memory"
+    limit = k8s_docker.quantity(ctr["resources"]["limits"]["memory"])
+    assert 1 << 30 <= k8s_docker.quantity(shm["sizeLimit"]) <= limit / 2
+    assert ctr["resources"]["requests"]["memory"]
+
+
+def test_gpu_only_in_the_gpu_overlay(overlay) -> None:
+    directory, objects = overlay
+    ctr = k8s.container(_pod(objects, "Deployment"), "triton")
+    gpus = ctr["resources"]["limits"].get("nvidia.com/gpu")
+    assert (gpus == 1) if directory.endswith("gpu") else gpus is None
+    image = ctr["image"].split(":")[0]
+    assert image == ("triton-embeddings-serving" + ("" if gpus else "-cpu"))
+
+
+def test_pods_only_load_the_repository_the_job_builds(overlay) -> None:
+    _, objects = overlay
+    pod, job = _pod(objects, "Deployment"), _pod(objects, "Job", "triton-embeddings-build")
+    ctr, build = k8s.container(pod, "triton"), k8s.container(job, "build")
+    assert ctr["args"] == ["serve", "--no-build"] and build["args"] == ["build"]
+    repo = _env(ctr)["EMBED_MODEL_REPOSITORY"]
+    assert _env(build)["EMBED_MODEL_REPOSITORY"] == repo
+    served, written = _mounts(ctr)[repo], _mounts(build)[repo]
+    assert served.get("readOnly") is True and not written.get("readOnly")
+    pvc = k8s.find(objects, "PersistentVolumeClaim")
+    for spec, mount in ((pod, served), (job, written)):
+        claim = k8s.volume_for(spec, mount)["persistentVolumeClaim"]["claimName"]
+        assert claim == pvc["metadata"]["name"]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert k8s.volume_for(pod, served)["persistentVolumeClaim"]["readOnly"] is True
+
+
+def test_manifest_comes_from_the_generated_configmap(overlay) -> None:
+    directory, objects = overlay
+    config = k8s.find(objects, "ConfigMap")
+    name = config["metadata"]["name"]
+    assert name.startswith("triton-embeddings-manifest-")  # content hash: a change rolls out
+    shipped = "models.cpu.toml" if directory.endswith("cpu") else "models.toml"
+    assert config["data"]["models.toml"] == (k8s.ROOT / "deploy" / shipped).read_text()
+    for kind, name_, ctr in (
+        ("Deployment", "triton-embeddings", "triton"),
+        ("Job", "triton-embeddings-build", "build"),
+    ):
+        pod = _pod(objects, kind, name_)
+        c = k8s.container(pod, ctr)
+        manifest = _env(c)["EMBED_MANIFEST"]
+        mount = _mounts(c)[manifest.rsplit("/", 1)[0]]
+        assert k8s.volume_for(pod, mount)["configMap"]["name"] == name
+
+
+def test_admin_key_is_a_file_from_the_secret(overlay) -> None:
+    _, objects = overlay
+    pod = _pod(objects, "Deployment")
+    ctr = k8s.container(pod, "triton")
+    key_file = _env(ctr)["EMBED_ADMIN_KEY_FILE"]
+    folder, key = key_file.rsplit("/", 1)
+    secret = k8s.volume_for(pod, _mounts(ctr)[folder])["secret"]
+    assert secret["secretName"] == "triton-embeddings-admin-key" and key == "admin-key"
+    assert secret["defaultMode"] & 0o007 == 0  # not world-readable
+    assert "EMBED_ADMIN_KEY" not in _env(ctr)
+
+
+def test_services_pdb_and_monitor_select_the_server_pods(overlay) -> None:
+    _, objects = overlay
+    deployment = k8s.find(objects, "Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    service = k8s.find(objects, "Service", "triton-embeddings")
+    headless = k8s.find(objects, "Service", "triton-embeddings-headless")
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+        "http": 8000,
+        "grpc": 8001,
+        "metrics": 8002,
+    }
+    assert headless["spec"]["clusterIP"] == "None"
+    pdb = k8s.find(objects, "PodDisruptionBudget")
+    for selector in (
+        service["spec"]["selector"],
+        headless["spec"]["selector"],
+        pdb["spec"]["selector"]["matchLabels"],
+    ):
+        assert selector.items() <= labels.items()
+    monitor = k8s.find(k8s.render("monitoring"), "ServiceMonitor")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert (
+        not headless["metadata"]["labels"].items()
+        >= monitor["spec"]["selector"]["matchLabels"].items()
+    )
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_autoscalers_target_the_deployment() -> None:
+    hpa = k8s.find(k8s.render("autoscaling/hpa"), "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "triton-embeddings"
+    (metric,) = hpa["spec"]["metrics"]
+    (rule,) = k8s.adapter_rules()
+    assert metric["pods"]["metric"]["name"] == rule["name"]["as"]
+    scaled = k8s.find(k8s.render("autoscaling/keda"), "ScaledObject")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == "triton-embeddings"
+    assert scaled["spec"]["minReplicaCount"] == hpa["spec"]["minReplicas"] >= 2
+
+
+def test_kserve_serves_the_same_repository_over_v2() -> None:
+    objects = k8s.render("kserve")
+    runtime, isvc = k8s.find(objects, "ServingRuntime"), k8s.find(objects, "InferenceService")
+    model = isvc["spec"]["predictor"]["model"]
+    assert model["runtime"] == runtime["metadata"]["name"]
+    assert (
+        model["storageUri"]
+        == "pvc://" + k8s.find(objects, "PersistentVolumeClaim")["metadata"]["name"]
+    )
+    assert "v2" in runtime["spec"]["protocolVersions"] and model["protocolVersion"] == "v2"
+    (ctr,) = runtime["spec"]["containers"]
+    assert ctr["args"] == ["serve", "--no-build"]
+    assert _env(ctr)["EMBED_MODEL_REPOSITORY"] == "/mnt/models"
+    assert ctr["securityContext"]["readOnlyRootFilesystem"] is True
+    config = k8s.find(objects, "ConfigMap")["metadata"]["name"]
+    assert any(v.get("configMap", {}).get("name") == config for v in runtime["spec"]["volumes"])
+
+
+def test_docker_translation_keeps_the_container_spec() -> None:
+    objects = k8s.render("overlays/cpu")
+    pod = _pod(objects, "Deployment")
+    ctr = k8s.container(pod, "triton")
+    bindings = k8s_docker.HostBindings(
+        images={ctr["image"]: "serving:local"},
+        volumes={"manifest": "/h/config", "model-repository": "repo", "admin-key": "/h/key"},
+        ports={8000: 18100, 8001: 18101, 8002: 18102},
+    )
+    argv = k8s_docker.docker_run(pod, ctr, bindings, "t")
+    joined = " ".join(argv)
+    for expected in (
+        "--user 10001:10001",
+        "--group-add 10001",
+        "--read-only",
+        "no-new-privileges:true",
+        "--cap-drop ALL",
+        f"--shm-size={2 << 30}",
+        "-v repo:/models:ro",
+        "-v /h/config:/config:ro",
+        "-p 127.0.0.1:18100:8000",
+        "--cpus 2",
+        "--entrypoint /app/deploy/entrypoint.sh",
+    ):
+        assert expected in joined
+    assert argv[-3:] == ["serving:local", "serve", "--no-build"]
+    with pytest.raises(KeyError):
+        k8s_docker.docker_run(pod, ctr, bindings.__class__(images={}, volumes={}), "t")
+    gpu = k8s.container(_pod(k8s.render("overlays/gpu"), "Deployment"), "triton")
+    with pytest.raises(ValueError, match="nvidia.com/gpu"):
+        k8s_docker.docker_run(pod, gpu, bindings, "t")
