@@ -18,6 +18,9 @@ ALLOWED_SKIPS: dict[str, str] = {
     "tests/unit/test_deploy_files.py::test_docker_compose_1_29_merges": (
         "needs Debian's docker-compose 1.29 binary, which is not a project dependency"
     ),
+    "tests/unit/test_k8s_schemas.py::test_a_current_kubectl_renders_the_same_objects": (
+        "compares with a current kubectl on PATH where the machine has one (not a dependency)"
+    ),
 }
 
 _skipped: list[tuple[str, str]] = []
