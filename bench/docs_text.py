@@ -328,13 +328,14 @@ def docs_text_run() -> str:
     """How to run the suite and a single load."""
     return "\n".join(
         [
-            "    make bench                                  # full suite, about 10-15 min here",
+            "    make bench                                  # full suite, about 30 min here",
             "    .venv/bin/python -m bench.run --quick       # smoke test, under 3 min",
             '    .venv/bin/python -m bench.run --device gpu --scale 10  # device="gpu", CUDA EP',
             "    .venv/bin/python -m bench.run --repeats 5 --skip-peers --skip-images",
             "    .venv/bin/python -m bench.run --no-docs --text-set max_rows_per_run=1  # a knob",
             "    .venv/bin/python -m bench.run --report bench/results/FILE.json  # redo docs/ only",
             "    .venv/bin/python -m bench.chunking          # how rows are cut into ORT runs",
+            "    .venv/bin/python -m bench.rerank            # the rerank load alone",
             "    .venv/bin/python -m bench.precision         # precision / optimisation levels",
             "",
             "One load against any running server (prints client and server-side figures):",

@@ -192,7 +192,7 @@ def run_text(args, ports, peers, repo: Path, results: dict, monitor: CpuMonitor)
     """Every text load, R times: the ceilings and each system, order rotated per repeat."""
     pool = text_pool(args.pool)
     entries = [*text_systems(args, ports, peers), ("ceiling", None)]
-    session = make_session(repo / f"{TEXT_MODEL}_encode" / "1" / "model.onnx", args.device)
+    onnx_path = repo / f"{TEXT_MODEL}_encode" / "1" / "model.onnx"
     tokenizer = served_tokenizer(repo, TEXT_MODEL)
     max_rows, max_padding = chunk_settings(repo, TEXT_MODEL)
     for repeat in range(args.repeats):
@@ -206,6 +206,9 @@ def run_text(args, ports, peers, repo: Path, results: dict, monitor: CpuMonitor)
             for name, run in entries[shift:] + entries[:shift]:
                 if run is None:
                     monitor.start()
+                    # A session of its own, dropped before the systems run: the load
+                    # generator's process keeps no ONNX Runtime threads between ceilings.
+                    session = make_session(onnx_path, args.device)
                     mixed = 8 if load.key == "16 x 1" else 0
                     fixed = text_ceiling(repo, TEXT_MODEL, pool, args.device, mixed, session)
                     per_load = load_ceiling(
@@ -216,6 +219,7 @@ def run_text(args, ports, peers, repo: Path, results: dict, monitor: CpuMonitor)
                         max_rows,
                         max_padding,
                     )
+                    del session
                     foreign = monitor.stop().foreign_share
                     tags = {"repeat": repeat, "load": load.key, "foreign_cpu": foreign}
                     results["ceiling"].append({**fixed.to_dict(), **tags})
