@@ -37,11 +37,14 @@ def config_parameters(model_dir: Path) -> dict[str, str]:
     return {key: value.string_value for key, value in config.parameters.items()}
 
 
-def make_session(onnx_path: Path, device: str = "cpu", graph_optimization: str = "all"):
+def make_session(
+    onnx_path: Path, device: str = "cpu", graph_optimization: str = "all", threads: int = 0
+):
     """An ONNX Runtime session with default threading and full graph optimisation.
 
     ``device="gpu"`` uses CUDAExecutionProvider when this onnxruntime has it;
-    ``graph_optimization`` is one of the manifest's levels (disable/basic/extended/all).
+    ``graph_optimization`` is one of the manifest's levels (disable/basic/extended/all);
+    ``threads`` is ONNX Runtime's intra-op thread count (0: one per core).
     """
     import onnxruntime as ort  # noqa: PLC0415
 
@@ -53,6 +56,7 @@ def make_session(onnx_path: Path, device: str = "cpu", graph_optimization: str =
     }
     options = ort.SessionOptions()
     options.graph_optimization_level = levels[graph_optimization]
+    options.intra_op_num_threads = threads
     providers = ["CPUExecutionProvider"]
     if device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]

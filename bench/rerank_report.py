@@ -38,7 +38,11 @@ class RerankSummary:
 
     def values(self, system: str, key: str) -> list[float]:
         """``key`` of ``system``'s result in every repeat."""
-        return [r["result"][key] for (s, _), r in self.runs.items() if s == system]
+        return [
+            r["result"][key]
+            for (s, _), r in self.runs.items()
+            if s == system and key in r["result"]
+        ]
 
     def foreign(self, system: str) -> float:
         """Median share of the machine other processes used while ``system`` ran."""
@@ -76,7 +80,8 @@ def render(summary: RerankSummary) -> str:
             ways = "/".join(sorted(set(summary.values(CEILING, "best"))))
             detail = ", ".join(
                 f"{way} {_median(summary.values(CEILING, f'{way}_items_per_s')):.1f}"
-                for way in ("batch1", "sorted", "planner")
+                for way in ("batch1", "sorted", "planner", "parallel")
+                if summary.values(CEILING, f"{way}_items_per_s")
             )
             rows.append(
                 f"| ceiling ({ways}; {detail}) | {summary.rate(system):.1f} | | | | | | "

@@ -209,6 +209,11 @@ def run_text(args, ports, peers, repo: Path, results: dict, monitor: CpuMonitor)
                     # A session of its own, dropped before the systems run: the load
                     # generator's process keeps no ONNX Runtime threads between ceilings.
                     session = make_session(onnx_path, args.device)
+                    singles = []
+                    if args.device == "cpu" and (os.cpu_count() or 1) > 1:
+                        singles = [
+                            make_session(onnx_path, threads=1) for _ in range(os.cpu_count() or 1)
+                        ]
                     mixed = 8 if load.key == "16 x 1" else 0
                     fixed = text_ceiling(repo, TEXT_MODEL, pool, args.device, mixed, session)
                     per_load = load_ceiling(
@@ -218,8 +223,9 @@ def run_text(args, ports, peers, repo: Path, results: dict, monitor: CpuMonitor)
                         spec.clients * spec.items_per_request,
                         max_rows,
                         max_padding,
+                        singles,
                     )
-                    del session
+                    del session, singles
                     foreign = monitor.stop().foreign_share
                     tags = {"repeat": repeat, "load": load.key, "foreign_cpu": foreign}
                     results["ceiling"].append({**fixed.to_dict(), **tags})
@@ -228,7 +234,8 @@ def run_text(args, ports, peers, repo: Path, results: dict, monitor: CpuMonitor)
                         f"  {'ceiling':14s} {per_load.best_items_per_s:8.1f} sentences/s "
                         f"({per_load.best}; batch1 {per_load.batch1_items_per_s:.1f}, "
                         f"sorted {per_load.sorted_items_per_s:.1f}, "
-                        f"planner {per_load.planner_items_per_s:.1f})"
+                        f"planner {per_load.planner_items_per_s:.1f}, "
+                        f"parallel {per_load.parallel_items_per_s:.1f})"
                     )
                     continue
                 result, foreign = measure(
