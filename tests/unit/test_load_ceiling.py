@@ -71,16 +71,15 @@ def test_best_is_the_fastest_way() -> None:
     assert (ceiling.best, ceiling.best_items_per_s) == ("parallel", 9.5)
 
 
-def test_parallel_way_deals_the_groups_out_to_one_session_each() -> None:
+def test_parallel_way_deals_each_groups_rows_out_to_one_session_each() -> None:
     rows = [" ".join(["w"] * n) for n in (3, 40, 3, 5, 40, 6, 2, 39)]
     main, first, second = RecordingSession(), RecordingSession(), RecordingSession()
-    ceiling = load_ceiling(main, tokenize, rows, 2, 64, 0.1, [first, second])
-    # Groups of 2: (3, 40) (3, 5) (40, 6) (2, 39). Groups 0 and 2 go to the first
-    # session, 1 and 3 to the second, once for the warm-up and once timed; no pair is
-    # within 10 % padding, so every row runs alone, shortest first.
+    ceiling = load_ceiling(main, tokenize, rows, 4, 64, 0.1, [first, second])
+    # Groups of 4: (3, 40, 3, 5) and (40, 6, 2, 39). Rows 0 and 2 of each group go to
+    # the first session, rows 1 and 3 to the second; once for the warm-up, once timed.
     widths = [[f["input_ids"].shape for f in s.feeds] for s in (first, second)]
-    assert widths[0] == [(1, 3), (1, 40), (1, 6), (1, 40)] * 2
-    assert widths[1] == [(1, 3), (1, 5), (1, 2), (1, 39)] * 2
+    assert widths[0] == [(2, 3), (1, 2), (1, 40)] * 2
+    assert widths[1] == [(1, 5), (1, 40), (1, 6), (1, 39)] * 2
     assert ceiling.parallel_items_per_s > 0
 
 
