@@ -3,20 +3,13 @@
 import os
 
 import triton_python_backend_utils as pb_utils
-from embed_runtime.adapter import (
-    config_parameters,
-    error_response,
-    gather_rows,
-    input_array,
-    run_or_isolate,
-)
+from embed_runtime.adapter import config_parameters, input_array, tokenize_requests
 from embed_runtime.request_options import request_parameters
 from embed_runtime.text import (
     BatchTokenizer,
     TokenizerParams,
     decode_texts,
     prompted_texts,
-    split_rows,
 )
 
 
@@ -39,24 +32,16 @@ class TritonPythonModel:
         texts = decode_texts(rows, "TEXT", *caps)
         return prompted_texts(texts, request_parameters(request.parameters()), self.params)
 
-    def _tokenize(self, groups):
-        texts = [text for group in groups for text in group]
-        return split_rows(self.tokenizer.encode(texts), [len(g) for g in groups])
-
     def execute(self, requests):
         """Validate every request, tokenize all valid rows at once, slice back."""
-        batch = gather_rows(pb_utils, requests, self._read)
-        if not batch.items:
-            return batch.responses
-        groups = [batch.items[start:stop] for _, start, stop in batch.slices()]
-        parts = run_or_isolate(self._tokenize, groups, self.logger.log_error)
-        for i, arrays in zip(batch.valid, parts, strict=True):
-            if isinstance(arrays, Exception):
-                batch.responses[i] = error_response(pb_utils, arrays, self.logger.log_error)
-                continue
-            tensors = [pb_utils.Tensor(n, arrays[n]) for n in self.params.output_names]
-            batch.responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
-        return batch.responses
+        return tokenize_requests(
+            pb_utils,
+            requests,
+            self._read,
+            self.tokenizer.encode,
+            self.params.output_names,
+            self.logger.log_error,
+        )
 
     def finalize(self):
         """Drop the tokenizer."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import INVALID_ARG, UNAVAILABLE, RequestError
+from .text import split_rows
 
 
 def config_parameters(model_config: str | dict[str, Any]) -> dict[str, str]:
@@ -109,3 +110,35 @@ def run_or_isolate(
             log(traceback.format_exc())
             results.append(exc)
     return results
+
+
+def tokenize_requests(
+    pb_utils: Any,
+    requests: Sequence[Any],
+    read: Callable[[Any], Sequence],
+    encode: Callable[[list], dict],
+    output_names: Sequence[str],
+    log: Callable[[str], None],
+) -> list:
+    """One response per request: ``read`` each, ``encode`` all valid rows at once, slice back.
+
+    ``read(request)`` returns the request's rows (texts or pairs) or raises
+    :class:`RequestError`; ``encode(rows)`` returns ``{name: [rows, width]}`` arrays. A
+    failing encode is retried request by request (:func:`run_or_isolate`).
+    """
+
+    def tokenize(groups: list) -> list:
+        rows = [row for group in groups for row in group]
+        return split_rows(encode(rows), [len(g) for g in groups])
+
+    batch = gather_rows(pb_utils, requests, read)
+    if not batch.items:
+        return batch.responses
+    groups = [batch.items[start:stop] for _, start, stop in batch.slices()]
+    for i, arrays in zip(batch.valid, run_or_isolate(tokenize, groups, log), strict=True):
+        if isinstance(arrays, Exception):
+            batch.responses[i] = error_response(pb_utils, arrays, log)
+            continue
+        tensors = [pb_utils.Tensor(n, arrays[n]) for n in output_names]
+        batch.responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
+    return batch.responses
