@@ -45,6 +45,7 @@ def bench_manifest_data(
     device: str = "cpu",
     models_toml: Path = ROOT / "models.toml",
     text_overrides: dict[str, Any] | None = None,
+    image_overrides: dict[str, Any] | None = None,
 ) -> dict:
     """The bench manifest as a dict, every model on ``device`` (``cpu`` or ``gpu``).
 
@@ -60,16 +61,22 @@ def bench_manifest_data(
     for entry in (text, clip):
         entry["device"] = device
     text.update(text_overrides or {})
+    clip.update(image_overrides or {})
     fetch = dict(project.get("fetch_image", {}))
     fetch["allow_hosts"] = sorted({*fetch.get("allow_hosts", []), "127.0.0.1"})
     return {"models": [text, clip], "fetch_image": fetch}
 
 
 def bench_manifest(
-    device: str = "cpu", with_clip: bool = True, text_overrides: dict[str, Any] | None = None
+    device: str = "cpu",
+    with_clip: bool = True,
+    text_overrides: dict[str, Any] | None = None,
+    image_overrides: dict[str, Any] | None = None,
 ) -> Manifest:
     """The validated bench manifest (optionally without the CLIP model)."""
-    data = bench_manifest_data(device, text_overrides=text_overrides)
+    data = bench_manifest_data(
+        device, text_overrides=text_overrides, image_overrides=image_overrides
+    )
     if not with_clip:
         data["models"] = data["models"][:1]
     return parse_manifest(data, ROOT, "bench manifest")

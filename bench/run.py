@@ -77,6 +77,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="override a serving knob of the text model, e.g. max_rows_per_run=1 (repeatable)",
     )
     parser.add_argument(
+        "--image-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a serving knob of the CLIP model, e.g. image_draft_decode=true",
+    )
+    parser.add_argument("--skip-text", action="store_true", help="the image loads only")
+    parser.add_argument(
         "--report", metavar="RESULTS_JSON", help="only rewrite docs/ from a saved results file"
     )
     parser.add_argument(
@@ -85,6 +93,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pool", type=int, help="distinct sentences (default 512, quick 128)")
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 3)
+    if args.skip_text:
+        args.skip_peers, args.skip_images = True, False
     args.pool = args.pool or (128 if args.quick else 512)
     args.docs = (not args.quick) if args.docs is None else args.docs
     return args
@@ -100,8 +110,11 @@ def start_triton(
 ) -> tuple[TritonPorts, Path]:
     """Build the bench repository and start Triton on free ports; stopped by ``stack``."""
     overrides = parse_overrides(args.text_set)
-    manifest = bench_manifest(args.device, not args.skip_images, overrides)
+    image_overrides = parse_overrides(args.image_set)
+    manifest = bench_manifest(args.device, not args.skip_images, overrides, image_overrides)
     meta["text_entry"] = manifest.models[0].to_dict()
+    if len(manifest.models) > 1:
+        meta["image_entry"] = manifest.models[1].to_dict()
     suffix = "" if args.device == "cpu" else f"-{args.device}"
     repo = BUILD / f"bench-repo{suffix}"
     log(f"building {repo} (unchanged models are skipped)")
@@ -257,8 +270,13 @@ def run_images(args, ports, repo: Path, results: dict, monitor: CpuMonitor) -> N
         for repeat in range(args.repeats):
             log(f"repeat {repeat + 1}/{args.repeats}: image ceiling")
             sizes = (32, 4) if args.quick else (64, 16)
-            ceiling = image_ceiling(repo, CLIP_MODEL, args.device, *sizes).to_dict()
-            results["image_ceiling"].append({**ceiling, "repeat": repeat})
+            found = image_ceiling(repo, CLIP_MODEL, args.device, *sizes)
+            results["image_ceiling"].append({**found.to_dict(), "repeat": repeat})
+            log(
+                f"  {'ceiling':12s} {found.best_items_per_s:7.1f} images/s (batch 32 "
+                f"{found.batch32_items_per_s:.1f}, batch 1 {found.batch1_items_per_s:.1f}, "
+                f"parallel {found.parallel_items_per_s:.1f})"
+            )
             for load in image_loads(args.quick, args.scale):
                 spec = load.spec
                 count = spec.clients * (spec.warmup_requests + spec.requests_per_client)
@@ -329,13 +347,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["meta"]["peers"] = {
                 name: "skipped: --skip-peers" for name in ("fastapi", "infinity", "infinity-onnx")
             }
-        run_text(args, ports, peers, repo, results, monitor)
+        if not args.skip_text:
+            run_text(args, ports, peers, repo, results, monitor)
         if not args.skip_images:
             run_images(args, ports, repo, results, monitor)
     results["meta"]["seconds"] = round(time.monotonic() - t0, 1)
     out = BUILD / "bench-results" if args.quick else ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    kind = ("quick" if args.quick else "full") + ("-set" if args.text_set else "")
+    kind = ("quick" if args.quick else "full") + ("-set" if args.text_set or args.image_set else "")
     path = out / f"{args.device}-{kind}-{started.replace(':', '')}.json"
     results["meta"]["results_file"] = str(path.relative_to(ROOT))
     path.write_text(json.dumps(results, indent=1) + "\n")

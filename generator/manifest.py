@@ -63,7 +63,9 @@ class ModelEntry:
     max_rows_per_run: int = 32
     max_padding_share: float = 1.0
     ort_threads: int = 0
+    ort_threads_shared: int = 0
     ort_spinning: bool = True
+    ort_spin_us: int = 0
     graph_optimization: str = "all"
     precision: str = "fp32"
     device: str = "cpu"
@@ -74,6 +76,7 @@ class ModelEntry:
     max_request_text_bytes: int = 262144
     max_image_pixels: int = 16_777_216
     max_batch_pixels: int = 67_108_864
+    image_draft_decode: bool = False
     prompts: dict[str, str] | None = None
     default_prompt_name: str | None = None
     truncate_dim: int | None = None
@@ -165,6 +168,8 @@ ENTRY_BOUNDS: dict[str, tuple[float, float]] = {
     "max_rows_per_run": (1, 4096),
     "max_padding_share": (0.0, 1.0),
     "ort_threads": (0, 256),
+    "ort_threads_shared": (-1, 256),
+    "ort_spin_us": (0, 10_000),
     "max_text_bytes": (64, 16 * 1024 * 1024),
     "max_request_text_bytes": (64, 64 * 1024 * 1024),
     "max_image_pixels": (1, 1 << 30),

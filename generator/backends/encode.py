@@ -6,12 +6,21 @@ row, then returned in request order. Fixed-shape inputs (pixels, CLIP's fixed te
 context) are concatenated and run in chunks.
 """
 
+import dataclasses
+import json
 import os
 
 import triton_python_backend_utils as pb_utils
 from embed_runtime.adapter import config_parameters, error_response, input_array, run_or_isolate
+from embed_runtime.busy import BusyBoard, board_path
 from embed_runtime.errors import RequestError
-from embed_runtime.ort_runner import EncoderParams, OrtEncoder, check_request
+from embed_runtime.ort_runner import (
+    EncoderParams,
+    OrtEncoder,
+    available_cores,
+    check_request,
+    shared_threads,
+)
 from embed_runtime.request_options import request_parameters, resolve_dimensions, truncate
 
 
@@ -21,13 +30,26 @@ class TritonPythonModel:
     def initialize(self, args):
         """Build the ONNX Runtime session once."""
         self.logger = pb_utils.Logger
-        self.params = EncoderParams.from_parameters(config_parameters(args["model_config"]))
+        config = json.loads(args["model_config"])
+        params = EncoderParams.from_parameters(config_parameters(config))
+        instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", []))
+        board = None
+        if params.shared_intra_op_threads and instances > 1:
+            threads = shared_threads(params.shared_intra_op_threads, instances, available_cores())
+            params = dataclasses.replace(params, shared_intra_op_threads=threads)
+            board = BusyBoard(board_path(args["model_name"], args["model_version"]))
+        self.params = params
         model_dir = os.path.join(args["model_repository"], args["model_version"])
         device_id = int(args.get("model_instance_device_id") or 0)
         path = os.path.join(model_dir, self.params.onnx_file)
-        self.encoder = OrtEncoder(path, self.params, device_id)
+        self.encoder = OrtEncoder(path, self.params, device_id, board)
         providers = self.encoder.session.get_providers()
-        self.logger.log_info(f"{args['model_name']}: ONNX Runtime on {providers}")
+        threads = self.params.intra_op_threads or "default"
+        if self.encoder.shared_session is not None:
+            threads = f"{threads} alone, {self.params.shared_intra_op_threads} beside another"
+        self.logger.log_info(
+            f"{args['model_name']}: ONNX Runtime on {providers}, intra-op threads {threads}"
+        )
 
     def _read(self, request):
         arrays = {n: input_array(pb_utils, request, n) for n in self.params.input_names}
@@ -64,5 +86,7 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
-        """Release the ONNX Runtime session."""
+        """Release the ONNX Runtime session(s) and this instance's busy-board slot."""
+        if self.encoder is not None and self.encoder.board is not None:
+            self.encoder.board.close()
         self.encoder = None

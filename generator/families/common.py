@@ -19,6 +19,7 @@ from ..render import (
     onnxruntime_model,
     python_model,
 )
+from ..runtime.ort_runner import AUTO_THREADS
 from ..runtime.text import TokenizerParams
 
 # Where TensorRT keeps its engines inside the Docker image (docker-compose.yml mounts a
@@ -142,6 +143,11 @@ def encoder_dir(
         "execution_provider": "cuda" if entry.device == "gpu" else "cpu",
         **{key: str(value) for key, value in (limits or {}).items()},
     }
+    if entry.ort_spin_us:
+        parameters["spin_duration_us"] = str(entry.ort_spin_us)
+    if entry.ort_threads_shared and entry.device == "cpu":
+        shared = entry.ort_threads_shared
+        parameters["shared_intra_op_threads"] = "auto" if shared == AUTO_THREADS else str(shared)
     if max_dimensions:
         parameters["max_dimensions"] = str(max_dimensions)
         parameters["default_dimensions"] = str(entry.truncate_dim or 0)

@@ -68,7 +68,10 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     model, _, tokenizer = _load(entry, manifest)
     context = int(getattr(tokenizer, "context_length", 0) or model.context_length)
     pre = preprocess_params_from_model(
-        model, max_image_pixels=entry.max_image_pixels, max_batch_pixels=entry.max_batch_pixels
+        model,
+        max_image_pixels=entry.max_image_pixels,
+        max_batch_pixels=entry.max_batch_pixels,
+        draft_decode=entry.image_draft_decode,
     )
     dim = embedding_dim(model)
     tokenizer_json = work / "tokenizer.json"

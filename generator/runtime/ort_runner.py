@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -12,6 +15,7 @@ from .ragged import merge_requests, run_sorted, split_counts
 
 GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
 EXECUTION_PROVIDERS = ("cpu", "cuda", "tensorrt")
+AUTO_THREADS = -1  # shared_intra_op_threads "auto": the cores divided by the instances
 
 
 @dataclass(frozen=True)
@@ -26,8 +30,10 @@ class EncoderParams:
     max_tokens_per_run: int = 0
     max_padding_share: float = 1.0
     intra_op_threads: int = 0
+    shared_intra_op_threads: int = 0
     inter_op_threads: int = 1
     allow_spinning: bool = True
+    spin_duration_us: int = 0
     graph_optimization: str = "all"
     execution_provider: str = "cpu"
     vocab_size: int = 0
@@ -50,8 +56,10 @@ class EncoderParams:
                 max_tokens_per_run=int(params.get("max_tokens_per_run", "0")),
                 max_padding_share=float(params.get("max_padding_share", "1.0")),
                 intra_op_threads=int(params.get("intra_op_threads", "0")),
+                shared_intra_op_threads=_threads(params.get("shared_intra_op_threads", "0")),
                 inter_op_threads=int(params.get("inter_op_threads", "1")),
                 allow_spinning=params.get("allow_spinning", "true").lower() == "true",
+                spin_duration_us=int(params.get("spin_duration_us", "0")),
                 graph_optimization=params.get("graph_optimization", "all"),
                 execution_provider=params.get("execution_provider", "cpu"),
                 vocab_size=int(params.get("vocab_size", "0")),
@@ -71,7 +79,38 @@ class EncoderParams:
             raise ValueError("max_rows_per_run must be >= 1")
         if not 0.0 <= out.max_padding_share <= 1.0:
             raise ValueError("max_padding_share must be within [0, 1]")
+        if out.shared_intra_op_threads < AUTO_THREADS:
+            raise ValueError("shared_intra_op_threads must be 'auto' or >= 0")
+        if out.shared_intra_op_threads and out.execution_provider != "cpu":
+            raise ValueError("shared_intra_op_threads applies to the cpu provider only")
         return out
+
+
+def _threads(value: str) -> int:
+    return AUTO_THREADS if value.strip().lower() == "auto" else int(value)
+
+
+def available_cores(cgroup_cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """Cores this process may use: its CPU affinity, capped by a cgroup v2 CPU quota.
+
+    A container limited to 2 CPUs on a 64-core node sees 64 cores in its affinity mask;
+    the quota (``cpu.max``: ``"200000 100000"``) says 2.
+    """
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = open(cgroup_cpu_max).read().split()[:2]  # noqa: SIM115, PTH123
+    except (OSError, ValueError):
+        return cores
+    if quota == "max":
+        return cores
+    return max(1, min(cores, math.ceil(int(quota) / int(period))))
+
+
+def shared_threads(setting: int, instances: int, cores: int) -> int:
+    """Threads per run while other instances run: ``auto`` splits the cores between them."""
+    if setting != AUTO_THREADS:
+        return setting
+    return max(1, cores // max(1, instances))
 
 
 def check_request(params: EncoderParams, arrays: dict[str, np.ndarray]) -> None:
@@ -142,20 +181,50 @@ def providers(name: str, device_id: int = 0, available: Sequence[str] | None = N
 
 
 class OrtEncoder:
-    """One ONNX Runtime session, built once per model instance."""
+    """The ONNX Runtime session(s) of one model instance, built once.
 
-    def __init__(self, model_path: str, params: EncoderParams, device_id: int = 0):
+    With ``shared_intra_op_threads`` set (CPU only) and a ``board`` shared with the
+    model's other instances, the instance holds a second session with that many threads
+    and uses it for every execution that starts while another instance is running; alone
+    it keeps ``intra_op_threads``. Two single-threaded runs side by side beat two
+    two-threaded runs fighting over two cores, and one lone request still gets both.
+    """
+
+    def __init__(self, model_path: str, params: EncoderParams, device_id: int = 0, board=None):
+        self.params = params
+        self.session = self._session(model_path, params.intra_op_threads, device_id)
+        self.shared_session = None
+        self.board = board if params.shared_intra_op_threads else None
+        if self.board is not None and params.shared_intra_op_threads != params.intra_op_threads:
+            self.shared_session = self._session(
+                model_path, params.shared_intra_op_threads, device_id
+            )
+        self._current = self.session
+        self.shared_runs = 0
+        graph_inputs = {i.name for i in self.session.get_inputs()}
+        missing = set(params.input_names) - graph_inputs
+        if missing:
+            raise ValueError(f"graph {model_path} lacks inputs {sorted(missing)}")
+
+    def _session(self, model_path: str, threads: int, device_id: int):
         import onnxruntime as ort  # noqa: PLC0415 - serve-time dependency
 
-        self.params = params
+        params = self.params
         options = ort.SessionOptions()
-        options.intra_op_num_threads = params.intra_op_threads
+        options.intra_op_num_threads = threads
         options.inter_op_num_threads = params.inter_op_threads
         # Idle intra-op workers busy-wait for the next run by default. Turning that off
         # frees cores for Triton and the other stubs, but measured slower on a 2-core CPU
         # (waking the workers costs more), hence a knob with spinning on by default.
         spin = "1" if params.allow_spinning else "0"
         options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+        # How long a worker spins once it runs out of work. ONNX Runtime's default keeps
+        # one core busy for milliseconds after every run, which on a small CPU starves
+        # the tokenizer, Triton and the other instances; a few microseconds still bridge
+        # the gaps between the operators of one run.
+        if params.spin_duration_us:
+            duration = str(params.spin_duration_us)
+            options.add_session_config_entry("session.intra_op.spin_duration_us", duration)
         options.graph_optimization_level = {
             "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -163,26 +232,37 @@ class OrtEncoder:
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[params.graph_optimization]
         chain = providers(params.execution_provider, device_id)
-        self.session = ort.InferenceSession(model_path, sess_options=options, providers=chain)
-        graph_inputs = {i.name for i in self.session.get_inputs()}
-        missing = set(params.input_names) - graph_inputs
-        if missing:
-            raise ValueError(f"graph {model_path} lacks inputs {sorted(missing)}")
+        return ort.InferenceSession(model_path, sess_options=options, providers=chain)
 
     def _run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        return self.session.run([self.params.output_name], inputs)[0]
+        return self._current.run([self.params.output_name], inputs)[0]
+
+    @contextlib.contextmanager
+    def _pick_session(self):
+        """Run on the shared-threads session while another instance is running."""
+        if self.shared_session is None:
+            yield
+            return
+        with self.board.running() as others:
+            self._current = self.shared_session if others else self.session
+            self.shared_runs += bool(others)
+            try:
+                yield
+            finally:
+                self._current = self.session
 
     def encode_tokens(self, requests: Sequence[dict[str, np.ndarray]]) -> list[np.ndarray]:
         """Embed the token tensors of many requests: sort by length, pad per chunk."""
         merged, lengths, counts = merge_requests(requests)
-        out = run_sorted(
-            merged,
-            lengths,
-            self.params.max_rows_per_run,
-            self._run,
-            self.params.max_tokens_per_run,
-            self.params.max_padding_share,
-        )
+        with self._pick_session():
+            out = run_sorted(
+                merged,
+                lengths,
+                self.params.max_rows_per_run,
+                self._run,
+                self.params.max_tokens_per_run,
+                self.params.max_padding_share,
+            )
         return list(split_counts(out, counts))
 
     def encode_dense(self, requests: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -191,5 +271,6 @@ class OrtEncoder:
         merged = np.concatenate(requests, axis=0)
         step = self.params.max_rows_per_run
         name = self.params.input_names[0]
-        parts = [self._run({name: merged[i : i + step]}) for i in range(0, len(merged), step)]
+        with self._pick_session():
+            parts = [self._run({name: merged[i : i + step]}) for i in range(0, len(merged), step)]
         return list(split_counts(np.concatenate(parts, axis=0), counts))

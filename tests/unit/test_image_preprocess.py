@@ -359,3 +359,48 @@ def test_params_from_model_resolve_open_clip_quirks():
     assert nonsquare.interpolation == "bicubic" and nonsquare.size == (96, 64)
     random = preprocess_params_from_model({"size": 224, "interpolation": "random"})
     assert random.interpolation == "bicubic" and random.mean == open_clip.OPENAI_DATASET_MEAN
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "fmt"), [(1600, 1200, "JPEG"), (720, 1280, "JPEG"), (800, 600, "PNG")]
+)
+def test_draft_decode_stays_close_to_open_clip_and_leaves_other_formats_exact(width, height, fmt):
+    """The opt-in reduced-scale JPEG decode: measured deviation from open_clip, bounded."""
+    from client.workload import _photo  # noqa: PLC0415 - the benchmark's photo-like images
+
+    buf = io.BytesIO()
+    kwargs = {"quality": 88} if fmt == "JPEG" else {}
+    _photo(width, height, np.random.default_rng(7)).save(buf, format=fmt, **kwargs)
+    data = buf.getvalue()
+    cfg = CONFIGS["shortest_224"]
+    exact = preprocess_params_from_model(cfg, apply_exif=False)
+    draft = preprocess_params_from_model(cfg, apply_exif=False, draft_decode=True)
+    expected = image_transform_v2(cfg, is_train=False)(Image.open(io.BytesIO(data))).numpy()
+    assert np.abs(_ours(data, exact) - expected).max() <= TOLERANCE
+    got = _ours(data, draft)
+    assert got.shape == expected.shape
+    if fmt != "JPEG":
+        assert np.abs(got - expected).max() == 0.0
+        return
+    diff = np.abs(got - expected)
+    cosine = float(got.ravel() @ expected.ravel()) / (
+        np.linalg.norm(got) * np.linalg.norm(expected)
+    )
+    assert 0.0 < diff.mean() <= 0.02  # the decode really changed, by little
+    assert diff.max() <= 0.5
+    assert cosine >= 0.9995
+    opened = open_image(data, draft)
+    loaded = load_image(opened, draft)
+    assert min(loaded.size) >= max(draft.size)  # never decoded below the output size
+    assert loaded.size[0] < width  # and really decoded at a reduced scale
+
+
+def test_draft_decode_round_trips_and_defaults_off():
+    params = PreprocessParams(size=(224, 224), draft_decode=True)
+    assert PreprocessParams.from_parameters(params.to_parameters()) == params
+    parameters = PreprocessParams(size=(224, 224)).to_parameters()
+    del parameters["draft_decode"]  # configs rendered before the knob existed
+    assert PreprocessParams.from_parameters(parameters).draft_decode is False
+    parameters["draft_decode"] = "sometimes"
+    with pytest.raises(ValueError, match="'draft_decode' is invalid"):
+        PreprocessParams.from_parameters(parameters)
