@@ -35,9 +35,10 @@ class TritonPythonModel:
         instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", []))
         board = None
         if params.shared_intra_op_threads and instances > 1:
-            threads = shared_threads(params.shared_intra_op_threads, instances, available_cores())
-            params = dataclasses.replace(params, shared_intra_op_threads=threads)
-            board = BusyBoard(board_path(args["model_name"], args["model_version"]))
+            shared = shared_threads(params.shared_intra_op_threads, instances, available_cores())
+            params = dataclasses.replace(params, shared_intra_op_threads=shared)
+            if shared != params.intra_op_threads:  # else one session serves both cases
+                board = BusyBoard(board_path(args["model_name"], args["model_version"]))
         self.params = params
         model_dir = os.path.join(args["model_repository"], args["model_version"])
         device_id = int(args.get("model_instance_device_id") or 0)

@@ -66,6 +66,13 @@ def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(v) for v in text.split(","))
 
 
+def _flag(text: str) -> bool:
+    flag = text.strip().lower()
+    if flag not in ("true", "false"):
+        raise ValueError(f"expected true/false, got {flag!r}")
+    return flag == "true"
+
+
 @dataclass(frozen=True)
 class PreprocessParams:
     """How one model's images are decoded and turned into ``pixel_values``.
@@ -140,14 +147,10 @@ class PreprocessParams:
                 values[key] = _floats(params[key])
             for key in ("fill_color", "max_image_pixels", "max_batch_pixels", "max_bytes"):
                 values[key] = int(params[key])
-            for key in ("apply_exif", "draft_decode"):
-                flag = params.get(key, "false" if key == "draft_decode" else None)
-                if flag is None:
-                    raise KeyError(key)
-                flag = flag.strip().lower()
-                if flag not in ("true", "false"):
-                    raise ValueError(f"expected true/false, got {flag!r}")
-                values[key] = flag == "true"
+            key = "apply_exif"
+            values[key] = _flag(params[key])
+            key = "draft_decode"  # absent from configs rendered before it existed
+            values[key] = _flag(params.get(key, "false"))
         except KeyError:
             raise ValueError(f"preprocess config parameter {key!r} is missing") from None
         except ValueError as exc:

@@ -193,9 +193,9 @@ class OrtEncoder:
     def __init__(self, model_path: str, params: EncoderParams, device_id: int = 0, board=None):
         self.params = params
         self.session = self._session(model_path, params.intra_op_threads, device_id)
-        self.shared_session = None
-        self.board = board if params.shared_intra_op_threads else None
-        if self.board is not None and params.shared_intra_op_threads != params.intra_op_threads:
+        self.shared_session = self.board = None
+        if board is not None and params.shared_intra_op_threads > 0:
+            self.board = board
             self.shared_session = self._session(
                 model_path, params.shared_intra_op_threads, device_id
             )
