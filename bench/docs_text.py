@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench import rerank_report
+from bench import gpu_report, rerank_report
 from client.perf_data import perf_analyzer_commands
 
 if TYPE_CHECKING:
@@ -305,6 +305,7 @@ def render(s: Summary, chart_name: str, previous: str = "") -> str:
         "## perf_analyzer",
         perf_analyzer_section(),
         *_perf_block(previous),
+        *gpu_report.kept_block(previous),
         "## Method",
         METHOD,
     ]

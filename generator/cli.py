@@ -62,6 +62,13 @@ def _parser() -> argparse.ArgumentParser:
     rerank = sub.add_parser("tiny-rerank", help="save a tiny random-init cross-encoder")
     rerank.add_argument("out_dir", type=Path)
     rerank.add_argument("--seed", type=int, default=0)
+    random_text = sub.add_parser(
+        "random-text", help="save a random-init sentence-transformers model of a real size"
+    )
+    random_text.add_argument("out_dir", type=Path)
+    random_text.add_argument("--shape", default="e5-small", help="e5-small, e5-base, minilm-l6")
+    random_text.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: MiniLM)")
+    random_text.add_argument("--seed", type=int, default=0)
     serve = sub.add_parser("serve", help="build, then run tritonserver in the foreground")
     serve.add_argument("--no-build", action="store_true")
     serve.add_argument("--pid-file", type=Path, default=DEFAULT_PID)
@@ -142,6 +149,17 @@ def _cmd_tiny_rerank(args) -> int:
     return 0
 
 
+def _cmd_random_text(args) -> int:
+    from .families.random_text import create_random_text_model  # noqa: PLC0415
+
+    if (args.out_dir / "modules.json").is_file():
+        print(f"{args.out_dir} exists")
+        return 0
+    create_random_text_model(args.out_dir, args.shape, args.tokenizer, args.seed)
+    print(f"wrote {args.out_dir} ({args.shape}, random weights)")
+    return 0
+
+
 def _cmd_serve(args) -> int:
     manifest = load_serving_manifest(args.manifest, args.repo)
     if not args.no_build:
@@ -194,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         "list": _cmd_list,
         "tiny-clip": _cmd_tiny_clip,
         "tiny-rerank": _cmd_tiny_rerank,
+        "random-text": _cmd_random_text,
         "serve": _cmd_serve,
         "stop": _cmd_stop,
     }

@@ -7,6 +7,7 @@ Python-backend stub needs, and starts/stops the server by its own PID.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import shutil
@@ -14,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import time
 import urllib.error
 import urllib.request
@@ -64,9 +64,14 @@ class TritonLaunch:
 
 
 def _pytriton_root() -> Path:
-    import pytriton  # noqa: PLC0415 - only needed when a server is started
+    """Where the ``pytriton`` package lies, found without importing it.
 
-    return Path(pytriton.__file__).resolve().parent
+    Importing it would load its client (gevent and more), none of which the server needs.
+    """
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the nvidia-pytriton package is not installed")
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
 
 
 def listen_host(env: dict[str, str] | None = None) -> str:
@@ -136,8 +141,10 @@ def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """
     env = dict(os.environ if base is None else base)
     if not env.get("TRITON_SERVER_BIN"):
-        site = Path(sysconfig.get_paths()["purelib"])
-        libs = [str(Path(sys.base_prefix) / "lib"), str(site / "nvidia_pytriton.libs")]
+        # auditwheel's folder beside the pytriton package, wherever it was installed
+        # (a venv's site-packages, or a --target folder on PYTHONPATH).
+        bundled = _pytriton_root().parent / "nvidia_pytriton.libs"
+        libs = [str(Path(sys.base_prefix) / "lib"), str(bundled)]
         if env.get("LD_LIBRARY_PATH"):
             libs.append(env["LD_LIBRARY_PATH"])
         env["LD_LIBRARY_PATH"] = ":".join(libs)

@@ -180,6 +180,21 @@ def providers(name: str, device_id: int = 0, available: Sequence[str] | None = N
     return chain
 
 
+def checked_placement(session, execution_provider: str):
+    """``session``, or an error when a GPU provider was asked for and the CPU got it.
+
+    ONNX Runtime drops the CUDA provider with only a log line when one of its CUDA or
+    cuDNN libraries fails to load, and then runs every node on the CPU.
+    """
+    placed = session.get_providers()
+    if execution_provider != "cpu" and placed[0] == "CPUExecutionProvider":
+        raise RuntimeError(
+            f"execution_provider {execution_provider!r} asked for, but ONNX Runtime placed "
+            f"the session on {placed}: a CUDA/cuDNN library failed to load (see the log)"
+        )
+    return session
+
+
 class OrtEncoder:
     """The ONNX Runtime session(s) of one model instance, built once.
 
@@ -232,7 +247,8 @@ class OrtEncoder:
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[params.graph_optimization]
         chain = providers(params.execution_provider, device_id)
-        return ort.InferenceSession(model_path, sess_options=options, providers=chain)
+        session = ort.InferenceSession(model_path, sess_options=options, providers=chain)
+        return checked_placement(session, params.execution_provider)
 
     def _run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self._current.run([self.params.output_name], inputs)[0]

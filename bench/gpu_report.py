@@ -1,0 +1,170 @@
+"""The GPU section of ``docs/benchmarks.md``, rendered from ``bench.gpu`` results files.
+
+``python -m bench.gpu --report FILE [FILE ...]`` writes it between the markers below;
+``make bench`` (``bench.docs_text.render``) keeps the section as it finds it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+BEGIN = "<!-- gpu:begin (python -m bench.gpu --report) -->"
+END = "<!-- gpu:end -->"
+TARGETS = {  # issue 15: published figures the GPU run is held against (QPS, batch-1 requests)
+    "e5-small-random": 10_000,
+    "clip-vit-b-32_text": 5_000,
+    "clip-vit-b-32_image": 1_500,
+    "clip-vit-b-32_image_url": 1_500,
+}
+ANCHOR = "## Method"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _ceiling(model: str, ceilings: dict[str, Any]) -> tuple[float, str]:
+    """The in-process rate the served ensemble is compared with, and what it is."""
+    if model == "e5-small-random" and "text_ort" in ceilings:
+        by_batch = ceilings["text_ort"]["by_batch"]
+        best = max(by_batch, key=lambda b: by_batch[b])
+        return by_batch[best], f"ORT CUDA, length-sorted batches of {best}, tokenizer excluded"
+    if model == "clip-vit-b-32_text" and "clip_text_ort" in ceilings:
+        return ceilings["clip_text_ort"]["items_per_s"], "ORT CUDA text tower, batch 256"
+    if model.startswith("clip-vit-b-32_image") and "image_preprocess_cpu" in ceilings:
+        tower = ceilings["image_tower_ort"]["items_per_s"]
+        cpu = ceilings["image_preprocess_cpu"]
+        return min(tower, cpu["items_per_s"]), (
+            f"the slower of the image tower ({tower:,.0f}/s, ORT CUDA, batch 256) and the "
+            f"served decode + preprocess on {cpu['processes']} processes "
+            f"({cpu['items_per_s']:,.0f}/s)"
+        )
+    return float("nan"), "not measured"
+
+
+def _variant(result: dict[str, Any]) -> str:
+    """The ``--set`` overrides of a results file, e.g. ``clip.image_draft_decode=true``."""
+    settings = result["meta"]["args"].get("set", "[]")
+    return settings.strip("[]").replace("'", "")
+
+
+def render_gpu_section(results: list[dict[str, Any]]) -> str:
+    """Markdown for one or more results files of the same GPU host."""
+    first = results[0]["meta"]
+    machine = first["machine"]
+    runs = [{**run, "variant": _variant(r)} for r in results for run in r.get("runs", [])]
+    ceilings: dict[str, Any] = {}
+    for r in results:
+        ceilings.update(r.get("ceilings", {}))
+    files = ", ".join(f"`bench/results/gpu-{r['meta']['args']['models']}-{r['meta']['started']}"
+                      ".json`" for r in results)
+    parts = [
+        BEGIN,
+        "## GPU",
+        f"Measured with `deploy/gpu/run_bench_offline.sh` (`python -m bench.gpu`) on "
+        f"{machine['gpu']} ({machine['gpu_memory_mib']:,} MiB, driver {machine['driver']}), "
+        f"{machine['cpu_cores']} CPU cores, Python {machine['python']}, onnxruntime-gpu "
+        f"{machine['onnxruntime']}, the pytriton tritonserver 2.51; runs {files}. Text: "
+        "a random-init BERT of e5-small's size (12 layers, hidden 384, mean pooling); CLIP: "
+        "full-size ViT-B-32, random init; both fp16 graphs on the CUDA execution provider. "
+        "Load: the real perf_analyzer 2.51 over gRPC, one item per request, asynchronous "
+        "requests at each concurrency, windows of "
+        f"{first['args']['measurement_ms']} ms until three agree within 15 %. *GPU* is the "
+        "mean of nvidia-smi's utilisation sampled every 200 ms during the window.",
+    ]
+    placement = next((r["placement"] for r in results if "placement" in r), None)
+    parity = next((r["parity"] for r in results if "parity" in r), None)
+    if placement and parity:
+        held = ", ".join(f"{m} {mib:,} MiB" for m, mib in sorted(placement["encoder_gpu_mib"]
+                                                                 .items()))
+        parts.append(
+            "Checked in the same run: every encoder's session has CUDA as its first provider "
+            "(the model refuses to load otherwise), its stub holds GPU memory "
+            f"({held}), and the served text embeddings match sentence-transformers on the "
+            f"same GPU in fp32 over {parity['sentences']} sentences: cosine >= "
+            f"{parity['min_cosine']:.6f} (gate {parity['gate_min_cosine']}), max |diff| "
+            f"{parity['max_abs']:.1e}."
+        )
+    rows = []
+    variants = sorted({r["variant"] for r in runs})
+    for model, variant in ((m, v) for m in TARGETS for v in variants):
+        target = TARGETS[model]
+        mine = [r for r in runs if r["model"] == model and "qps" in r and r["variant"] == variant]
+        if not mine:
+            continue
+        best = max(mine, key=lambda r: r["qps"])
+        ceiling, _ = _ceiling(model, ceilings)
+        rows.append([
+            _label(best), f"{best['qps']:,.0f}", str(best["concurrency"]),
+            f"{best['p50_ms']:.1f}", f"{best.get('gpu_util_mean') or 0:.0f} %",
+            f"{ceiling:,.0f}", f"{best['qps'] / ceiling:.2f} x", f"{target:,}",
+            "met" if best["qps"] >= target else "not met",
+        ])
+    parts += [
+        "### Best throughput per ensemble against the targets",
+        _table(["ensemble", "QPS", "at concurrency", "p50 ms", "GPU", "in-process ceiling",
+                "served / ceiling", "target", ""], rows),
+        "Ceilings: " + "; ".join(
+            f"`{model}`: {_ceiling(model, ceilings)[1]}" for model in TARGETS
+            if any(r["model"] == model for r in runs)
+        ) + ".",
+        "### Every measurement",
+        _table(
+            ["ensemble", "concurrency", "QPS", "p50 ms", "p99 ms", "server queue ms",
+             "server compute ms", "GPU mean / max"],
+            [
+                [_label(r), str(r["concurrency"]), f"{r['qps']:,.0f}",
+                 f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['server_queue_ms']:.1f}",
+                 f"{r['server_compute_ms']:.1f}",
+                 f"{r.get('gpu_util_mean') or 0:.0f} / {r.get('gpu_util_max') or 0:.0f} %"]
+                if "qps" in r else
+                [_label(r), str(r["concurrency"]), "failed: " + _first_error(r),
+                 "", "", "", "", ""]
+                for r in runs
+            ],
+        ),
+    ]
+    if "text_torch_fp16" in ceilings:
+        parts.append(
+            "For comparison, `SentenceTransformer.encode` in PyTorch fp16 on the same GPU "
+            "(batch 256, its own tokenization included, one process): "
+            f"{ceilings['text_torch_fp16']['items_per_s']:,.0f} sentences/s."
+        )
+    parts.append(END)
+    return "\n\n".join(parts)
+
+
+def _label(run: dict[str, Any]) -> str:
+    return f"`{run['model']}`" + (f" ({run['variant']})" if run.get("variant") else "")
+
+
+def _first_error(run: dict[str, Any]) -> str:
+    text = run.get("error", "")
+    match = re.search(r"error: (.*)", text)
+    line = (match.group(1) if match else text.strip().splitlines()[-1:] or ["?"])
+    line = line if isinstance(line, str) else line[0]
+    return line.replace("|", "/")[:160]
+
+
+def kept_block(previous: str) -> list[str]:
+    """The GPU section of the previous document, markers included (or nothing)."""
+    match = re.search(re.escape(BEGIN) + r".*?" + re.escape(END), previous, re.S)
+    return [match.group(0)] if match else []
+
+
+def write_gpu_section(results: list[dict[str, Any]], docs: Path) -> str:
+    """Put the section into ``docs/benchmarks.md`` (replacing the old one); return it."""
+    doc = docs / "benchmarks.md"
+    text = doc.read_text()
+    section = render_gpu_section(results)
+    if BEGIN in text:
+        text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: section, text,
+                      flags=re.S)
+    else:
+        text = text.replace(ANCHOR, section + "\n\n" + ANCHOR, 1)
+    doc.write_text(text)
+    return section
