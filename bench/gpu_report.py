@@ -56,10 +56,11 @@ def render_gpu_section(results: list[dict[str, Any]]) -> str:
     """Markdown for one or more results files of the same GPU host."""
     first = results[0]["meta"]
     machine = first["machine"]
-    runs = [{**run, "variant": _variant(r)} for r in results for run in r.get("runs", [])]
-    ceilings: dict[str, Any] = {}
-    for r in results:
-        ceilings.update(r.get("ceilings", {}))
+    runs = [
+        {**run, "variant": _variant(r), "ceilings": r.get("ceilings", {})}
+        for r in results
+        for run in r.get("runs", [])
+    ]
     files = ", ".join(f"`bench/results/gpu-{r['meta']['args']['models']}-{r['meta']['started']}"
                       ".json`" for r in results)
     parts = [
@@ -97,7 +98,7 @@ def render_gpu_section(results: list[dict[str, Any]]) -> str:
         if not mine:
             continue
         best = max(mine, key=lambda r: r["qps"])
-        ceiling, _ = _ceiling(model, ceilings)
+        ceiling, _ = _ceiling(model, best["ceilings"])
         rows.append([
             _label(best), f"{best['qps']:,.0f}", str(best["concurrency"]),
             f"{best['p50_ms']:.1f}", f"{best.get('gpu_util_mean') or 0:.0f} %",
@@ -106,19 +107,19 @@ def render_gpu_section(results: list[dict[str, Any]]) -> str:
         ])
     parts += [
         "### Best throughput per ensemble against the targets",
-        _table(["ensemble", "QPS", "at concurrency", "p50 ms", "GPU", "in-process ceiling",
-                "served / ceiling", "target", ""], rows),
-        "Ceilings: " + "; ".join(
-            f"`{model}`: {_ceiling(model, ceilings)[1]}" for model in TARGETS
-            if any(r["model"] == model for r in runs)
+        _table(["ensemble", "QPS", "at concurrency", "p50 ms", "GPU", "in-process rate",
+                "served / in-process", "target", ""], rows),
+        "In-process rates, measured in the same run as the row: " + "; ".join(
+            f"`{model}`: {_ceiling(model, run['ceilings'])[1]}"
+            for model, run in {r["model"]: r for r in runs}.items()
         ) + ".",
         "### Every measurement",
         _table(
-            ["ensemble", "concurrency", "QPS", "p50 ms", "p99 ms", "server queue ms",
+            ["ensemble", "concurrency", "QPS", "p50 ms", "p99 ms", "encoder rows / execution",
              "server compute ms", "GPU mean / max"],
             [
                 [_label(r), str(r["concurrency"]), f"{r['qps']:,.0f}",
-                 f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['server_queue_ms']:.1f}",
+                 f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", _rows_per_execution(r),
                  f"{r['server_compute_ms']:.1f}",
                  f"{r.get('gpu_util_mean') or 0:.0f} / {r.get('gpu_util_max') or 0:.0f} %"]
                 if "qps" in r else
@@ -128,14 +129,26 @@ def render_gpu_section(results: list[dict[str, Any]]) -> str:
             ],
         ),
     ]
-    if "text_torch_fp16" in ceilings:
+    torch_rates = [r["ceilings"]["text_torch_fp16"]["items_per_s"] for r in runs
+                   if "text_torch_fp16" in r["ceilings"]]
+    if torch_rates:
         parts.append(
             "For comparison, `SentenceTransformer.encode` in PyTorch fp16 on the same GPU "
             "(batch 256, its own tokenization included, one process): "
-            f"{ceilings['text_torch_fp16']['items_per_s']:,.0f} sentences/s."
+            f"{min(torch_rates):,.0f}-{max(torch_rates):,.0f} sentences/s."
         )
     parts.append(END)
     return "\n\n".join(parts)
+
+
+def _rows_per_execution(run: dict[str, Any]) -> str:
+    """Mean requests per execution of the run's encoder step, from perf_analyzer's report."""
+    step = re.compile(
+        r"_encode(?:_text|_image)?, version: \d+\s+Inference count: (\d+)\s+"
+        r"Execution count: (\d+)"
+    )
+    match = step.search(run.get("perf_analyzer_tail", ""))
+    return f"{int(match.group(1)) / int(match.group(2)):.1f}" if match else "?"
 
 
 def _label(run: dict[str, Any]) -> str:
