@@ -341,7 +341,7 @@ def docs_text_run() -> str:
         [
             "    make bench                                  # full suite, about 30 min here",
             "    .venv/bin/python -m bench.run --quick       # smoke test, under 3 min",
-            "    .venv/bin/python -m bench.gpu               # CUDA host with onnxruntime-gpu (GPU)",
+            "    .venv/bin/python -m bench.gpu               # a CUDA host with onnxruntime-gpu",
             "    deploy/gpu/run_bench_offline.sh --models text  # the same, host without network",
             "    .venv/bin/python -m bench.run --repeats 5 --skip-peers --skip-images",
             "    .venv/bin/python -m bench.run --no-docs --text-set max_rows_per_run=1  # a knob",
