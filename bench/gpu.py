@@ -6,11 +6,12 @@ own generator, starts the project's Triton, proves the encoders run on the GPU (
 encoder session refuses to start unless CUDA is its first provider; the stubs must hold
 GPU memory) and their output matches sentence-transformers on the same GPU, then drives
 every ensemble with the real perf_analyzer (gRPC, batch-1 requests, a concurrency sweep)
-while sampling the GPU's utilisation. The in-process ceilings run the same ONNX graphs
-without Triton: ORT CUDA over length-sorted batches (text), batches of ready pixels (image
-tower), and the served preprocessing on every core (images cannot be served faster than
-they are decoded). Writes ``<out>/gpu-<time>.json``; ``--report`` renders a saved one
-into ``docs/benchmarks.md`` (section "GPU").
+while sampling the GPU's utilisation. The in-process rates run the same ONNX graphs
+without Triton: one ORT CUDA session over length-sorted batches (text), batches of ready
+pixels (image tower), and the served preprocessing on every core (images cannot be served
+faster than they are decoded). The serving knobs are those of ``deploy/models.toml`` (the
+GPU deployment); ``--set`` changes one. Writes ``<out>/gpu-<models>-<time>.json``;
+``--report FILE...`` renders saved ones into ``docs/benchmarks.md`` (section "GPU").
 """
 
 from __future__ import annotations
@@ -141,32 +142,37 @@ class GpuSampler:
         self._proc.wait(timeout=10)
 
 
+GPU_MANIFEST = ROOT / "deploy" / "models.toml"
+SOURCE_KEYS = ("name", "family", "source", "arch", "pretrained", "checkpoint")
+
+
 def manifest_data(text_dir: Path, precision: str, overrides: list[str]) -> dict:
-    """The GPU bench manifest: GPU knobs chosen for a 16-core host with one GPU."""
+    """The GPU bench manifest: the GPU deployment's knobs on the random-init models.
+
+    Serving knobs come from ``deploy/models.toml``; then ``precision`` and ``overrides``
+    (``text.KEY=VALUE`` / ``clip.KEY=VALUE``).
+    """
+    import tomllib  # noqa: PLC0415
+
     from bench.manifest import parse_overrides  # noqa: PLC0415
 
-    text = {
-        "name": TEXT_MODEL, "family": "sentence-transformers", "source": str(text_dir),
-        "device": "gpu", "precision": precision,
-        "max_batch_size": 512, "max_queue_delay_us": 1000,
-        # One GPU run per chunk: padding is cheap next to launches, so large chunks.
-        "max_rows_per_run": 512, "max_padding_share": 0.5,
-        "encoder_instances": 2, "preprocess_instances": 8,
-    }
-    clip = {
-        "name": CLIP_MODEL, "family": "open-clip", "arch": "ViT-B-32",
-        "device": "gpu", "precision": precision,
-        "max_batch_size": 256, "max_queue_delay_us": 1000,
-        "encoder_instances": 2, "preprocess_instances": 12,
-        # Room for 256 large photos in one preprocessing execution (the CPU default is
-        # 64 Mpx, sized for a small host).
-        "max_batch_pixels": 1 << 29,
-    }
+    shipped = tomllib.loads(GPU_MANIFEST.read_text())
+    families = {e["family"]: e for e in shipped["models"]}
+
+    def knobs(family: str) -> dict:
+        return {k: v for k, v in families[family].items() if k not in SOURCE_KEYS}
+
+    text = {**knobs("sentence-transformers"), "name": TEXT_MODEL,
+            "family": "sentence-transformers", "source": str(text_dir)}
+    clip = {**knobs("open-clip"), "name": CLIP_MODEL, "family": "open-clip", "arch": "ViT-B-32"}
+    for entry in (text, clip):
+        entry.update(device="gpu", precision=precision)
     for pair in overrides:
         target, _, setting = pair.partition(".")
         entry = {"text": text, "clip": clip}[target]
         entry.update(parse_overrides([setting]))
-    fetch = {"allow_hosts": ["127.0.0.1"], "instances": 4, "max_concurrency": 64}
+    fetch = dict(shipped.get("fetch_image", {}))
+    fetch["allow_hosts"] = ["127.0.0.1"]
     return {"models": [text, clip], "fetch_image": fetch}
 
 

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench import docs_text, gpu_report  # noqa: E402
 from bench.gpu import manifest_data  # noqa: E402
 from bench.report import Summary  # noqa: E402
-from generator.manifest import ManifestError, parse_manifest  # noqa: E402
+from generator.manifest import ManifestError, load_manifest, parse_manifest  # noqa: E402
 from generator.runtime.ort_runner import checked_placement  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,6 +97,13 @@ def test_gpu_manifest_is_valid_and_takes_overrides() -> None:
     assert text.precision == "fp16" and text.encoder_instances == 6
     assert clip.image_draft_decode is True
     assert "127.0.0.1" in manifest.fetch_image.allow_hosts
+    # Every other serving knob is the GPU deployment's own.
+    shipped = {e.family: e for e in load_manifest(ROOT / "deploy" / "models.toml").models}
+    for entry in (text, clip):
+        for knob in ("max_batch_size", "max_queue_delay_us", "max_rows_per_run",
+                     "preprocess_instances", "max_batch_pixels"):
+            assert getattr(entry, knob) == getattr(shipped[entry.family], knob), knob
+    assert clip.encoder_instances == shipped["open-clip"].encoder_instances
 
 
 def test_gpu_manifest_refuses_an_unknown_knob() -> None:
