@@ -87,10 +87,15 @@ class TextCeiling:
 
 
 def served_tokenizer(repo: Path, model: str):
-    """The ``BatchTokenizer`` of ``<model>_tokenize``, set up as Triton sets it up."""
+    """The ``BatchTokenizer`` of ``<model>_tokenize``, set up as Triton sets it up.
+
+    With ``fused_tokenize`` there is no such model: ``<model>_encode`` holds the tokenizer.
+    """
     from generator.runtime.text import BatchTokenizer, TokenizerParams  # noqa: PLC0415
 
     tok_dir = repo / f"{model}_tokenize"
+    if not tok_dir.is_dir():
+        tok_dir = repo / f"{model}_encode"
     params = TokenizerParams.from_parameters(config_parameters(tok_dir))
     return BatchTokenizer(str(tok_dir / "1" / "tokenizer.json"), params)
 

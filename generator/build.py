@@ -199,6 +199,7 @@ def _build_locked(manifest, repo, only, force, log) -> BuildReport:
             raise
         finally:
             shutil.rmtree(work, ignore_errors=True)
+        _remove_dropped(writer, state, entry.name, [d.name for d in dirs])
         state[entry.name] = {"fingerprint": fingerprint, "dirs": [d.name for d in dirs]}
         writer.save_state(state)
         report.built.append(entry.name)
@@ -209,6 +210,17 @@ def _build_locked(manifest, repo, only, force, log) -> BuildReport:
     writer.save_state(state)
     writer.clean()
     return report
+
+
+def _remove_dropped(writer, state, name: str, dirs: list[str]) -> None:
+    """Delete dirs an entry's previous build wrote and this one no longer does.
+
+    Turning ``fused_tokenize`` on drops ``<name>_tokenize``; left in place, a server
+    started in ``none`` or ``poll`` mode would still load it.
+    """
+    others = {d for key, record in state.items() if key != name for d in record["dirs"]}
+    for old in sorted(set(state.get(name, {}).get("dirs", [])) - set(dirs) - others):
+        writer.remove(old)
 
 
 def _build_shared(manifest: Manifest, writer, state, report, force: bool) -> None:

@@ -80,6 +80,7 @@ class ModelEntry:
     prompts: dict[str, str] | None = None
     default_prompt_name: str | None = None
     truncate_dim: int | None = None
+    fused_tokenize: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields (for hashing and display)."""
@@ -95,6 +96,8 @@ class ModelEntry:
         """Every model dir the entry builds: its ensembles and their steps."""
         if self.family == "open-clip":
             steps = ("tokenize", "encode_text", "preprocess_image", "encode_image")
+        elif self.fused_tokenize:
+            steps = ("encode",)
         else:
             steps = ("tokenize", "encode")
         return (*self.ensembles, *(f"{self.name}_{s}" for s in steps))
@@ -254,6 +257,20 @@ def _check_prompts(where: str, entry: ModelEntry, errors: list[str]) -> None:
             errors.append(f"{where}: truncate_dim needs encoder_backend 'python-ort'")
 
 
+def _check_fused_tokenize(where: str, entry: ModelEntry, errors: list[str]) -> None:
+    """``fused_tokenize``: the Python ORT encoder of a sentence-transformers model only."""
+    if not entry.fused_tokenize:
+        return
+    if entry.family != "sentence-transformers":
+        errors.append(f"{where}: fused_tokenize needs family 'sentence-transformers'")
+    if entry.encoder_backend != "python-ort":
+        errors.append(
+            f"{where}: fused_tokenize needs encoder_backend 'python-ort' (the tokenizer runs "
+            "inside the Python encoder; Triton's native onnxruntime backend takes only "
+            "token tensors)"
+        )
+
+
 def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntry | None:
     if not isinstance(raw, Mapping):
         errors.append(f"models[{i}] must be a table ([[models]]), got {raw!r}")
@@ -303,6 +320,7 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
     if entry.precision == "fp16" and entry.device != "gpu":
         errors.append(f"{where}: precision 'fp16' needs device 'gpu'")
     _check_prompts(where, entry, errors)
+    _check_fused_tokenize(where, entry, errors)
     if entry.family in ("sentence-transformers", "cross-encoder") and not entry.source:
         errors.append(f"{where}: {entry.family} models need 'source'")
     if entry.family == "open-clip":

@@ -3,7 +3,8 @@
 Token inputs arrive ragged (each request keeps its own width); all rows of one
 ``execute`` are sorted by true length and run in chunks padded to their own longest
 row, then returned in request order. Fixed-shape inputs (pixels, CLIP's fixed text
-context) are concatenated and run in chunks.
+context) are concatenated and run in chunks. With ``fused_tokenize`` the model takes
+``TEXT`` and tokenizes it in this stub first (``embed_runtime.text_encoder``).
 """
 
 import dataclasses
@@ -11,9 +12,8 @@ import json
 import os
 
 import triton_python_backend_utils as pb_utils
-from embed_runtime.adapter import config_parameters, error_response, input_array, run_or_isolate
+from embed_runtime.adapter import config_parameters, embed_requests, input_array
 from embed_runtime.busy import BusyBoard, board_path
-from embed_runtime.errors import RequestError
 from embed_runtime.ort_runner import (
     EncoderParams,
     OrtEncoder,
@@ -22,6 +22,7 @@ from embed_runtime.ort_runner import (
     shared_threads,
 )
 from embed_runtime.request_options import request_parameters, resolve_dimensions, truncate
+from embed_runtime.text_encoder import TextEncoder, is_fused
 
 
 class TritonPythonModel:
@@ -31,7 +32,8 @@ class TritonPythonModel:
         """Build the ONNX Runtime session once."""
         self.logger = pb_utils.Logger
         config = json.loads(args["model_config"])
-        params = EncoderParams.from_parameters(config_parameters(config))
+        raw = config_parameters(config)
+        params = EncoderParams.from_parameters(raw)
         instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", []))
         board = None
         if params.shared_intra_op_threads and instances > 1:
@@ -44,6 +46,9 @@ class TritonPythonModel:
         device_id = int(args.get("model_instance_device_id") or 0)
         path = os.path.join(model_dir, self.params.onnx_file)
         self.encoder = OrtEncoder(path, self.params, device_id, board)
+        self.text = None
+        if is_fused(raw):  # TEXT in: this stub does the tokenizer step's work too
+            self.text = TextEncoder.from_parameters(raw, model_dir, self.encoder)
         providers = self.encoder.session.get_providers()
         threads = self.params.intra_op_threads or "default"
         if self.encoder.shared_session is not None:
@@ -60,34 +65,24 @@ class TritonPythonModel:
         dims = resolve_dimensions(parameters, full, default)
         return (arrays if self.params.ragged else arrays[self.params.input_names[0]]), dims
 
+    def _read_text(self, request):
+        rows = input_array(pb_utils, request, "TEXT")
+        return self.text.read(rows, request_parameters(request.parameters()))
+
+    def _run(self, items):
+        run = self.encoder.encode_tokens if self.params.ragged else self.encoder.encode_dense
+        outputs = run([inputs for inputs, _ in items])
+        pairs = zip(outputs, items, strict=True)
+        return [truncate(o, k, self.params.normalize) if k else o for o, (_, k) in pairs]
+
     def execute(self, requests):
         """Embed all valid requests in one sorted, chunked pass."""
-        responses = [None] * len(requests)
-        valid, inputs, dims = [], [], []
-        for i, request in enumerate(requests):
-            try:
-                arrays, k = self._read(request)
-                inputs.append(arrays)
-                dims.append(k)
-                valid.append(i)
-            except RequestError as exc:
-                responses[i] = error_response(pb_utils, exc)
-        if not valid:
-            return responses
-        run = self.encoder.encode_tokens if self.params.ragged else self.encoder.encode_dense
-        outputs = run_or_isolate(run, inputs, self.logger.log_error)
-        for i, out, k in zip(valid, outputs, dims, strict=True):
-            if isinstance(out, Exception):
-                responses[i] = error_response(pb_utils, out, self.logger.log_error)
-                continue
-            if k:
-                out = truncate(out, k, self.params.normalize)
-            tensor = pb_utils.Tensor(self.params.output_name, out)
-            responses[i] = pb_utils.InferenceResponse(output_tensors=[tensor])
-        return responses
+        read, run = (self._read_text, self.text.embed) if self.text else (self._read, self._run)
+        name, log = self.params.output_name, self.logger.log_error
+        return embed_requests(pb_utils, requests, read, run, name, log)
 
     def finalize(self):
         """Release the ONNX Runtime session(s) and this instance's busy-board slot."""
         if self.encoder is not None and self.encoder.board is not None:
             self.encoder.board.close()
-        self.encoder = None
+        self.encoder = self.text = None

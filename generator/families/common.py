@@ -130,6 +130,24 @@ def encoder_dir(
             accelerator=gpu_accelerator(entry, inputs),
         )
         return ModelDir(name, config, None, {"model.onnx": onnx_path})
+    parameters = _python_encoder_parameters(entry, spec, ragged, limits, max_dimensions)
+    if max_dimensions:
+        outputs = [IOSpec(o.name, o.data_type, (-1,)) for o in outputs]
+    inputs = [IOSpec.from_tensor(t, ragged=ragged) for t in spec.inputs]
+    config = python_model(
+        name, entry.max_batch_size, inputs, outputs, parameters, batching, instances
+    )
+    return ModelDir(name, config, "encode", {"model.onnx": onnx_path})
+
+
+def _python_encoder_parameters(
+    entry: ModelEntry,
+    spec: GraphSpec,
+    ragged: bool,
+    limits: dict[str, int] | None,
+    max_dimensions: int,
+) -> dict[str, str]:
+    """Config parameters of the Python ORT runner (``EncoderParams.from_parameters``)."""
     parameters = {
         "onnx_file": "model.onnx",
         "input_names": ",".join(spec.input_names),
@@ -152,12 +170,43 @@ def encoder_dir(
         parameters["max_dimensions"] = str(max_dimensions)
         parameters["default_dimensions"] = str(entry.truncate_dim or 0)
         parameters["normalize"] = str(entry.normalize).lower()
-        outputs = [IOSpec(o.name, o.data_type, (-1,)) for o in outputs]
-    inputs = [IOSpec.from_tensor(t, ragged=ragged) for t in spec.inputs]
+    return parameters
+
+
+def fused_encoder_dir(
+    entry: ModelEntry,
+    name: str,
+    onnx_path: Path,
+    spec: GraphSpec,
+    tokenizer_json: Path,
+    tok_params: TokenizerParams,
+    limits: dict[str, int] | None = None,
+) -> ModelDir:
+    """The Python ORT encoder taking ``TEXT`` itself (``fused_tokenize``): no tokenize step.
+
+    It reads the tokenizer's parameters beside its own and tokenizes each execution's
+    rows in its own stub, so a request crosses one Python model instead of two.
+    ``TEXT`` is a fixed [1] input: requests batch without ragged inputs.
+    """
+    dims = tok_params.max_dimensions
+    parameters = {
+        **_python_encoder_parameters(entry, spec, False, limits, dims),
+        **tokenizer_parameters(entry, tok_params),
+        **_prompt_parameters(tok_params),
+        "fused_tokenize": "true",
+    }
+    output = spec.outputs[0]
     config = python_model(
-        name, entry.max_batch_size, inputs, outputs, parameters, batching, instances
+        name,
+        entry.max_batch_size,
+        [IOSpec("TEXT", "TYPE_STRING", (1,))],
+        [IOSpec(output.name, output.triton_dtype, (-1,) if dims else output.dims)],
+        parameters,
+        Batching(True, entry.max_queue_delay_us),
+        Instances(entry.encoder_instances, "KIND_GPU" if entry.device == "gpu" else "KIND_CPU"),
     )
-    return ModelDir(name, config, "encode", {"model.onnx": onnx_path})
+    files = {"model.onnx": onnx_path, "tokenizer.json": tokenizer_json}
+    return ModelDir(name, config, "encode", files)
 
 
 def chain_dir(

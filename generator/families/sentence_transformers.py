@@ -21,7 +21,7 @@ from ..onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ..precision import apply_precision
 from ..render import IOSpec
 from ..runtime.text import BatchTokenizer, TokenizerParams
-from .common import chain_dir, encoder_dir, tokenize_dir
+from .common import chain_dir, encoder_dir, fused_encoder_dir, tokenize_dir
 
 VALIDATION_TEXTS = (
     "A man is eating food.",
@@ -167,7 +167,11 @@ def token_limits(model) -> dict[str, int]:
 
 
 def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
-    """Export, validate and describe the three model dirs of one text model."""
+    """Export, validate and describe the model dirs of one text model.
+
+    Three (tokenize, encode, the ensemble), or two with ``fused_tokenize`` (an encoder
+    that takes ``TEXT`` itself, and the ensemble calling it).
+    """
     model, _ = _load(entry, manifest)
     max_len = int(model.max_seq_length)
     tokenizer_json = work / "tokenizer.json"
@@ -214,6 +218,15 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     apply_precision(onnx_path, entry.graph_precision, spec, encoder, cases)
 
     tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
+    text = IOSpec("TEXT", "TYPE_STRING", (1,))
+    out_dim = -1 if truncatable else dim
+    if entry.fused_tokenize:
+        return [
+            fused_encoder_dir(
+                entry, encode, onnx_path, spec, tokenizer_json, tok_params, token_limits(model)
+            ),
+            chain_dir(entry, entry.name, text, out_dim, [(encode, ["TEXT"], ["EMBEDDING"])]),
+        ]
     return [
         tokenize_dir(entry, tokenize, tokenizer_json, tok_params, -1),
         encoder_dir(
@@ -228,8 +241,8 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
         chain_dir(
             entry,
             entry.name,
-            IOSpec("TEXT", "TYPE_STRING", (1,)),
-            -1 if truncatable else dim,
+            text,
+            out_dim,
             [(tokenize, ["TEXT"], input_names), (encode, input_names, ["EMBEDDING"])],
         ),
     ]

