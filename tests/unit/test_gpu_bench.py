@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -134,3 +135,27 @@ def test_cuda_session_that_fell_back_to_the_cpu_is_refused() -> None:
 def test_session_on_the_asked_device_is_kept(asked: str, placed: list[str]) -> None:
     session = _Session(placed)
     assert checked_placement(session, asked) is session
+
+
+def test_preprocess_rate_runs_the_served_preprocessing_on_every_core(tmp_path: Path) -> None:
+    from bench.gpu_rates import preprocess_ceiling
+    from client.workload import generated_images
+
+    params = {
+        "image_size": "224,224", "resize_mode": "shortest", "interpolation": "bicubic",
+        "mean": "0.48145466,0.4578275,0.40821073", "std": "0.26862954,0.26130258,0.27577711",
+        "fill_color": "0", "max_image_pixels": "16777216", "max_batch_pixels": "67108864",
+        "max_bytes": "20971520", "apply_exif": "true",
+    }
+    model = tmp_path / "m_preprocess_image"
+    model.mkdir()
+    model.joinpath("config.pbtxt").write_text(
+        'name: "m_preprocess_image"\nbackend: "python"\n' + "".join(
+            f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n'
+            for k, v in params.items()
+        )
+    )
+    photos = dict(list(generated_images().items())[:2])
+    rate = preprocess_ceiling(tmp_path, "m", photos, rounds=1)
+    assert rate["processes"] == (os.cpu_count() or 1)
+    assert rate["items_per_s"] > 0
