@@ -99,6 +99,12 @@ def gpu_accelerator(entry: ModelEntry, inputs: Sequence[IOSpec]) -> Accelerator 
     return Accelerator("tensorrt", tuple(parameters.items()))
 
 
+def _encoder_scheduling(entry: ModelEntry) -> tuple[Batching, Instances]:
+    """Dynamic batching and instance group of an encoder (either kind, fused or not)."""
+    kind = "KIND_GPU" if entry.device == "gpu" else "KIND_CPU"
+    return Batching(True, entry.max_queue_delay_us), Instances(entry.encoder_instances, kind)
+
+
 def encoder_dir(
     entry: ModelEntry,
     name: str,
@@ -114,9 +120,7 @@ def encoder_dir(
     call may send the Python runner's token inputs. ``max_dimensions`` D > 0 lets the
     Python runner truncate to a request's ``dimensions`` (the output is then ``[-1]``).
     """
-    kind = "KIND_GPU" if entry.device == "gpu" else "KIND_CPU"
-    instances = Instances(entry.encoder_instances, kind)
-    batching = Batching(True, entry.max_queue_delay_us)
+    batching, instances = _encoder_scheduling(entry)
     outputs = [IOSpec.from_tensor(t) for t in spec.outputs]
     if entry.encoder_backend == "onnxruntime":
         inputs = [IOSpec.from_tensor(t) for t in spec.inputs]
@@ -202,8 +206,7 @@ def fused_encoder_dir(
         [IOSpec("TEXT", "TYPE_STRING", (1,))],
         [IOSpec(output.name, output.triton_dtype, (-1,) if dims else output.dims)],
         parameters,
-        Batching(True, entry.max_queue_delay_us),
-        Instances(entry.encoder_instances, "KIND_GPU" if entry.device == "gpu" else "KIND_CPU"),
+        *_encoder_scheduling(entry),
     )
     files = {"model.onnx": onnx_path, "tokenizer.json": tokenizer_json}
     return ModelDir(name, config, "encode", files)
