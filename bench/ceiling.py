@@ -39,15 +39,24 @@ def config_parameters(model_dir: Path) -> dict[str, str]:
 
 
 def make_session(
-    onnx_path: Path, device: str = "cpu", graph_optimization: str = "all", threads: int = 0
+    onnx_path: Path,
+    device: str = "cpu",
+    graph_optimization: str = "all",
+    threads: int = 0,
+    weight_cache: bool = True,
 ):
     """An ONNX Runtime session with default threading and full graph optimisation.
 
     ``device="gpu"`` uses CUDAExecutionProvider when this onnxruntime has it;
     ``graph_optimization`` is one of the manifest's levels (disable/basic/extended/all);
-    ``threads`` is ONNX Runtime's intra-op thread count (0: one per core).
+    ``threads`` is ONNX Runtime's intra-op thread count (0: one per core). On the CPU the
+    session loads the host-optimised copy with memory-mapped packed weights that the
+    served encoders load (``weight_cache``, as they do by default), so sessions made
+    side by side share one copy of the weights exactly as the server's instances do.
     """
     import onnxruntime as ort  # noqa: PLC0415
+
+    from generator.runtime.ort_runner import cached_model  # noqa: PLC0415
 
     levels = {
         "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -56,12 +65,15 @@ def make_session(
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }
     options = ort.SessionOptions()
-    options.graph_optimization_level = levels[graph_optimization]
     options.intra_op_num_threads = threads
     providers = ["CPUExecutionProvider"]
     if device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    return ort.InferenceSession(str(onnx_path), sess_options=options, providers=providers)
+    path = str(onnx_path)
+    if providers[0] == "CPUExecutionProvider" and weight_cache:
+        path, graph_optimization = cached_model(path, graph_optimization), "disable"
+    options.graph_optimization_level = levels[graph_optimization]
+    return ort.InferenceSession(path, sess_options=options, providers=providers)
 
 
 @dataclass

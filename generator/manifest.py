@@ -66,6 +66,7 @@ class ModelEntry:
     ort_threads_shared: int = 0
     ort_spinning: bool = True
     ort_spin_us: int = 0
+    ort_weight_cache: bool = True
     graph_optimization: str = "all"
     precision: str = "fp32"
     device: str = "cpu"

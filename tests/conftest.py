@@ -8,7 +8,17 @@ allowed or not, and any skip not listed here makes pytest exit non-zero.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
+
+# The encoders' host weight cache (generator.runtime.ort_runner.cached_model) of this run
+# only: every in-process encoder and every Triton the tests start (they inherit the
+# environment) writes here, never into the user's own cache. Removed at the end.
+_WEIGHT_CACHE = tempfile.mkdtemp(prefix="embed-test-ort-cache-")
+os.environ["EMBED_ORT_CACHE_DIR"] = _WEIGHT_CACHE
 
 # node-id prefix -> why skipping it is acceptable
 ALLOWED_SKIPS: dict[str, str] = {
@@ -57,7 +67,8 @@ def _unexpected() -> list[tuple[str, str]]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Turn a run with an unexpected skip into a failed run."""
+    """Turn a run with an unexpected skip into a failed run; drop this run's weight cache."""
+    shutil.rmtree(_WEIGHT_CACHE, ignore_errors=True)
     if _unexpected() and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

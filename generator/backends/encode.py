@@ -54,8 +54,13 @@ class TritonPythonModel:
         if self.encoder.shared_session is not None:
             threads = f"{threads} alone, {self.params.shared_intra_op_threads} beside another"
         self.logger.log_info(
-            f"{args['model_name']}: ONNX Runtime on {providers}, intra-op threads {threads}"
+            f"{args['model_name']}: ONNX Runtime on {providers}, intra-op threads {threads}, "
+            f"graph {self.encoder.model_path}"
         )
+        if self.encoder.cache_error:  # served all the same, each session with its own weights
+            self.logger.log_warn(
+                f"{args['model_name']}: weight cache not used: {self.encoder.cache_error}"
+            )
 
     def _read(self, request):
         arrays = {n: input_array(pb_utils, request, n) for n in self.params.input_names}

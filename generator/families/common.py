@@ -167,6 +167,8 @@ def _python_encoder_parameters(
     }
     if entry.ort_spin_us:
         parameters["spin_duration_us"] = str(entry.ort_spin_us)
+    if not entry.ort_weight_cache and entry.device == "cpu":
+        parameters["weight_cache"] = "false"
     if entry.ort_threads_shared and entry.device == "cpu":
         shared = entry.ort_threads_shared
         parameters["shared_intra_op_threads"] = "auto" if shared == AUTO_THREADS else str(shared)

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import math
 import os
+import platform
+import shutil
+import stat
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,6 +48,7 @@ class EncoderParams:
     max_dimensions: int = 0
     default_dimensions: int = 0
     normalize: bool = False
+    weight_cache: bool = True
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> EncoderParams:
@@ -68,6 +75,7 @@ class EncoderParams:
                 max_dimensions=int(params.get("max_dimensions", "0")),
                 default_dimensions=int(params.get("default_dimensions", "0")),
                 normalize=params.get("normalize", "false").lower() == "true",
+                weight_cache=params.get("weight_cache", "true").lower() == "true",
             )
         except KeyError as exc:
             raise ValueError(f"encoder config parameter {exc.args[0]!r} is missing") from exc
@@ -195,6 +203,119 @@ def checked_placement(session, execution_provider: str):
     return session
 
 
+WEIGHT_CACHE_ENV = "EMBED_ORT_CACHE_DIR"
+_CACHED_MODEL, _CACHED_WEIGHTS = "model.onnx", "weights.bin"
+
+
+def _graph_level(ort, name: str):
+    return {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[name]
+
+
+def weight_cache_root(env: dict[str, str] | None = None) -> str:
+    """Where host-optimised models live: ``$EMBED_ORT_CACHE_DIR``, else a private temp folder."""
+    env = os.environ if env is None else env
+    default = os.path.join(tempfile.gettempdir(), f"embed-ort-cache-{os.getuid()}")
+    return env.get(WEIGHT_CACHE_ENV) or default
+
+
+def private_dir(path: str) -> str:
+    """Create ``path`` (mode 0700) or accept it only when it is this user's and private.
+
+    Anything else sharing the temp folder could otherwise plant a graph for this server
+    to load, so a folder owned by someone else, a symlink, or one that group or others
+    can write is refused (:class:`PermissionError`).
+    """
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(
+            f"weight cache {path} must be a directory of uid {os.getuid()} with mode 0700"
+        )
+    return path
+
+
+def _cpu_flags() -> str:
+    """The instruction-set flags the optimised graph and its packed weights depend on."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:  # noqa: PTH123
+            for line in cpuinfo:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def host_key(model_path: str, graph_optimization: str) -> str:
+    """Cache key: the graph's bytes (and external ``.data`` files), ORT, level and CPU."""
+    import onnxruntime as ort  # noqa: PLC0415 - serve-time dependency
+
+    digest = hashlib.sha256()
+    with open(model_path, "rb") as model:  # noqa: PTH123
+        for block in iter(lambda: model.read(1 << 20), b""):
+            digest.update(block)
+    folder = os.path.dirname(os.path.abspath(model_path))
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".data"):
+            info = os.stat(os.path.join(folder, name))
+            digest.update(f"{name}:{info.st_size}:{info.st_mtime_ns}".encode())
+    host = f"{ort.__version__}|{graph_optimization}|{platform.machine()}|{_cpu_flags()}"
+    digest.update(host.encode())
+    return digest.hexdigest()[:32]
+
+
+def cached_model(model_path: str, graph_optimization: str = "all", root: str | None = None) -> str:
+    """This host's optimised copy of ``model_path``, written once and then shared.
+
+    ONNX Runtime optimises the graph and re-packs the weights of every MatMul/Conv into
+    its kernels' layout when a session is created, in that session's private memory: two
+    encoder instances, with two sessions each, held four copies of the same weights, and
+    a lone request that landed on the other instance found them out of cache (+1 ms at
+    one client; docs/benchmarks.md). The copy written here holds the optimised graph and
+    the packed weights in one file that every session of every instance memory-maps: one
+    copy in RAM and in the CPU caches. The packed layout depends on the CPU, so the key
+    names the CPU's flags and ONNX Runtime's version; the first instance writes it under
+    a lock, into a folder renamed into place when complete.
+    """
+    import onnxruntime as ort  # noqa: PLC0415 - serve-time dependency
+
+    root = private_dir(root or weight_cache_root())
+    key = host_key(model_path, graph_optimization)
+    final = os.path.join(root, key)
+    target = os.path.join(final, _CACHED_MODEL)
+    if os.path.isfile(target):
+        return target
+    with open(os.path.join(root, f"{key}.lock"), "a") as lock:  # noqa: PTH123
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.isfile(target):  # another instance wrote it while this one waited
+            return target
+        work = tempfile.mkdtemp(prefix=f"{key}.", dir=root)
+        try:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = 1
+            options.log_severity_level = 3  # not its "hardware specific" warning: it is meant
+            options.graph_optimization_level = _graph_level(ort, graph_optimization)
+            options.optimized_model_filepath = os.path.join(work, _CACHED_MODEL)
+            for name, value in (
+                ("session.optimized_model_external_initializers_file_name", _CACHED_WEIGHTS),
+                ("session.optimized_model_external_initializers_min_size_in_bytes", "1024"),
+                ("session.save_external_prepacked_constant_initializers", "1"),
+            ):
+                options.add_session_config_entry(name, value)
+            cpu = ["CPUExecutionProvider"]
+            ort.InferenceSession(model_path, sess_options=options, providers=cpu)
+            os.rename(work, final)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+    return target
+
+
 class OrtEncoder:
     """The ONNX Runtime session(s) of one model instance, built once.
 
@@ -207,13 +328,22 @@ class OrtEncoder:
 
     def __init__(self, model_path: str, params: EncoderParams, device_id: int = 0, board=None):
         self.params = params
-        self.session = self._session(model_path, params.intra_op_threads, device_id)
         self.shared_session = self.board = None
         if board is not None and params.shared_intra_op_threads > 0:
             self.board = board
-            self.shared_session = self._session(
-                model_path, params.shared_intra_op_threads, device_id
-            )
+        # CPU: the sessions load this host's optimised copy (cached_model), whose packed
+        # weights every session of every instance maps; any problem with it (no writable
+        # cache, a bad file) falls back to optimising the graph in this process.
+        self.model_path, self.cache_error = model_path, ""
+        if params.weight_cache and params.execution_provider == "cpu":
+            try:
+                cached = cached_model(model_path, params.graph_optimization)
+                self._open(cached, "disable", device_id)
+                self.model_path = cached
+            except Exception as exc:  # noqa: BLE001 - the cache is an optimisation only
+                self.cache_error = f"{type(exc).__name__}: {exc}"
+        if self.model_path == model_path:
+            self._open(model_path, params.graph_optimization, device_id)
         self._current = self.session
         self.shared_runs = 0
         graph_inputs = {i.name for i in self.session.get_inputs()}
@@ -221,7 +351,13 @@ class OrtEncoder:
         if missing:
             raise ValueError(f"graph {model_path} lacks inputs {sorted(missing)}")
 
-    def _session(self, model_path: str, threads: int, device_id: int):
+    def _open(self, model_path: str, level: str, device_id: int) -> None:
+        self.session = self._session(model_path, self.params.intra_op_threads, device_id, level)
+        if self.board is not None:
+            threads = self.params.shared_intra_op_threads
+            self.shared_session = self._session(model_path, threads, device_id, level)
+
+    def _session(self, model_path: str, threads: int, device_id: int, level: str):
         import onnxruntime as ort  # noqa: PLC0415 - serve-time dependency
 
         params = self.params
@@ -240,12 +376,7 @@ class OrtEncoder:
         if params.spin_duration_us:
             duration = str(params.spin_duration_us)
             options.add_session_config_entry("session.intra_op.spin_duration_us", duration)
-        options.graph_optimization_level = {
-            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        }[params.graph_optimization]
+        options.graph_optimization_level = _graph_level(ort, level)
         chain = providers(params.execution_provider, device_id)
         session = ort.InferenceSession(model_path, sess_options=options, providers=chain)
         return checked_placement(session, params.execution_provider)

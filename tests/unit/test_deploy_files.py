@@ -33,6 +33,7 @@ from generator.families.common import TRT_ENGINE_CACHE_DIR, encoder_dir
 from generator.manifest import ManifestError, ModelEntry, load_manifest, parse_manifest
 from generator.onnx_export import GraphSpec, TensorSpec
 from generator.render import parse_config
+from generator.runtime.ort_runner import EncoderParams
 from generator.triton_local import prepare_backends, server_env, triton_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -1023,3 +1024,18 @@ def test_cpu_encoder_renders_thread_sharing_and_spin_only_when_asked(tmp_path) -
     on_gpu = _entry(**{**text, "device": "gpu"}, encoder_instances=2, ort_threads_shared=-1)
     config = parse_config(encoder_dir(on_gpu, "m_encode", tmp_path / "m.onnx", TEXT, True).config)
     assert "shared_intra_op_threads" not in config.parameters  # CPU threads only
+
+
+def test_cpu_encoder_turns_the_weight_cache_off_only_when_asked(tmp_path) -> None:
+    text = {"family": "sentence-transformers", "source": "x", "device": "cpu"}
+    default = encoder_dir(_entry(**text), "m_encode", tmp_path / "m.onnx", TEXT, ragged=True)
+    params = parse_config(default.config).parameters
+    assert "weight_cache" not in params  # on by default: EncoderParams reads "true"
+    assert EncoderParams.from_parameters(
+        {k: v.string_value for k, v in params.items()}
+    ).weight_cache
+    off = _entry(**text, ort_weight_cache=False)
+    config = parse_config(encoder_dir(off, "m_encode", tmp_path / "m.onnx", TEXT, True).config)
+    assert config.parameters["weight_cache"].string_value == "false"
+    read = {k: v.string_value for k, v in config.parameters.items()}
+    assert not EncoderParams.from_parameters(read).weight_cache
