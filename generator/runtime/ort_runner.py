@@ -275,8 +275,8 @@ def cached_model(model_path: str, graph_optimization: str = "all", root: str | N
     ONNX Runtime optimises the graph and re-packs the weights of every MatMul/Conv into
     its kernels' layout when a session is created, in that session's private memory: two
     encoder instances, with two sessions each, held four copies of the same weights, and
-    a lone request that landed on the other instance found them out of cache (+1 ms at
-    one client; docs/benchmarks.md). The copy written here holds the optimised graph and
+    a lone request that landed on the other instance found them out of cache (measured
+    in docs/deployment.md). The copy written here holds the optimised graph and
     the packed weights in one file that every session of every instance memory-maps: one
     copy in RAM and in the CPU caches. The packed layout depends on the CPU, so the key
     names the CPU's flags and ONNX Runtime's version; the first instance writes it under
