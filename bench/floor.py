@@ -7,10 +7,12 @@ ensemble whose encoder is an empty Python model (``bench/floor_model``: same con
 reads ``TEXT``, returns zeros). In rotation, each repeat measures one client sending one
 sentence at a time to both ensembles (the load generator and load of ``make bench``) and
 ONNX Runtime's batch-1 p50 in-process on the same sentences (the latency target's
-reference). The empty model's p50 is what Triton, the ensemble step, the Python
-backend's round trip, gRPC and the client cost on this host before any work: a served
-p50 can not come closer to ONNX Runtime's than that. Prints medians; ``--json`` saves
-every figure.
+reference), and the encoder stub's own code in-process (``TextEncoder.read`` + ``embed``
+on one sentence at a time: checks, tokenizing, the run, the response rows). The empty
+model's p50 is what Triton, the ensemble step, the Python backend's round trip, gRPC and
+the client cost on this host before any work: a served p50 can not come closer to ONNX
+Runtime's than that. Triton's compute time of each encoder (its ``execute`` as the
+server sees it) is recorded beside. Prints medians; ``--json`` saves every figure.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench.ceiling import make_session, text_ceiling
+from bench.ceiling import config_parameters, make_session, text_ceiling
 from bench.loads import text_loads
 from bench.manifest import ROOT, TEXT_MODEL, bench_manifest
 from bench.run import BUILD, log
@@ -58,6 +60,28 @@ def add_floor(repo: Path) -> None:
     (repo / FLOOR / "config.pbtxt").write_text(ensemble)
 
 
+def stub_code_p50(repo: Path, sentences: list[str]) -> float:
+    """p50 ms of the fused encoder's own code on one sentence at a time, in-process."""
+    import numpy as np  # noqa: PLC0415
+
+    from generator.runtime.ort_runner import EncoderParams, OrtEncoder  # noqa: PLC0415
+    from generator.runtime.text_encoder import TextEncoder  # noqa: PLC0415
+
+    folder = repo / f"{TEXT_MODEL}_encode"
+    raw = config_parameters(folder)
+    params = EncoderParams.from_parameters(raw)  # alone: the session a lone request gets
+    encoder = OrtEncoder(str(folder / "1" / params.onnx_file), params)
+    text = TextEncoder.from_parameters(raw, str(folder / "1"), encoder)
+    rows = [np.array([[s.encode()]], dtype=object) for s in sentences]
+    times = []
+    for i, row in enumerate(rows * 2):
+        start = time.perf_counter()
+        text.embed([text.read(row, {})])
+        if i >= len(rows):  # the first pass warms up
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
 def main(argv=None) -> int:
     """Measure, print and optionally save; returns 0."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -71,7 +95,8 @@ def main(argv=None) -> int:
     pool = text_pool()
     spec = next(load.spec for load in text_loads(False) if load.key == "1 x 1")
     requests = text_requests(pool, 1, spec.warmup_requests + spec.requests_per_client)
-    figures: dict[str, list[float]] = {"ort_batch1": [], TEXT_MODEL: [], FLOOR: []}
+    figures: dict[str, list[float]] = {"ort_batch1": [], "stub_code": [], TEXT_MODEL: [], FLOOR: []}
+    infer: dict[str, list[float]] = {TEXT_MODEL: [], FLOOR: []}
     with ExitStack() as stack:
         ports = TritonPorts(*free_ports(3))
         key = os.environ.setdefault(KEY_ENV, secrets.token_urlsafe(32))
@@ -88,11 +113,15 @@ def main(argv=None) -> int:
                     session = make_session(repo / f"{TEXT_MODEL}_encode" / "1" / "model.onnx")
                     p50 = text_ceiling(repo, TEXT_MODEL, pool, "cpu", 0, session).batch1_p50_ms
                     del session
+                elif name == "stub_code":
+                    p50 = stub_code_p50(repo, pool[:250])
                 else:
                     result = run_triton_load(
                         url, args.protocol, name, "TEXT", requests, spec, "1 x 1"
                     )
                     p50 = result.median_ms
+                    stats = {m.name: m for m in result.server or []}
+                    infer[name].append(stats[f"{name}_encode"].avg_compute_infer_ms)
                 figures[name].append(p50)
                 log(f"repeat {repeat + 1} {name:28s} p50 {p50:6.2f} ms")
     median = {name: statistics.median(values) for name, values in figures.items()}
@@ -102,13 +131,22 @@ def main(argv=None) -> int:
     }
     print(f"medians of {args.repeats} repeats ({args.protocol}, 1 client x 1 sentence)")
     for name in order:
-        print(
+        line = (
             f"  {name:28s} p50 {median[name]:6.2f} ms   over ORT batch-1: "
             f"{statistics.median(over[name]):+6.2f} ms"
         )
+        if infer.get(name):
+            line += f"   encoder compute (Triton, mean) {statistics.median(infer[name]):6.2f} ms"
+        print(line)
     if args.json:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        record = {"run": stamp, "protocol": args.protocol, "p50_ms": figures, "over_ms": over}
+        record = {
+            "run": stamp,
+            "protocol": args.protocol,
+            "p50_ms": figures,
+            "over_ms": over,
+            "encoder_compute_infer_ms": infer,
+        }
         args.json.write_text(json.dumps(record, indent=1))
     return 0
 

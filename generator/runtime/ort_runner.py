@@ -11,6 +11,7 @@ import platform
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -205,6 +206,7 @@ def checked_placement(session, execution_provider: str):
 
 WEIGHT_CACHE_ENV = "EMBED_ORT_CACHE_DIR"
 _CACHED_MODEL, _CACHED_WEIGHTS = "model.onnx", "weights.bin"
+CACHE_UNUSED_DAYS = 7  # a copy no server loaded for this long is removed by the next write
 
 
 def _graph_level(ort, name: str):
@@ -289,10 +291,12 @@ def cached_model(model_path: str, graph_optimization: str = "all", root: str | N
     final = os.path.join(root, key)
     target = os.path.join(final, _CACHED_MODEL)
     if os.path.isfile(target):
+        os.utime(final)  # last use, for prune_cache
         return target
     with open(os.path.join(root, f"{key}.lock"), "a") as lock:  # noqa: PTH123
         fcntl.flock(lock, fcntl.LOCK_EX)
         if os.path.isfile(target):  # another instance wrote it while this one waited
+            os.utime(final)
             return target
         work = tempfile.mkdtemp(prefix=f"{key}.", dir=root)
         try:
@@ -313,7 +317,36 @@ def cached_model(model_path: str, graph_optimization: str = "all", root: str | N
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
+    prune_cache(root, keep=key)
     return target
+
+
+def prune_cache(root: str, keep: str = "", days: float = CACHE_UNUSED_DAYS) -> list[str]:
+    """Remove the copies in ``root`` that no session loaded for ``days``; returns their keys.
+
+    Every load marks its copy used, so only graphs that were replaced or removed (a new
+    export has a new key) age out. A copy is removed under its own lock, so an instance
+    loading it at that moment either finds it whole or writes it again.
+    """
+    removed = []
+    cutoff = time.time() - days * 86400
+    for entry in os.scandir(root):
+        if entry.name == keep or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
+                continue
+            if "." in entry.name:  # the work folder of a write that never finished
+                shutil.rmtree(entry.path)
+                continue
+            with open(os.path.join(root, f"{entry.name}.lock"), "a") as lock:  # noqa: PTH123
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if os.stat(entry.path).st_mtime < cutoff:
+                    shutil.rmtree(entry.path)
+                    removed.append(entry.name)
+        except OSError:
+            continue
+    return removed
 
 
 class OrtEncoder:

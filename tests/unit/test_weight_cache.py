@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from generator.runtime.ort_runner import (
     cached_model,
     host_key,
     private_dir,
+    prune_cache,
     weight_cache_root,
 )
 from tests.unit.test_ort_runner import BASE, TABLE, _expected, _tokens, masked_mean_graph
@@ -147,3 +149,29 @@ def test_instances_starting_together_write_one_copy(model: Path, tmp_path: Path)
     assert len(set(paths)) == 1
     leftovers = [p.name for p in Path(root).iterdir() if p.is_dir()]
     assert leftovers == [Path(paths[0]).parent.name], "no half-written folder may remain"
+
+
+def test_copies_unused_for_a_week_are_pruned_by_the_next_write(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    old_model = masked_mean_graph(tmp_path / "old.onnx", TABLE + 3)
+    old = Path(cached_model(str(old_model), "all", str(root))).parent
+    recent = Path(cached_model(str(old_model), "basic", str(root))).parent
+    crashed = root / f"{old.name}.abc123"  # a write that never finished
+    crashed.mkdir()
+    week_ago = time.time() - 8 * 86400
+    for folder in (old, crashed):
+        os.utime(folder, (week_ago, week_ago))
+    new = Path(cached_model(str(masked_mean_graph(tmp_path / "new.onnx")), "all", str(root)))
+    left = sorted(p.name for p in root.iterdir() if p.is_dir())
+    assert left == sorted([recent.name, new.parent.name])
+    assert prune_cache(str(root)) == []  # nothing else is old
+
+
+def test_loading_a_copy_marks_it_used(model: Path, tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    folder = Path(cached_model(str(model), "all", str(root))).parent
+    week_ago = time.time() - 8 * 86400
+    os.utime(folder, (week_ago, week_ago))
+    cached_model(str(model), "all", str(root))
+    assert folder.stat().st_mtime > week_ago + 86400
+    assert prune_cache(str(root)) == []
