@@ -213,3 +213,25 @@ def test_docker_translation_keeps_the_container_spec() -> None:
     gpu = k8s.container(_pod(k8s.render("overlays/gpu"), "Deployment"), "triton")
     with pytest.raises(ValueError, match="nvidia.com/gpu"):
         k8s_docker.docker_run(pod, gpu, bindings, "t")
+
+
+def _cache_volume(pod: dict, ctr: dict) -> tuple[str, dict]:
+    """The weight-cache folder and the volume under it (deepest mount containing it)."""
+    folder = _env(ctr)["EMBED_ORT_CACHE_DIR"]
+    mounts = [m for m in ctr["volumeMounts"] if folder.startswith(m["mountPath"] + "/")]
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))
+    return folder, k8s.volume_for(pod, mount)
+
+
+def test_weight_cache_is_a_writable_subfolder_without_the_tmp_size_limit(overlay) -> None:
+    # Hundreds of MiB per model (ViT-B-32: 660 MiB) would push /tmp (sizeLimit 1Gi) over
+    # and get the pod evicted; the server itself creates the subfolder 0700.
+    _, objects = overlay
+    pod = _pod(objects, "Deployment")
+    runtime = k8s.find(k8s.render("kserve"), "ServingRuntime")["spec"]
+    for spec, ctr in ((pod, k8s.container(pod, "triton")), (runtime, runtime["containers"][0])):
+        folder, volume = _cache_volume(spec, ctr)
+        assert not folder.startswith("/tmp/")
+        assert volume["emptyDir"] == {}, "no size limit, not memory-backed"
+        mount = next(m for m in ctr["volumeMounts"] if m["name"] == volume["name"])
+        assert folder != mount["mountPath"] and not mount.get("readOnly")
