@@ -39,11 +39,7 @@ def config_parameters(model_dir: Path) -> dict[str, str]:
 
 
 def make_session(
-    onnx_path: Path,
-    device: str = "cpu",
-    graph_optimization: str = "all",
-    threads: int = 0,
-    weight_cache: bool = True,
+    onnx_path: Path, device: str = "cpu", graph_optimization: str = "all", threads: int = 0
 ):
     """An ONNX Runtime session with default threading and full graph optimisation.
 
@@ -51,28 +47,22 @@ def make_session(
     ``graph_optimization`` is one of the manifest's levels (disable/basic/extended/all);
     ``threads`` is ONNX Runtime's intra-op thread count (0: one per core). On the CPU the
     session loads the host-optimised copy with memory-mapped packed weights that the
-    served encoders load (``weight_cache``, as they do by default), so sessions made
-    side by side share one copy of the weights exactly as the server's instances do.
+    served encoders load by default (``ort_weight_cache``), so sessions made side by side
+    share one copy of the weights exactly as the server's instances do.
     """
     import onnxruntime as ort  # noqa: PLC0415
 
-    from generator.runtime.ort_runner import cached_model  # noqa: PLC0415
+    from generator.runtime.ort_runner import cached_model, graph_level  # noqa: PLC0415
 
-    levels = {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     providers = ["CPUExecutionProvider"]
     if device == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     path = str(onnx_path)
-    if providers[0] == "CPUExecutionProvider" and weight_cache:
+    if providers[0] == "CPUExecutionProvider":
         path, graph_optimization = cached_model(path, graph_optimization), "disable"
-    options.graph_optimization_level = levels[graph_optimization]
+    options.graph_optimization_level = graph_level(ort, graph_optimization)
     return ort.InferenceSession(path, sess_options=options, providers=providers)
 
 

@@ -209,7 +209,8 @@ _CACHED_MODEL, _CACHED_WEIGHTS = "model.onnx", "weights.bin"
 CACHE_UNUSED_DAYS = 7  # a copy no server loaded for this long is removed by the next write
 
 
-def _graph_level(ort, name: str):
+def graph_level(ort, name: str):
+    """ONNX Runtime's enum for a manifest level (disable/basic/extended/all)."""
     return {
         "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -303,7 +304,7 @@ def cached_model(model_path: str, graph_optimization: str = "all", root: str | N
             options = ort.SessionOptions()
             options.intra_op_num_threads = 1
             options.log_severity_level = 3  # not its "hardware specific" warning: it is meant
-            options.graph_optimization_level = _graph_level(ort, graph_optimization)
+            options.graph_optimization_level = graph_level(ort, graph_optimization)
             options.optimized_model_filepath = os.path.join(work, _CACHED_MODEL)
             for name, value in (
                 ("session.optimized_model_external_initializers_file_name", _CACHED_WEIGHTS),
@@ -409,7 +410,7 @@ class OrtEncoder:
         if params.spin_duration_us:
             duration = str(params.spin_duration_us)
             options.add_session_config_entry("session.intra_op.spin_duration_us", duration)
-        options.graph_optimization_level = _graph_level(ort, level)
+        options.graph_optimization_level = graph_level(ort, level)
         chain = providers(params.execution_provider, device_id)
         session = ort.InferenceSession(model_path, sess_options=options, providers=chain)
         return checked_placement(session, params.execution_provider)
