@@ -31,6 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.gpu_images import (
+    clip_gpu_decode,
+    in_process_image_gpu,
+    served_image_checks,
+    write_jpeg_only,
+)
 from bench.gpu_rates import (
     clip_text_ceiling,
     image_tower_ceiling,
@@ -76,6 +82,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--report", type=Path, nargs="+", help="render saved results files into docs/"
     )
+    parser.add_argument("--probe", action="store_true",
+                        help="only decode one photo on the GPU and compare it with Pillow")
     return parser.parse_args(argv)
 
 
@@ -186,9 +194,16 @@ def serve_folder(folder: Path, port: int) -> subprocess.Popen:
     """``python -m http.server`` for the URL loads, in a process of its own (no GIL shared)."""
     import socket  # noqa: PLC0415
 
+    # http.server's own CLI keeps a listen backlog of 5: under hundreds of concurrent
+    # fetches the kernel drops connections and the fetches time out on connect.
+    code = (
+        "import functools, http.server as h, sys\n"
+        "h.ThreadingHTTPServer.request_queue_size = 1024\n"
+        "handler = functools.partial(h.SimpleHTTPRequestHandler, directory=sys.argv[2])\n"
+        "h.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[1])), handler).serve_forever()\n"
+    )
     server = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-         "--directory", str(folder)],
+        [sys.executable, "-c", code, str(port), str(folder)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 30
@@ -247,7 +262,7 @@ def text_parity(grpc_url: str, text_dir: Path, sentences: list[str], precision: 
 
 def perf_run(args, url: str, key: str, model: str, data: Path, concurrency: int, out: Path):
     """One perf_analyzer measurement at ``concurrency``; its CSV row as a dict."""
-    csv_path = out / f"pa-{model}-c{concurrency}.csv"
+    csv_path = out / f"pa-{model}-{data.stem}-c{concurrency}.csv"
     cmd = [
         args.perf_analyzer, "-m", model, "-i", "grpc", "-u", url,
         "--input-data", str(data), "--concurrency-range", f"{concurrency}:{concurrency}",
@@ -258,7 +273,7 @@ def perf_run(args, url: str, key: str, model: str, data: Path, concurrency: int,
         "--async",
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    (out / f"pa-{model}-c{concurrency}.log").write_text(done.stdout + done.stderr)
+    (out / f"pa-{model}-{data.stem}-c{concurrency}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0 or not csv_path.is_file():
         return {"error": (done.stdout + done.stderr)[-600:]}
     with csv_path.open() as handle:
@@ -279,7 +294,8 @@ def sweep(args, url, key, model, data, levels, sampler) -> list[dict]:
     for level in levels:
         start = time.monotonic()
         row = perf_run(args, url, key, model, data, level, args.out)
-        row.update(model=model, concurrency=level, **sampler.window(start, time.monotonic()))
+        row.update(model=model, concurrency=level, data=data.name,
+                   **sampler.window(start, time.monotonic()))
         rows.append(row)
         shown = f"{row['qps']:9.1f} QPS p50 {row['p50_ms']:7.2f} ms" if "qps" in row else "FAILED"
         log(f"  {model:28s} c={level:4d} {shown}  GPU {row['gpu_util_mean']}%")
@@ -305,6 +321,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         saved = [json.loads(path.read_text()) for path in args.report]
         print(write_gpu_section(saved, ROOT / "docs"))
+        return 0
+    if args.probe:
+        from bench.gpu_images import probe  # noqa: PLC0415
+
+        print(json.dumps(probe()))
         return 0
     from bench.ceiling import served_tokenizer  # noqa: PLC0415
     from client.perf_data import write_perf_data  # noqa: PLC0415
@@ -345,6 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         image_port = free_ports(1)[0]
         write_perf_data(perf_dir, "clip", image_base_url=f"http://127.0.0.1:{image_port}")
         stack.callback(serve_folder(perf_dir / "images", image_port).kill)
+        write_jpeg_only(perf_dir, f"http://127.0.0.1:{image_port}")
         ports = TritonPorts(*free_ports(3))
         key = os.environ.setdefault(KEY_ENV, secrets.token_urlsafe(32))
         names = tuple(n for entry in manifest.models for n in entry.ensembles)
@@ -368,6 +390,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"parity vs sentence-transformers (CUDA): {results['parity']}")
         if not results["parity"]["passed"]:
             failures.append("text parity below its gate")
+        gpu_decode = clip_gpu_decode(manifest)
+        if gpu_decode:
+            results["image_gpu"] = served_image_checks(url, repo, photos, nvidia_smi)
+            log(f"GPU image decode, served: {results['image_gpu']}")
         text_levels = [int(c) for c in args.text_concurrency.split()]
         image_levels = [int(c) for c in args.image_concurrency.split()]
         plan = []
@@ -379,6 +405,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 (f"{CLIP_MODEL}_image", "image.json", image_levels),
                 (f"{CLIP_MODEL}_image_url", "image_url.json", image_levels),
             ]
+            # The same loads with the JPEGs alone (with image_decode "gpu", all on the GPU).
+            plan += [
+                    (f"{CLIP_MODEL}_image", "image_jpeg.json", image_levels),
+                    (f"{CLIP_MODEL}_image_url", "image_url_jpeg.json", image_levels),
+                ]
         results["runs"] = runs = []
         for model, data_file, levels in plan:
             runs += sweep(args, url, key, model, perf_dir / data_file, levels, sampler)
@@ -398,6 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             repo / f"{CLIP_MODEL}_encode_image" / "1" / "model.onnx"
         )
         ceilings["image_preprocess_cpu"] = preprocess_ceiling(repo, CLIP_MODEL, photos)
+        if clip_gpu_decode(manifest):
+            ceilings.update(in_process_image_gpu(repo, photos))
     log(f"ceilings: {ceilings}")
     results["failures"] = failures
     log(f"results: {save(results, args, started)}")

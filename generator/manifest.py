@@ -30,6 +30,7 @@ from typing import Any
 
 FAMILIES = ("sentence-transformers", "open-clip", "cross-encoder")
 DEVICES = ("cpu", "gpu")
+IMAGE_DECODERS = ("cpu", "gpu")
 ENCODER_BACKENDS = ("python-ort", "onnxruntime")
 GPU_ACCELERATORS = ("none", "tensorrt")
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -78,6 +79,7 @@ class ModelEntry:
     max_image_pixels: int = 16_777_216
     max_batch_pixels: int = 67_108_864
     image_draft_decode: bool = False
+    image_decode: str = "cpu"
     prompts: dict[str, str] | None = None
     default_prompt_name: str | None = None
     truncate_dim: int | None = None
@@ -272,6 +274,17 @@ def _check_fused_tokenize(where: str, entry: ModelEntry, errors: list[str]) -> N
         )
 
 
+def _check_image_decode(where: str, entry: ModelEntry, errors: list[str]) -> None:
+    if entry.image_decode != "gpu":
+        return
+    if entry.family != "open-clip":
+        errors.append(f"{where}: image_decode applies to open-clip models only")
+    if entry.device != "gpu":
+        errors.append(f"{where}: image_decode 'gpu' needs device 'gpu'")
+    if entry.image_draft_decode:
+        errors.append(f"{where}: image_decode 'gpu' and image_draft_decode exclude each other")
+
+
 def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntry | None:
     if not isinstance(raw, Mapping):
         errors.append(f"models[{i}] must be a table ([[models]]), got {raw!r}")
@@ -302,6 +315,7 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
         "gpu_accelerator": GPU_ACCELERATORS,
         "precision": PRECISIONS,
         "graph_optimization": GRAPH_OPT_LEVELS,
+        "image_decode": IMAGE_DECODERS,
     }
     for key, allowed in choices.items():
         if getattr(entry, key) not in allowed:
@@ -324,6 +338,7 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
     _check_fused_tokenize(where, entry, errors)
     if entry.family in ("sentence-transformers", "cross-encoder") and not entry.source:
         errors.append(f"{where}: {entry.family} models need 'source'")
+    _check_image_decode(where, entry, errors)
     if entry.family == "open-clip":
         if not entry.arch:
             errors.append(f"{where}: open-clip models need 'arch'")

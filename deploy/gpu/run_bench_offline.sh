@@ -27,6 +27,11 @@ if [[ ! -f $stage/.unpacked ]]; then
 fi
 
 site_packages=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# nvImageCodec's wheel makes `nvidia` a regular package; where the host's nvidia-* wheels
+# share it as a namespace package, drop that __init__.py so both halves stay importable.
+if [[ -d $site_packages/nvidia && ! -f $site_packages/nvidia/__init__.py ]]; then
+    rm -f "$stage/site/nvidia/__init__.py"
+fi
 cuda_libs=()
 for dir in /usr/local/cuda/lib64 "$site_packages"/nvidia/cu13/lib "$site_packages"/nvidia/cudnn/lib; do
     [[ -d $dir ]] && cuda_libs+=("$dir")

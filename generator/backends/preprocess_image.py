@@ -2,8 +2,10 @@
 
 Each ``execute`` first reads every image's header (no pixel decoded) and admits requests
 in order against the per-execution pixel budget ``max_batch_pixels``; only then does a
-small thread pool (Pillow releases the GIL) decode and resize the admitted images. A bad
-or over-budget image fails only its own request; every request gets one response.
+small thread pool (Pillow releases the GIL) decode and resize the admitted images. With
+``image_decode = gpu`` the admitted JPEGs are decoded and resized on this instance's GPU
+in one batch (``embed_runtime.image_gpu``) and the rest take the pool. A bad or
+over-budget image fails only its own request; every request gets one response.
 """
 
 import traceback
@@ -14,6 +16,7 @@ import triton_python_backend_utils as pb_utils
 from embed_runtime.adapter import config_parameters, error_response, gather_rows, input_array
 from embed_runtime.errors import InvalidInputError, RequestError
 from embed_runtime.image import PixelBudget, PreprocessParams, open_image, preprocess_opened
+from embed_runtime.image_gpu import cuda_preprocessor
 
 
 class TritonPythonModel:
@@ -26,6 +29,12 @@ class TritonPythonModel:
         self.params = PreprocessParams.from_parameters(params)
         workers = int(params["decode_threads"])
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="decode")
+        self.gpu = None
+        if self.params.image_decode == "gpu":
+            device_id = int(args.get("model_instance_device_id") or 0)
+            self.gpu = cuda_preprocessor(self.params, device_id, self.pool.map)
+            name = args["model_name"]
+            self.logger.log_info(f"{name}: JPEG decode and resize on cuda:{device_id}")
 
     def _guarded(self, step, item):
         """``step(item, params)``, or the exception it raised (unexpected ones logged)."""
@@ -42,6 +51,14 @@ class TritonPythonModel:
         try:
             return list(self.pool.map(self._guarded, [preprocess_opened] * len(images), images))
         except Exception as exc:  # noqa: BLE001 - an unusable pool fails these images only
+            self.logger.log_error(traceback.format_exc())
+            return [exc] * len(images)
+
+    def _gpu_all(self, images, datas):
+        """The admitted images through the GPU path (its CPU fallback included)."""
+        try:
+            return self.gpu.run(images, datas)
+        except Exception as exc:  # noqa: BLE001 - a device failure fails these images only
             self.logger.log_error(traceback.format_exc())
             return [exc] * len(images)
 
@@ -65,7 +82,7 @@ class TritonPythonModel:
             if failed is None:
                 try:
                     budget.charge(sum(image.width * image.height for image in mine), len(mine))
-                    admitted.append((i, mine))
+                    admitted.append((i, mine, batch.items[start:stop]))
                 except RequestError as exc:
                     failed = exc
             if failed is not None:
@@ -76,7 +93,8 @@ class TritonPythonModel:
         failed = next((r for r in results if isinstance(r, Exception)), None)
         if failed is None:
             try:
-                tensor = pb_utils.Tensor("pixel_values", np.stack(results))
+                stacked = np.stack(results) if self.gpu is None else self.gpu.to_host(results)
+                tensor = pb_utils.Tensor("pixel_values", stacked)
                 batch.responses[i] = pb_utils.InferenceResponse([tensor])
                 return
             except Exception as exc:  # noqa: BLE001 - every request must get a response
@@ -88,9 +106,14 @@ class TritonPythonModel:
         batch = gather_rows(pb_utils, requests, self._rows)
         opened = [self._guarded(open_image, data) for data in batch.items]
         admitted = self._admit(batch, opened)
-        results = self._decode_all([image for _, mine in admitted for image in mine])
+        images = [image for _, mine, _ in admitted for image in mine]
+        if self.gpu is None:
+            results = self._decode_all(images)
+        else:
+            datas = [data for _, _, mine in admitted for data in mine]
+            results = self._gpu_all(images, datas)
         start = 0
-        for i, mine in admitted:
+        for i, mine, _ in admitted:
             self._respond(batch, i, results[start : start + len(mine)])
             start += len(mine)
         return batch.responses

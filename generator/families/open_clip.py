@@ -15,6 +15,7 @@ from pathlib import Path
 from ..build_types import ModelDir
 from ..manifest import Manifest, ModelEntry, resolve_path
 from ..render import Batching, Instances, IOSpec, python_model
+from ..runtime.image_gpu import require_cuda_device
 from ..runtime.text import TokenizerParams
 from ..shared_models import FETCH_IMAGE
 from .common import chain_dir, encoder_dir, tokenize_dir
@@ -51,6 +52,8 @@ def _vocab_size(model) -> int:
 
 
 def _preprocess_dir(entry: ModelEntry, name: str, parameters: dict[str, str], size) -> ModelDir:
+    # GPU decode: each instance is placed on a GPU (Triton passes its device id).
+    kind = "KIND_GPU" if entry.image_decode == "gpu" else "KIND_CPU"
     config = python_model(
         name,
         entry.max_batch_size,
@@ -58,13 +61,15 @@ def _preprocess_dir(entry: ModelEntry, name: str, parameters: dict[str, str], si
         [IOSpec("pixel_values", "TYPE_FP32", (3, *size))],
         {**parameters, "decode_threads": "2"},
         Batching(True, entry.max_queue_delay_us // 2),
-        Instances(entry.preprocess_instances),
+        Instances(entry.preprocess_instances, kind),
     )
     return ModelDir(name, config, "preprocess_image", {})
 
 
 def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     """Export and validate both towers; describe the model dirs of one CLIP model."""
+    if entry.image_decode == "gpu":  # refused before any export where it could never run
+        require_cuda_device(f"{entry.name}: image_decode 'gpu'")
     model, _, tokenizer = _load(entry, manifest)
     context = int(getattr(tokenizer, "context_length", 0) or model.context_length)
     pre = preprocess_params_from_model(
@@ -72,6 +77,7 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
         max_image_pixels=entry.max_image_pixels,
         max_batch_pixels=entry.max_batch_pixels,
         draft_decode=entry.image_draft_decode,
+        image_decode=entry.image_decode,
     )
     dim = embedding_dim(model)
     tokenizer_json = work / "tokenizer.json"

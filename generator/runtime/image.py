@@ -43,6 +43,7 @@ from .errors import InvalidInputError
 
 ALLOWED_FORMATS = ("JPEG", "MPO", "PNG", "GIF", "WEBP", "BMP", "TIFF", "AVIF")
 RESIZE_MODES = ("shortest", "longest", "squash")
+IMAGE_DECODERS = ("cpu", "gpu")
 INTERPOLATIONS = {
     "bicubic": Image.Resampling.BICUBIC,
     "bilinear": Image.Resampling.BILINEAR,
@@ -83,6 +84,8 @@ class PreprocessParams:
     resolves that before building these params). ``max_image_pixels`` caps one image
     (checked from its header); ``max_batch_pixels`` caps the images one ``execute``
     decodes (see :class:`PixelBudget`), so it must admit at least one capped image.
+    ``image_decode`` ``"gpu"`` decodes JPEGs on the GPU and resizes them there
+    (:mod:`.image_gpu`); everything else keeps this module's exact path.
     """
 
     size: tuple[int, int]
@@ -96,6 +99,7 @@ class PreprocessParams:
     max_bytes: int = 20 * 1024 * 1024
     apply_exif: bool = True
     draft_decode: bool = False
+    image_decode: str = "cpu"
 
     def __post_init__(self):
         """Reject values the transform cannot honour."""
@@ -109,6 +113,14 @@ class PreprocessParams:
             )
         if len(self.mean) != 3 or len(self.std) != 3 or any(s == 0 for s in self.std):
             raise ValueError(f"mean/std need 3 values and std no zero, got {self.mean}/{self.std}")
+        if self.image_decode not in IMAGE_DECODERS:
+            raise ValueError(
+                f"image_decode must be one of {IMAGE_DECODERS}, got {self.image_decode!r}"
+            )
+        if self.image_decode == "gpu" and self.draft_decode:
+            raise ValueError("image_decode 'gpu' and draft_decode exclude each other")
+        if self.image_decode == "gpu" and self.interpolation == "nearest":
+            raise ValueError("image_decode 'gpu' resizes with bicubic or bilinear, not nearest")
         if self.max_image_pixels < 1 or self.max_bytes < 1:
             raise ValueError("max_image_pixels and max_bytes must be positive")
         if self.max_batch_pixels < self.max_image_pixels:
@@ -132,6 +144,7 @@ class PreprocessParams:
             "max_bytes": str(self.max_bytes),
             "apply_exif": "true" if self.apply_exif else "false",
             "draft_decode": "true" if self.draft_decode else "false",
+            "image_decode": self.image_decode,
         }
 
     @classmethod
@@ -152,6 +165,7 @@ class PreprocessParams:
             values[key] = _flag(params[key])
             key = "draft_decode"  # absent from configs rendered before it existed
             values[key] = _flag(params.get(key, "false"))
+            values["image_decode"] = params.get("image_decode", "cpu")
         except KeyError:
             raise ValueError(f"preprocess config parameter {key!r} is missing") from None
         except ValueError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import io
@@ -33,6 +34,7 @@ RUNTIME_SUBMODULES = (
     "fetch",
     "fetch_pool",
     "image",
+    "image_gpu",
     "ragged",
     "request_options",
 )
@@ -600,6 +602,65 @@ def test_preprocess_image_unexpected_failure_is_internal_for_its_request_only(
     )
     assert not responses[0].has_error() and not responses[2].has_error()
     assert any("resampler exploded" in m for level, m in pb.Logger.messages if level == "error")
+
+
+def _jpeg(width: int, height: int) -> bytes:
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(_png(width, height))).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+@pytest.fixture
+def gpu_preprocess_model(backend, tmp_path: Path, monkeypatch):
+    """The adapter with ``image_decode = gpu`` on torch's CPU device, Pillow as the decoder."""
+    import torch  # noqa: PLC0415
+
+    from generator.runtime.image_gpu import GpuPreprocessor  # noqa: PLC0415
+    from tests.unit.test_image_gpu import pillow_decode  # noqa: PLC0415
+
+    built = []
+
+    def on_cpu(params, device_id, cpu_map):
+        built.append(device_id)
+        return GpuPreprocessor(params, torch, torch.device("cpu"), pillow_decode(), cpu_map)
+
+    adapter = load_adapter("preprocess_image")
+    monkeypatch.setitem(adapter.TritonPythonModel.initialize.__globals__, "cuda_preprocessor",
+                        on_cpu)
+    model = adapter.TritonPythonModel()
+    params = dataclasses.replace(IMAGE_PARAMS, image_decode="gpu")
+    model.initialize(_args(tmp_path, {**params.to_parameters(), "decode_threads": "2"}))
+    assert built == [0] and model.gpu is not None
+    yield model
+    model.finalize()
+
+
+def test_preprocess_image_gpu_decode_serves_each_request_and_isolates_bad_images(
+    gpu_preprocess_model,
+) -> None:
+    jpeg, png, cut = _jpeg(40, 30), _png(30, 20), _jpeg(50, 40)[:200]
+    responses = gpu_preprocess_model.execute(
+        [_image_request(jpeg, png), _image_request(jpeg, cut), _image_request(b"not an image"),
+         _image_request(_jpeg(100, 100), _jpeg(100, 100))]  # over what the budget has left
+    )
+    np.testing.assert_array_equal(responses[0].output("pixel_values"),
+                                  _expected_pixels(jpeg, png))
+    assert _error(responses[1])[0] == pb.TritonError.INVALID_ARG
+    assert "could not be decoded" in _error(responses[1])[1]
+    assert _error(responses[2])[0] == pb.TritonError.INVALID_ARG
+    assert "max_batch_pixels" in _error(responses[3])[1]
+    assert (gpu_preprocess_model.gpu.gpu_images, gpu_preprocess_model.gpu.cpu_images) == (1, 1)
+
+
+def test_preprocess_image_gpu_decode_refuses_to_load_without_cuda(backend, tmp_path) -> None:
+    import torch  # noqa: PLC0415
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA")
+    params = dataclasses.replace(IMAGE_PARAMS, image_decode="gpu")
+    model = load_adapter("preprocess_image").TritonPythonModel()
+    with pytest.raises(RuntimeError, match="image_decode 'gpu' needs a CUDA device"):
+        model.initialize(_args(tmp_path, {**params.to_parameters(), "decode_threads": "2"}))
 
 
 def test_preprocess_image_initialize_round_trips_params_and_needs_every_key(
