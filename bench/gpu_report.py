@@ -19,6 +19,7 @@ TARGETS = {  # issue 15: published figures the GPU run is held against (QPS, bat
     "clip-vit-b-32_image_url": 1_500,
 }
 ANCHOR = "## Method"
+IMAGE_GPU_MIN_COSINE = 0.9999  # gate on the GPU image path's parity table (issue 28)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -50,6 +51,14 @@ def _variant(result: dict[str, Any]) -> str:
     """The ``--set`` overrides of a results file, e.g. ``clip.image_draft_decode=true``."""
     settings = result["meta"]["args"].get("set", "[]")
     return settings.strip("[]").replace("'", "")
+
+
+JPEG_ONLY = ("image_jpeg.json", "image_url_jpeg.json")
+
+
+def _load(run: dict[str, Any]) -> str:
+    """``JPEG only`` for the loads of the JPEG photos alone, else empty."""
+    return "JPEG only" if run.get("data") in JPEG_ONLY else ""
 
 
 def render_gpu_section(results: list[dict[str, Any]]) -> str:
@@ -91,10 +100,11 @@ def render_gpu_section(results: list[dict[str, Any]]) -> str:
             f"{parity['max_abs']:.1e}."
         )
     rows = []
-    variants = sorted({r["variant"] for r in runs})
-    for model, variant in ((m, v) for m in TARGETS for v in variants):
+    variants = sorted({(r["variant"], _load(r)) for r in runs})
+    for model, (variant, load) in ((m, v) for m in TARGETS for v in variants):
         target = TARGETS[model]
-        mine = [r for r in runs if r["model"] == model and "qps" in r and r["variant"] == variant]
+        mine = [r for r in runs if r["model"] == model and "qps" in r
+                and (r["variant"], _load(r)) == (variant, load)]
         if not mine:
             continue
         best = max(mine, key=lambda r: r["qps"])
@@ -129,6 +139,7 @@ def render_gpu_section(results: list[dict[str, Any]]) -> str:
             ],
         ),
     ]
+    parts += image_gpu_parts(results)
     torch_rates = [r["ceilings"]["text_torch_fp16"]["items_per_s"] for r in runs
                    if "text_torch_fp16" in r["ceilings"]]
     if torch_rates:
@@ -152,7 +163,99 @@ def _rows_per_execution(run: dict[str, Any]) -> str:
 
 
 def _label(run: dict[str, Any]) -> str:
-    return f"`{run['model']}`" + (f" ({run['variant']})" if run.get("variant") else "")
+    notes = ", ".join(n for n in (_load(run), run.get("variant")) if n)
+    return f"`{run['model']}`" + (f" ({notes})" if notes else "")
+
+
+def _photo_row(row: dict[str, Any]) -> list[str]:
+    gpu = row.get("gpu_default", {})
+    return [
+        f"`{row['photo']}`", "x".join(str(v) for v in row["size"]),
+        "GPU" if row["gpu_decoded"] else "CPU (exact path)",
+        f"{gpu.get('cosine', float('nan')):.7f}", f"{gpu.get('max_levels', 0):.0f}",
+        f"{gpu.get('mean_levels', 0):.4f}",
+        f"{row['draft_cpu']['cosine']:.7f}", f"{row['draft_cpu']['max_levels']:.0f}",
+    ]
+
+
+def image_gpu_parts(results: list[dict[str, Any]]) -> list[str]:
+    """The ``image_decode = "gpu"`` subsection: parity, safety, memory, in-process rates."""
+    with_parity = [r for r in results if "image_gpu_parity" in r.get("ceilings", {})]
+    if not with_parity:
+        return []
+    result = max(with_parity, key=lambda r: r["meta"]["started"])
+    parity = result["ceilings"]["image_gpu_parity"]
+    summary = parity["summary"]
+    served = result.get("image_gpu", {})
+    parts = [
+        "### Images decoded on the GPU (`image_decode = \"gpu\"`)",
+        "JPEGs are decoded in one batch per execution by nvImageCodec on the preprocess "
+        "instance's GPU, then resized there with Pillow's own fixed-point convolution "
+        "(bit-equal to the CPU path on the same decoded pixels, tested on the CPU); other "
+        "formats take the exact CPU path image by image. Parity against the exact CPU path: "
+        "each photo's pixels from both paths embedded by the same served image tower "
+        f"(fp16, CUDA), from `bench/results/gpu-{result['meta']['args']['models']}-"
+        f"{result['meta']['started']}.json`. Photos: scikit-image's, encoded as baseline "
+        "4:2:0 (q90), 4:4:4 (q95) and progressive JPEGs, grayscale and EXIF-rotated ones, "
+        "and PNG/WebP/GIF/TIFF copies. *Levels*: the largest and the mean difference of "
+        "the 224 x 224 model input in 8-bit levels. The draft-decode CPU path (opt-in, "
+        "`image_draft_decode`) is shown for scale.",
+        _table(["photo", "size", "decoded on", "GPU cosine", "GPU max levels",
+                "GPU mean levels", "draft cosine", "draft max levels"],
+               [_photo_row(row) for row in parity["photos"]]),
+    ]
+    gpu_min = summary["gpu_default"]["min_cosine"]
+    fancy = summary.get("gpu_fancy_upsampling", {})
+    lines = [
+        f"Min cosine over {len(parity['photos'])} photos: GPU path {gpu_min:.7f} "
+        f"(mean {summary['gpu_default']['mean_cosine']:.7f}); draft decode "
+        f"{summary['draft_cpu']['min_cosine']:.7f}. The gate held by "
+        "`tests/unit/test_gpu_bench.py` on this table is min cosine >= "
+        f"{IMAGE_GPU_MIN_COSINE} (full-size ViT-B-32, random init)."
+    ]
+    if fancy:
+        lines.append(
+            f"nvImageCodec with `:fancy_upsampling=1`: min cosine {fancy['min_cosine']:.7f}, "
+            "the same model input on every photo, and slower (rates below): the served "
+            "decoder keeps nvJPEG's defaults."
+        )
+    if "served_parity" in served and "min_cosine" in served["served_parity"]:
+        sp = served["served_parity"]
+        lines.append(
+            f"Served: the `clip-vit-b-32_image` ensemble on these {sp['photos']} photos "
+            f"against the exact path in-process: min cosine {sp['min_cosine']:.7f}."
+        )
+    safety = served.get("safety", {})
+    if "bad" in safety:
+        bad = "; ".join(f"{k}: {v[:110]}" for k, v in safety["bad"].items())
+        lines.append(
+            f"Bad JPEGs sent together with {safety['good_sent']} good requests: "
+            f"{safety['good_ok']} good answered; {bad}; server ready afterwards: "
+            f"{safety['server_still_ready']}."
+        )
+    memory = served.get("stub_gpu_memory", {})
+    if memory:
+        held = ", ".join(f"`{m}` {v['mib']:,} MiB in {v['processes']} processes"
+                         for m, v in sorted(memory.items()))
+        lines.append(f"GPU memory held by the Python-backend stubs (nvidia-smi): {held}.")
+    ceilings = result["ceilings"]
+    rates = [
+        (key, label) for key, label in (
+            ("image_preprocess_gpu", "the load's 12 photos (4 PNG/WebP on the CPU path)"),
+            ("image_preprocess_gpu_jpeg", "its 8 JPEGs, `:fancy_upsampling=1`"),
+            ("image_preprocess_gpu_jpeg_default_upsampling", "its 8 JPEGs, nvJPEG defaults"),
+        ) if "items_per_s" in ceilings.get(key, {})
+    ]
+    if rates:
+        lines.append(
+            "In-process GPU path, one process, batches of 64, copy back to the host "
+            "included: " + "; ".join(
+                f"{label}: {ceilings[key]['items_per_s']:,.0f} images/s" for key, label in rates
+            ) + f"; the exact CPU path on {ceilings['image_preprocess_cpu']['processes']} "
+            f"processes: {ceilings['image_preprocess_cpu']['items_per_s']:,.0f} images/s."
+        )
+    parts.append("\n".join(f"- {line}" for line in lines))
+    return parts
 
 
 def _first_error(run: dict[str, Any]) -> str:

@@ -157,7 +157,7 @@ def test_perf_image_adds_only_pillow_at_the_runtime_pin() -> None:
 def test_every_image_pin_is_the_projects_exact_pin() -> None:
     pins = constraint_pins()
     pins["onnxruntime-gpu"] = pins["onnxruntime"]
-    for stage in ("runtime", "generator", "perf"):
+    for stage in ("runtime", "generator", "perf", "serving-gpu-images"):
         for name, req in pip_installs(stage).items():
             (spec,) = req.specifier
             assert spec.operator == "==", f"{stage}: {req} is not pinned"
@@ -172,6 +172,7 @@ def test_dockerfile_pins_one_ngc_release_with_python_312() -> None:
         *CPU_BASES,
         "nvcr.io/nvidia/tritonserver:${TRITON_VERSION}-py3-sdk",
         "nvcr.io/nvidia/tritonserver:${TRITON_VERSION}-py3",
+        "runtime",
         "runtime",
         "runtime",
     ]

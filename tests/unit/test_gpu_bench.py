@@ -159,3 +159,31 @@ def test_preprocess_rate_runs_the_served_preprocessing_on_every_core(tmp_path: P
     rate = preprocess_ceiling(tmp_path, "m", photos, rounds=1)
     assert rate["processes"] == (os.cpu_count() or 1)
     assert rate["items_per_s"] > 0
+
+
+GPU_IMAGE_RUN = ROOT / "bench" / "results" / "gpu-all-2026-11-24T225522Z.json"
+
+
+def test_recorded_gpu_image_decode_meets_its_parity_gate_and_fails_bad_jpegs_alone() -> None:
+    """The H100 run docs/benchmarks.md quotes: gate min cosine >= IMAGE_GPU_MIN_COSINE."""
+    import json  # noqa: PLC0415
+
+    result = json.loads(GPU_IMAGE_RUN.read_text())
+    assert result["meta"]["manifest"]["models"][1]["image_decode"] == "gpu"
+    parity = result["ceilings"]["image_gpu_parity"]
+    gate = gpu_report.IMAGE_GPU_MIN_COSINE
+    assert parity["summary"]["gpu_default"]["min_cosine"] >= gate
+    assert result["image_gpu"]["served_parity"]["min_cosine"] >= gate
+    assert len(parity["photos"]) >= 30
+    for row in parity["photos"]:  # JPEGs on the GPU, every other format on the exact path
+        assert row["gpu_decoded"] == row["photo"].endswith(".jpg"), row["photo"]
+        if not row["gpu_decoded"]:
+            assert row["gpu_default"]["max_levels"] == 0.0
+    safety = result["image_gpu"]["safety"]
+    assert safety["good_ok"] == safety["good_sent"] and safety["server_still_ready"]
+    for case in ("truncated", "huge_header"):
+        assert "INVALID_ARGUMENT" in safety["bad"][case]
+    section = gpu_report.render_gpu_section([result])
+    minimum = parity["summary"]["gpu_default"]["min_cosine"]
+    assert f"GPU path {minimum:.7f}" in section and f">= {gate}" in section
+    assert f"GPU path {minimum:.7f}" in (ROOT / "docs" / "benchmarks.md").read_text()
