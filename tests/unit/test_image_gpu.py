@@ -51,7 +51,7 @@ def pillow_decode(log: list[int] | None = None):
     def decode(datas, stream):
         if log is not None:
             log.append(len(datas))
-        return [np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(d))).convert("RGB"))
+        return [np.array(ImageOps.exif_transpose(Image.open(io.BytesIO(d))).convert("RGB"))
                 for d in datas]
 
     return decode
@@ -218,3 +218,34 @@ def test_no_visible_gpu_refuses_the_knob_with_a_message_naming_it(tmp_path: Path
 def test_serving_constructor_fails_loudly_without_cuda() -> None:
     with pytest.raises(RuntimeError, match="image_decode 'gpu' needs a CUDA device"):
         cuda_preprocessor(PARAMS, 0)
+
+
+def test_manifest_takes_image_decode_only_where_it_can_run() -> None:
+    from generator.manifest import ManifestError, parse_manifest  # noqa: PLC0415
+
+    clip = {"name": "clip", "family": "open-clip", "arch": "ViT-B-32", "device": "gpu",
+            "image_decode": "gpu"}
+    manifest = parse_manifest({"models": [clip]}, Path("."))
+    assert manifest.models[0].image_decode == "gpu"
+    bad = [
+        ({**clip, "device": "cpu"}, "image_decode 'gpu' needs device 'gpu'"),
+        ({**clip, "image_draft_decode": True}, "exclude each other"),
+        ({**clip, "image_decode": "tpu"}, "image_decode must be one of"),
+        ({"name": "t", "family": "sentence-transformers", "source": "x", "device": "gpu",
+          "image_decode": "gpu"}, "applies to open-clip models only"),
+    ]
+    for entry, message in bad:
+        with pytest.raises(ManifestError, match=message):
+            parse_manifest({"models": [entry]}, Path("."))
+
+
+@pytest.mark.skipif(bool(visible_gpus()), reason="checks the refusal on a host without a GPU")
+def test_build_refuses_gpu_decode_on_a_host_without_a_gpu_before_exporting(tmp_path) -> None:
+    from generator.families import open_clip  # noqa: PLC0415
+    from generator.manifest import parse_manifest  # noqa: PLC0415
+
+    clip = {"name": "clip", "family": "open-clip", "arch": "no-such-arch", "device": "gpu",
+            "image_decode": "gpu"}
+    manifest = parse_manifest({"models": [clip]}, tmp_path)
+    with pytest.raises(ValueError, match="clip: image_decode 'gpu' needs an NVIDIA GPU"):
+        open_clip.build(manifest.models[0], manifest, tmp_path)
