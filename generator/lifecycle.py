@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from .admin import ADMIN_HEADER, KEY_ENV, KEY_FILE_ENV, key_matches, presented_keys
 from .build import RepositoryWriter, remove_entry
+from .declared_kind import SERVED_TYPES, UnsupportedModelError, check_served, declared_kind
 from .manifest import (
     FAMILIES,
     RUNTIME_MANIFEST,
@@ -315,6 +316,12 @@ class ModelManager:
                     check_cross_encoder_folder(Path(out["source"]))
                 else:
                     check_sentence_transformers_folder(Path(out["source"]))
+                if request["family"] in SERVED_TYPES:  # the kind the folder declares
+                    try:
+                        check_served(request["family"], declared_kind(Path(out["source"])),
+                                     request["name"])
+                    except UnsupportedModelError as exc:
+                        raise InvalidInputError(str(exc)) from None
             else:
                 out["source"] = self._hub(source, "source", settings, HUB_ID_RE)
         arch = request.get("arch")

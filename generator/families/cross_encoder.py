@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..build_types import ModelDir
+from ..declared_kind import check_source
 from ..manifest import Manifest, ModelEntry
 from ..onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ..precision import apply_precision
@@ -46,6 +47,7 @@ def _load(entry: ModelEntry, manifest: Manifest):
     from sentence_transformers import CrossEncoder  # noqa: PLC0415
 
     source = resolve_source(entry, manifest)
+    check_source("cross-encoder", source, entry.name)  # before anything converts it
     kwargs = {"max_length": entry.max_seq_length} if entry.max_seq_length else {}
     model = CrossEncoder(
         source, device="cpu", model_kwargs={"attn_implementation": "eager"}, **kwargs

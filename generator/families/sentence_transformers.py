@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import os
 from pathlib import Path
 
 import numpy as np
 
 from ..build_types import ModelDir
+from ..declared_kind import check_source
 from ..manifest import Manifest, ModelEntry, resolve_path
 from ..onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ..precision import apply_precision
@@ -61,6 +63,7 @@ def _load(entry: ModelEntry, manifest: Manifest):
     from sentence_transformers import SentenceTransformer  # noqa: PLC0415
 
     source = resolve_source(entry, manifest)
+    check_source("sentence-transformers", source, entry.name)  # before anything converts it
     model = SentenceTransformer(
         source, device="cpu", model_kwargs={"attn_implementation": "eager"}
     ).eval()
@@ -102,8 +105,18 @@ def _write_tokenizer(model, path: Path) -> list[str]:
     tok.no_truncation()
     path.parent.mkdir(parents=True, exist_ok=True)
     tok.save(str(path))
+    return graph_input_names(model)
+
+
+def graph_input_names(model) -> list[str]:
+    """The token tensors of the exported graph: emitted by the tokenizer *and* read by the model.
+
+    A decoder's tokenizer may emit ``token_type_ids`` that its model never reads; such an
+    input would not survive the export.
+    """
     names = ["input_ids", "attention_mask"]
-    if "token_type_ids" in model.tokenizer.model_input_names:
+    forward = inspect.signature(model[0].auto_model.forward).parameters
+    if "token_type_ids" in model.tokenizer.model_input_names and "token_type_ids" in forward:
         names.append("token_type_ids")
     return names
 

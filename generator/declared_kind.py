@@ -1,0 +1,180 @@
+"""What a sentence-transformers folder declares itself to be, read before it is loaded.
+
+sentence-transformers converts what it is asked to load: a ``SparseEncoder`` (SPLADE) or
+``MultiVectorEncoder`` (ColBERT) folder opened as a ``SentenceTransformer`` becomes a dense
+mean-pooled model, with only a log line. Built that way, the export would match the
+converted model and serve vectors of a different model than the one the user named. So
+each family reads the folder's own declaration first, ``model_type`` in
+``config_sentence_transformers.json`` and the module classes of ``modules.json``, and
+builds only the pipelines it reproduces exactly; anything else is refused with a message
+that names what is not supported. Runtime loads (``model_manager``) run the same check.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+# Per family: the declared model types it builds, and the module classes (the last part
+# of the dotted name in modules.json) of the pipelines it exports and checks exactly.
+SERVED_TYPES = {
+    "sentence-transformers": ("SentenceTransformer",),
+    "cross-encoder": ("CrossEncoder",),
+}
+SERVED_MODULES = {
+    "sentence-transformers": ("Transformer", "Pooling", "Dense", "Normalize"),
+    "cross-encoder": ("Transformer",),
+}
+# What an unsupported declaration is, in a user's words (for the refusal message).
+KNOWN_KINDS = {
+    "SparseEncoder": "a sparse, SPLADE-style encoder",
+    "MultiVectorEncoder": "a multi-vector, ColBERT-style encoder",
+    "CrossEncoder": "a reranker",
+    "SentenceTransformer": "a dense embedding model",
+    "PyLate ColBERT": "a multi-vector, ColBERT-style encoder saved by PyLate",
+}
+# Keys PyLate writes into config_sentence_transformers.json for its ColBERT models (whose
+# modules, a Transformer and a Dense projection, look like a dense pipeline's).
+PYLATE_KEYS = ("query_prefix", "document_prefix", "query_length", "document_length",
+               "attend_to_expansion_tokens", "skiplist_words", "do_query_expansion")
+SERVED_TASKS = {
+    "sentence-transformers": (None, "feature-extraction"),
+    "cross-encoder": (None, "sequence-classification", "text-classification"),
+}
+MODULE_NOTES = {
+    "SpladePooling": "sparse output (vocabulary-sized)",
+    "MLMTransformer": "a masked-language-model head (sparse encoders)",
+    "SparseStaticEmbedding": "a static sparse embedding (inference-free sparse encoders)",
+    "StaticEmbedding": "static token embeddings (no transformer)",
+    "Router": "per-task routing between sub-pipelines",
+    "LogitScore": "scores from a causal LM's token logits (LLM rerankers)",
+    "Asym": "per-task routing between sub-pipelines",
+}
+FILES = ("modules.json", "config_sentence_transformers.json", "sentence_bert_config.json")
+
+
+class UnsupportedModelError(ValueError):
+    """The folder declares a model kind or module the family does not reproduce exactly."""
+
+
+@dataclass(frozen=True)
+class DeclaredKind:
+    """A folder's own declaration; empty fields where it declares nothing."""
+
+    model_type: str | None = None
+    modules: tuple[str, ...] = ()
+    transformer_task: str | None = None
+
+    @property
+    def module_classes(self) -> tuple[str, ...]:
+        """The class name of each module (the last part of its dotted type)."""
+        return tuple(m.rsplit(".", 1)[-1] for m in self.modules)
+
+
+def _json(path: Path, what: str) -> object:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UnsupportedModelError(f"{what} is unreadable: {exc}") from None
+
+
+def declared_kind(folder: Path) -> DeclaredKind:
+    """Read the declaration of a local sentence-transformers folder (no model code runs)."""
+    folder = Path(folder)
+    modules: list = []
+    if (folder / "modules.json").is_file():
+        raw = _json(folder / "modules.json", "modules.json")
+        if not isinstance(raw, list):
+            raise UnsupportedModelError("modules.json is not a list of modules")
+        modules = raw
+    types = []
+    for module in modules:
+        kind = module.get("type") if isinstance(module, dict) else None
+        if not isinstance(kind, str):
+            raise UnsupportedModelError(f"modules.json has a module without a type: {module!r}")
+        types.append(kind)
+    model_type = None
+    if (folder / "config_sentence_transformers.json").is_file():
+        config = _json(folder / "config_sentence_transformers.json",
+                       "config_sentence_transformers.json")
+        if isinstance(config, dict) and isinstance(config.get("model_type"), str):
+            model_type = config["model_type"]
+        versions = config.get("__version__") if isinstance(config, dict) else None
+        if isinstance(config, dict) and (
+            any(k in config for k in PYLATE_KEYS)
+            or (isinstance(versions, dict) and "pylate" in versions)
+        ):
+            model_type = "PyLate ColBERT"
+    task = None
+    first = modules[0].get("path", "") if modules else ""
+    bert_config = folder / first / "sentence_bert_config.json"
+    if bert_config.is_file():
+        config = _json(bert_config, "sentence_bert_config.json")
+        if isinstance(config, dict) and isinstance(config.get("transformer_task"), str):
+            task = config["transformer_task"]
+    return DeclaredKind(model_type, tuple(types), task)
+
+
+def hub_declared_kind(repo_id: str) -> DeclaredKind:
+    """The declaration of a Hugging Face hub model: its small JSON files only, no weights."""
+    from huggingface_hub import hf_hub_download  # noqa: PLC0415
+    from huggingface_hub.errors import EntryNotFoundError  # noqa: PLC0415
+
+    folder = None
+    for name in FILES[:2]:
+        try:
+            folder = Path(hf_hub_download(repo_id, name)).parent
+        except EntryNotFoundError:
+            continue
+    if folder is None:
+        return DeclaredKind()
+    kind = declared_kind(folder)
+    if kind.modules:
+        try:
+            hf_hub_download(repo_id, "sentence_bert_config.json")
+            kind = declared_kind(folder)
+        except EntryNotFoundError:
+            pass
+    return kind
+
+
+def check_source(family: str, source: str, name: str) -> DeclaredKind:
+    """:func:`check_served` on a local folder or a hub id (``source`` as the family resolved it)."""
+    path = Path(source)
+    kind = declared_kind(path) if path.is_dir() else hub_declared_kind(source)
+    check_served(family, kind, name)
+    return kind
+
+
+def check_served(family: str, kind: DeclaredKind, name: str) -> None:
+    """Raise :class:`UnsupportedModelError` unless ``family`` builds ``kind`` exactly."""
+    served_types, served_modules = SERVED_TYPES[family], SERVED_MODULES[family]
+    listed = ", ".join(kind.module_classes) or "none"
+    if kind.model_type is not None and kind.model_type not in served_types:
+        what = KNOWN_KINDS.get(kind.model_type, "a model kind")
+        raise UnsupportedModelError(
+            f"{name}: the folder declares model_type {kind.model_type!r} ({what}; modules: "
+            f"{listed}); family {family!r} builds {' / '.join(served_types)} models only, so "
+            "it is refused rather than served as a different model"
+        )
+    for dotted, cls in zip(kind.modules, kind.module_classes, strict=True):
+        if not dotted.startswith("sentence_transformers.") or cls not in served_modules:
+            note = MODULE_NOTES.get(cls)
+            raise UnsupportedModelError(
+                f"{name}: module {dotted!r}"
+                + (f" ({note})" if note else "")
+                + f" is not supported by family {family!r}, which exports the pipelines "
+                f"{' / '.join(served_modules)} exactly (modules of this folder: {listed})"
+            )
+    if kind.module_classes and kind.module_classes[0] != "Transformer":
+        raise UnsupportedModelError(
+            f"{name}: the pipeline starts with {kind.module_classes[0]!r}; family "
+            f"{family!r} needs a Transformer first (modules of this folder: {listed})"
+        )
+    if kind.transformer_task not in SERVED_TASKS[family]:
+        tasks = " / ".join(t for t in SERVED_TASKS[family] if t)
+        raise UnsupportedModelError(
+            f"{name}: its Transformer module runs the task {kind.transformer_task!r}; "
+            f"family {family!r} serves {tasks} only"
+        )
