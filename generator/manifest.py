@@ -80,6 +80,7 @@ class ModelEntry:
     max_batch_pixels: int = 67_108_864
     image_draft_decode: bool = False
     image_decode: str = "cpu"
+    image_apply_exif: bool = False
     prompts: dict[str, str] | None = None
     default_prompt_name: str | None = None
     truncate_dim: int | None = None

@@ -78,6 +78,7 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
         max_batch_pixels=entry.max_batch_pixels,
         draft_decode=entry.image_draft_decode,
         image_decode=entry.image_decode,
+        apply_exif=entry.image_apply_exif,
     )
     dim = embedding_dim(model)
     tokenizer_json = work / "tokenizer.json"

@@ -47,6 +47,8 @@ def sample_images() -> dict[str, bytes]:
     gif = io.BytesIO()
     frames[0].save(gif, format="GIF", save_all=True, append_images=frames[1:], duration=50)
     deep = (np.linspace(0, 65535, 80 * 60).reshape(60, 80)).astype(np.uint16)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # a phone photo taken upright: stored sideways, "rotate 90" in EXIF
     return {
         "photo.jpg": _encode(rgb, "JPEG", quality=90),
         "photo.png": _encode(rgb, "PNG"),
@@ -58,6 +60,7 @@ def sample_images() -> dict[str, bytes]:
         "rgba.png": _encode(Image.fromarray(noise(64, 64, 4), "RGBA"), "PNG"),
         "gray.png": _encode(Image.fromarray(noise(50, 70, 1)[:, :, 0], "L"), "PNG"),
         "cmyk.jpg": _encode(rgb.convert("CMYK"), "JPEG"),
+        "rotated.jpg": _encode(Image.fromarray(noise(200, 320)), "JPEG", exif=exif, quality=90),
         "deep16.png": _encode(Image.fromarray(deep), "PNG"),
         "animated.gif": gif.getvalue(),
     }

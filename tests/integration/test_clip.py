@@ -390,3 +390,16 @@ def test_32_clients_mixing_good_and_bad_urls(server, image_server, clip_referenc
         assert all(pool.map(work, range(64)))
     with server.client() as c:
         assert c.is_server_ready()
+
+
+def test_exif_orientation_is_ignored_by_default_as_open_clip_does(client, clip_reference):
+    """``image_apply_exif`` is off by default: the stored pixels, as open_clip reads them."""
+    from PIL import ImageOps
+
+    data = IMAGES["rotated.jpg"]
+    got = client.embed_images(CLIP_MODEL, [data])
+    _assert_image_parity(got, clip_reference.image(data)[None], "rotated.jpg")
+    upright = io.BytesIO()
+    ImageOps.exif_transpose(Image.open(io.BytesIO(data))).save(upright, "PNG")
+    turned = clip_reference.image(upright.getvalue())[None]
+    assert 1.0 - _cosines(got, turned).min() >= DISTINCT_MIN_COS_GAP

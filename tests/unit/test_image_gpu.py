@@ -249,3 +249,12 @@ def test_build_refuses_gpu_decode_on_a_host_without_a_gpu_before_exporting(tmp_p
     manifest = parse_manifest({"models": [clip]}, tmp_path)
     with pytest.raises(ValueError, match="clip: image_decode 'gpu' needs an NVIDIA GPU"):
         open_clip.build(manifest.models[0], manifest, tmp_path)
+
+
+def test_manifest_image_apply_exif_is_off_unless_asked() -> None:
+    from generator.manifest import parse_manifest  # noqa: PLC0415
+
+    clip = {"name": "clip", "family": "open-clip", "arch": "ViT-B-32"}
+    assert parse_manifest({"models": [clip]}, Path(".")).models[0].image_apply_exif is False
+    on = parse_manifest({"models": [{**clip, "image_apply_exif": True}]}, Path("."))
+    assert on.models[0].image_apply_exif is True
