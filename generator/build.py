@@ -19,6 +19,7 @@ from .build_types import ModelDir
 from .families import family_builder, family_module_path
 from .manifest import Manifest, ModelEntry
 from .repo_lock import repository_lock
+from .runtime.integrity import write_digests
 from .shared_models import shared_model_dirs
 
 GENERATOR = Path(__file__).parent
@@ -133,6 +134,8 @@ class RepositoryWriter:
             )
         for rel, src in model.files.items():
             shutil.copy2(src, version / rel)
+        if model.files:  # checked by the model's own stub when it loads them
+            write_digests(str(version), model.files)
         return staging
 
     def swap_in(self, staging: Path, name: str) -> None:

@@ -14,6 +14,7 @@ import os
 import triton_python_backend_utils as pb_utils
 from embed_runtime.adapter import config_parameters, embed_requests, input_array
 from embed_runtime.busy import BusyBoard, board_path
+from embed_runtime.integrity import verify_digests
 from embed_runtime.ort_runner import (
     EncoderParams,
     OrtEncoder,
@@ -43,6 +44,7 @@ class TritonPythonModel:
                 board = BusyBoard(board_path(args["model_name"], args["model_version"]))
         self.params = params
         model_dir = os.path.join(args["model_repository"], args["model_version"])
+        verify_digests(model_dir)  # a corrupt model file fails the load, never an answer
         device_id = int(args.get("model_instance_device_id") or 0)
         path = os.path.join(model_dir, self.params.onnx_file)
         self.encoder = OrtEncoder(path, self.params, device_id, board)
@@ -57,6 +59,8 @@ class TritonPythonModel:
             f"{args['model_name']}: ONNX Runtime on {providers}, intra-op threads {threads}, "
             f"graph {self.encoder.model_path}"
         )
+        for repair in self.encoder.cache_repairs:
+            self.logger.log_warn(f"{args['model_name']}: {repair}")
         if self.encoder.cache_error:  # served all the same, each session with its own weights
             self.logger.log_warn(
                 f"{args['model_name']}: weight cache not used: {self.encoder.cache_error}"

@@ -3,6 +3,7 @@
 import os
 
 import triton_python_backend_utils as pb_utils
+from embed_runtime.integrity import verify_digests
 from embed_runtime.adapter import config_parameters, input_array, tokenize_requests
 from embed_runtime.request_options import request_parameters
 from embed_runtime.text import (
@@ -22,6 +23,7 @@ class TritonPythonModel:
         params = config_parameters(args["model_config"])
         self.params = TokenizerParams.from_parameters(params)
         model_dir = os.path.join(args["model_repository"], args["model_version"])
+        verify_digests(model_dir)  # a corrupt tokenizer file fails the load
         self.tokenizer = BatchTokenizer(
             os.path.join(model_dir, params["tokenizer_file"]), self.params
         )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InvalidInputError
+from .integrity import IntegrityError, verify_digests, write_digests
 from .ragged import merge_requests, run_sorted, split_counts
 
 GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
@@ -272,7 +273,26 @@ def host_key(model_path: str, graph_optimization: str) -> str:
     return digest.hexdigest()[:32]
 
 
-def cached_model(model_path: str, graph_optimization: str = "all", root: str | None = None) -> str:
+def _intact(final: str, target: str, on_repair) -> bool:
+    """Whether the cached copy exists and matches the digests written with it.
+
+    A copy that fails its check (flipped bytes on disk, a copy from before digests) is
+    reported through ``on_repair`` and treated as absent, so it is rewritten, never loaded.
+    """
+    if not os.path.isfile(target):
+        return False
+    try:
+        verify_digests(final, required=True)
+    except IntegrityError as exc:
+        if on_repair is not None:
+            on_repair(f"weight cache copy rewritten: {exc}")
+        return False
+    return True
+
+
+def cached_model(
+    model_path: str, graph_optimization: str = "all", root: str | None = None, on_repair=None
+) -> str:
     """This host's optimised copy of ``model_path``, written once and then shared.
 
     ONNX Runtime optimises the graph and re-packs the weights of every MatMul/Conv into
@@ -283,7 +303,8 @@ def cached_model(model_path: str, graph_optimization: str = "all", root: str | N
     the packed weights in one file that every session of every instance memory-maps: one
     copy in RAM and in the CPU caches. The packed layout depends on the CPU, so the key
     names the CPU's flags and ONNX Runtime's version; the first instance writes it under
-    a lock, into a folder renamed into place when complete.
+    a lock, into a folder renamed into place when complete, with the SHA-256 of every
+    file it holds; a load checks them first, and a copy that fails is rewritten.
     """
     import onnxruntime as ort  # noqa: PLC0415 - serve-time dependency
 
@@ -291,14 +312,15 @@ def cached_model(model_path: str, graph_optimization: str = "all", root: str | N
     key = host_key(model_path, graph_optimization)
     final = os.path.join(root, key)
     target = os.path.join(final, _CACHED_MODEL)
-    if os.path.isfile(target):
+    if _intact(final, target, None):
         os.utime(final)  # last use, for prune_cache
         return target
     with open(os.path.join(root, f"{key}.lock"), "a") as lock:  # noqa: PTH123
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.path.isfile(target):  # another instance wrote it while this one waited
+        if _intact(final, target, on_repair):  # written (or repaired) while this one waited
             os.utime(final)
             return target
+        shutil.rmtree(final, ignore_errors=True)  # a corrupt copy: never loaded, rewritten
         work = tempfile.mkdtemp(prefix=f"{key}.", dir=root)
         try:
             options = ort.SessionOptions()
@@ -314,6 +336,7 @@ def cached_model(model_path: str, graph_optimization: str = "all", root: str | N
                 options.add_session_config_entry(name, value)
             cpu = ["CPUExecutionProvider"]
             ort.InferenceSession(model_path, sess_options=options, providers=cpu)
+            write_digests(work, os.listdir(work))
             os.rename(work, final)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
@@ -368,10 +391,12 @@ class OrtEncoder:
         # CPU: the sessions load this host's optimised copy (cached_model), whose packed
         # weights every session of every instance maps; any problem with it (no writable
         # cache, a bad file) falls back to optimising the graph in this process.
-        self.model_path, self.cache_error = model_path, ""
+        self.model_path, self.cache_error, self.cache_repairs = model_path, "", []
         if params.weight_cache and params.execution_provider == "cpu":
             try:
-                cached = cached_model(model_path, params.graph_optimization)
+                cached = cached_model(
+                    model_path, params.graph_optimization, on_repair=self.cache_repairs.append
+                )
                 self._open(cached, "disable", device_id)
                 self.model_path = cached
             except Exception as exc:  # noqa: BLE001 - the cache is an optimisation only

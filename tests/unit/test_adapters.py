@@ -35,6 +35,7 @@ RUNTIME_SUBMODULES = (
     "fetch_pool",
     "image",
     "image_gpu",
+    "integrity",
     "ragged",
     "request_options",
 )
