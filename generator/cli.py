@@ -23,10 +23,10 @@ from .shared_models import startup_models
 from .triton_local import (
     TritonLaunch,
     TritonPorts,
+    launch_env,
     listen_host,
     prepare_backends,
     server_command,
-    server_env,
     stop_pid,
 )
 
@@ -188,7 +188,7 @@ def _cmd_serve(args) -> int:
         f"models: {', '.join(names)}",
         flush=True,
     )
-    os.execve(cmd[0], cmd, server_env())
+    os.execve(cmd[0], cmd, launch_env(launch))
     return 1
 
 

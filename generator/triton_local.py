@@ -134,6 +134,19 @@ def prepare_backends(target: Path) -> Path:
     return target
 
 
+SERVER_KEY_ENV = "EMBED_SERVER_ADMIN_KEY"  # the key in force, for the server's own stubs
+
+
+def launch_env(launch: TritonLaunch, base: dict[str, str] | None = None) -> dict[str, str]:
+    """:func:`server_env` plus the admin key the server enforces, for its own stub watch.
+
+    Without a configured key the server still locks its admin APIs with a random one;
+    the stub watch (``model_manager``) reloads models through those APIs, so it reads the
+    key in force from :data:`SERVER_KEY_ENV`, visible to the server's processes only.
+    """
+    return {**server_env(base), SERVER_KEY_ENV: launch.admin_key}
+
+
 def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for the server: venv first on PATH, matching libpython first.
 
@@ -209,7 +222,7 @@ class TritonProcess:
             server_command(self.launch, backend_dir),
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**server_env(), **self.extra_env},
+            env={**launch_env(self.launch), **self.extra_env},
             start_new_session=True,
         )
         log.close()

@@ -6,10 +6,15 @@ Triton forwards as a request parameter); without ``EMBED_ADMIN_KEY`` /
 ``EMBED_ADMIN_KEY_FILE`` in the server's environment every request is refused. Needs
 the generator package (and torch for exports) in the Python that runs this model, and
 Triton in explicit model-control mode.
+
+It also runs the server's stub watch (``embed_runtime``'s ``stub_watch``): a thread that
+looks at the server's Python-backend stubs every ``stub_watch_interval_s`` seconds and
+reloads the model of any stub that died, through the server's own repository API.
 """
 
 import json
 import os
+import threading
 import traceback
 from pathlib import Path
 
@@ -19,6 +24,8 @@ from generator.admin import AdminKeyError, configured_admin_key
 from generator.lifecycle import ManagerParams, ModelManager, parse_request
 from generator.runtime.adapter import config_parameters, error_response, input_array
 from generator.runtime.errors import InvalidInputError, RequestError
+from generator.runtime.stub_watch import RepositoryApi, StubWatch, server_http_url
+from generator.triton_local import SERVER_KEY_ENV
 
 
 class _TritonControl:
@@ -51,6 +58,32 @@ class TritonPythonModel:
         )
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.manager = ModelManager(params, _TritonControl())
+        self._stop = threading.Event()
+        self.watch = None
+        interval = float(config_parameters(args["model_config"]).get("stub_watch_interval_s", 1))
+        server_key = os.environ.get(SERVER_KEY_ENV, "")
+        if interval > 0 and server_key:
+            server_pid = os.getppid()  # a stub's parent is tritonserver
+            api = RepositoryApi(server_http_url(server_pid), server_key)
+            self.watch = StubWatch(server_pid, api.is_ready, api.reload, args["model_name"])
+            threading.Thread(target=self._watch, args=(interval,), daemon=True).start()
+        elif interval > 0:
+            self.logger.log_warn(f"stub watch off: {SERVER_KEY_ENV} is not set")
+
+    def _watch(self, interval):
+        """Poll the stubs until finalize; log every reload."""
+        reported = 0
+        while not self._stop.wait(interval):
+            try:
+                self.watch.poll()
+            except Exception:  # noqa: BLE001 - the watch must outlive one bad poll
+                self.logger.log_error(traceback.format_exc())
+            for model, instances, seconds, error in self.watch.events[reported:]:
+                outcome = f"failed: {error}" if error else f"reloaded in {seconds:.2f} s"
+                self.logger.log_warn(
+                    f"stub watch: {', '.join(instances)} of {model} died; {outcome}"
+                )
+            reported = len(self.watch.events)
 
     def _answer(self, request):
         try:
@@ -81,5 +114,6 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
-        """Nothing to release: builds run in short-lived worker processes."""
+        """Stop the stub watch; builds run in short-lived worker processes."""
+        self._stop.set()
         self.manager = None

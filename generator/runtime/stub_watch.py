@@ -1,0 +1,151 @@
+"""Dead Python-backend stubs, found from ``/proc`` and replaced by reloading their model.
+
+Triton 2.51's Python backend does not start a stub again once it has died (``kill -9``,
+the OOM killer, which picks the largest process: an encoder stub): every request routed
+to that instance fails with "Stub process ... is not healthy" while the model, the
+server and every health probe stay ready. Nor does loading the model again through the
+repository API help: Triton skips the load of a model whose files and config have not
+changed (measured on this Triton). A load whose config override differs does reload it:
+new instances with new stubs, swapped in once they are ready, while the old ones keep
+serving. So :class:`StubWatch` polls the server's stub processes (their command line
+names the instance, ``<model>_<group>_<index>``, and the model's ``model.py``), and when
+an instance that was running is gone while its model is still loaded, it reloads that
+model through the repository API with the model's own config plus a new
+``stub_generation`` parameter. A model unloaded on purpose is not ready, so it is left
+alone. The model that runs the watch never watches itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+STUB_BINARY = "triton_python_backend_stub"
+INSTANCE_RE = re.compile(r"\d+_\d+")  # <model>_<group>_<index>
+GENERATION_PARAMETER = "stub_generation"
+
+
+def live_stubs(server_pid: int, proc: str = "/proc") -> dict[str, str]:
+    """Instance name -> model name of every running stub of the server ``server_pid``.
+
+    A stub's command line is ``<stub> <repo>/<model>/<version>/model.py <shm region> ...
+    <parent pid> <backend dir> <ipc handle> <instance name> ...``; zombies (killed stubs
+    not yet reaped), stubs of other servers and the short-lived stub a model load starts
+    to complete the model's config (named after the model, not an instance) are left out.
+    """
+    stubs: dict[str, str] = {}
+    for entry in os.listdir(proc):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, entry, "cmdline"), "rb") as handle:  # noqa: PTH123
+                args = handle.read().split(b"\0")
+            with open(os.path.join(proc, entry, "stat"), encoding="utf-8") as handle:  # noqa: PTH123
+                state = handle.read().rsplit(")", 1)[-1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if len(args) < 9 or not args[0].endswith(STUB_BINARY.encode()) or state == "Z":
+            continue
+        if args[5] != str(server_pid).encode():
+            continue
+        model = os.path.basename(os.path.dirname(os.path.dirname(args[1].decode())))
+        instance = args[8].decode()
+        if INSTANCE_RE.fullmatch(instance.removeprefix(model + "_")) and instance != model:
+            stubs[instance] = model  # not the short-lived stub a load starts for the model
+    return stubs
+
+
+@dataclass
+class StubWatch:
+    """Remembers every stub it has seen running; reloads the model of one that vanished.
+
+    ``is_ready(model)`` tells a model unloaded on purpose (not ready) from one whose stub
+    died (still ready); ``reload(model)`` starts its instances again. ``events`` records
+    each reload: (model, the instances found dead, seconds the reload took, error or "").
+    """
+
+    server_pid: int
+    is_ready: Callable[[str], bool]
+    reload: Callable[[str], None]
+    own_model: str = ""
+    proc: str = "/proc"
+    seen: dict[str, str] = field(default_factory=dict)
+    events: list[tuple[str, tuple[str, ...], float, str]] = field(default_factory=list)
+
+    def poll(self) -> list[str]:
+        """One look at the stubs; returns the models reloaded."""
+        live = live_stubs(self.server_pid, self.proc)
+        self.seen.update({i: m for i, m in live.items() if m != self.own_model})
+        dead: dict[str, list[str]] = {}
+        for instance, model in self.seen.items():
+            if instance not in live:
+                dead.setdefault(model, []).append(instance)
+        reloaded = []
+        for model, instances in sorted(dead.items()):
+            if self.is_ready(model):  # else unloaded (or being unloaded) on purpose
+                start, error = time.monotonic(), ""
+                try:
+                    self.reload(model)
+                    reloaded.append(model)
+                except Exception as exc:  # noqa: BLE001 - recorded; the next poll retries
+                    error = f"{type(exc).__name__}: {exc}"
+                self.events.append((model, tuple(sorted(instances)),
+                                    round(time.monotonic() - start, 3), error))
+                if error:
+                    continue
+            for instance in instances:  # seen again once the new stubs are up
+                del self.seen[instance]
+        return reloaded
+
+
+class RepositoryApi:
+    """The server's own HTTP endpoint: model readiness, config and (re)load with the admin key."""
+
+    def __init__(self, http_url: str, admin_key: str, timeout_s: float = 120.0):
+        self.base = f"http://{http_url}"
+        self.headers = {"X-Admin-Key": admin_key, "Content-Type": "application/json"}
+        self.timeout_s = timeout_s
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self.generation = int(time.time())
+
+    def _call(self, path: str, body: dict | None = None) -> bytes:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(  # noqa: S310 - the server's own loopback URL
+            self.base + path, data=data, headers=self.headers,
+            method="GET" if body is None else "POST",
+        )
+        with self._opener.open(request, timeout=self.timeout_s) as response:
+            return response.read()
+
+    def is_ready(self, model: str) -> bool:
+        """``/v2/models/<model>/ready`` answered 200."""
+        try:
+            self._call(f"/v2/models/{model}/ready")
+            return True
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def reload(self, model: str) -> None:
+        """Load ``model`` with its own config and a new ``stub_generation``: fresh stubs."""
+        config = json.loads(self._call(f"/v2/models/{model}/config"))
+        self.generation += 1
+        parameters = config.setdefault("parameters", {})
+        parameters[GENERATION_PARAMETER] = {"string_value": str(self.generation)}
+        body = {"parameters": {"config": json.dumps(config)}}
+        self._call(f"/v2/repository/models/{model}/load", body)
+
+
+def server_http_url(server_pid: int, proc: str = "/proc") -> str:
+    """``host:port`` of the server's HTTP endpoint, read from its command line."""
+    with open(os.path.join(proc, str(server_pid), "cmdline"), "rb") as handle:  # noqa: PTH123
+        args = [a.decode() for a in handle.read().split(b"\0") if a]
+    values = dict(a[2:].split("=", 1) for a in args if a.startswith("--") and "=" in a)
+    host = values.get("http-address", "0.0.0.0")
+    host = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}.get(host, host)
+    return f"{host}:{values.get('http-port', '8000')}"

@@ -1,0 +1,161 @@
+"""A Python-backend stub killed under load is replaced within seconds (``StubWatch``).
+
+The fault as the OOM killer deals it: ``kill -9`` of one stub while 8 clients send
+requests. Before the watch, the stub was never started again and every request routed
+to its instance failed for as long as anyone watched, with every health probe green.
+Here, for a stub of each kind (tokenizer, encoder, image preprocessing, URL fetcher):
+the model is reloaded with fresh stubs within 10 s, no answer is ever wrong, and no
+request sent after the reload fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from generator.runtime.stub_watch import live_stubs
+from tests.integration.clip_fixture import CLIP_MODEL, sample_images
+from tests.integration.conftest import TEXT_MODEL
+
+RECOVERY_S = 10.0
+CLIENTS = 8
+AFTER_S = 2.0  # load kept up this long after the recovery
+
+
+@dataclass
+class Load:
+    """Results of the clients: (sent, finished, error or "") and every wrong answer."""
+
+    results: list[tuple[float, float, str]] = field(default_factory=list)
+    wrong: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+def _stub_pids(server_pid: int, model: str) -> dict[str, int]:
+    pids = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            args = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")  # noqa: PTH123, SIM115
+        except OSError:
+            continue
+        if len(args) > 8 and args[5] == str(server_pid).encode() and (
+            args[8].decode().startswith(model + "_")
+        ):
+            pids[args[8].decode()] = int(entry)
+    return pids
+
+
+def _run(server, call, check, model: str) -> tuple[Load, float, dict]:
+    """Load ``call`` from 8 clients, kill one stub of ``model``, wait for its return."""
+    load = Load()
+    server_pid = server.process.process.pid
+    before = {i for i, m in live_stubs(server_pid).items() if m == model}
+    assert before, f"no stub of {model} is running"
+
+    def client() -> None:
+        with server.client("grpc") as c:
+            while not load.stop.is_set():
+                sent = time.monotonic()
+                try:
+                    answer = call(c)
+                    error = ""
+                    if not check(answer):
+                        load.wrong.append(f"wrong answer at {sent:.2f}")
+                except Exception as exc:  # noqa: BLE001 - every failure is recorded
+                    error = str(exc)[:300] or type(exc).__name__
+                load.results.append((sent, time.monotonic(), error))
+
+    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(1.0)
+        victim = sorted(_stub_pids(server_pid, model).items())[0]
+        killed = time.monotonic()
+        os.kill(victim[1], signal.SIGKILL)
+        recovered = None
+        while time.monotonic() - killed < RECOVERY_S + 5:
+            pids = _stub_pids(server_pid, model)
+            live = {i for i, m in live_stubs(server_pid).items() if m == model}
+            if live >= before and pids.get(victim[0]) not in (None, victim[1]):
+                recovered = time.monotonic()
+                break
+            time.sleep(0.05)
+        time.sleep(AFTER_S)
+    finally:
+        load.stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    assert recovered is not None, f"{model}: {victim[0]} was not replaced"
+    stats = {
+        "recovery_s": round(recovered - killed, 2),
+        "requests": len(load.results),
+        "failed": sum(1 for r in load.results if r[2]),
+        "failed_sent_after_kill": sum(1 for s, _, e in load.results if e and s > killed),
+        "failed_sent_after_recovery": sum(1 for s, _, e in load.results if e and s > recovered),
+        "errors": sorted({e.split(" (")[0][-120:] for _, _, e in load.results if e}),
+    }
+    return load, recovered - killed, stats
+
+
+@pytest.fixture(scope="module")
+def photo() -> bytes:
+    return sample_images()["photo.jpg"]
+
+
+def _text_case(expected_row):
+    def call(c):
+        return c.embed_texts(TEXT_MODEL, ["Triton batches requests from many clients."])
+
+    return call, lambda got: np.abs(got[0] - expected_row).max() <= 1e-5
+
+
+@pytest.mark.parametrize("step", ["tokenize", "encode"])
+def test_a_killed_text_stub_is_replaced_and_no_answer_is_wrong(server, reference, step) -> None:
+    want = reference.encode(["Triton batches requests from many clients."],
+                            normalize_embeddings=True)[0]
+    call, check = _text_case(want)
+    load, seconds, stats = _run(server, call, check, f"{TEXT_MODEL}_{step}")
+    print(f"\nkill -9 {TEXT_MODEL}_{step}: {stats}")
+    assert not load.wrong
+    assert seconds <= RECOVERY_S
+    assert stats["failed_sent_after_recovery"] == 0
+    assert stats["requests"] > stats["failed"] > 0 or stats["failed"] == 0
+
+
+@pytest.mark.parametrize(("model", "by_url"), [
+    (f"{CLIP_MODEL}_preprocess_image", False),
+    ("fetch_image", True),
+])
+def test_a_killed_image_stub_is_replaced_and_no_answer_is_wrong(
+    server, image_server, photo, model, by_url
+) -> None:
+    item = image_server.url("/img/photo.jpg") if by_url else photo
+    with server.client("grpc") as c:
+        want = c.embed_images(CLIP_MODEL, [item])[0]
+
+    def call(c):
+        return c.embed_images(CLIP_MODEL, [item])
+
+    load, seconds, stats = _run(server, call, lambda got: np.abs(got[0] - want).max() <= 1e-6,
+                                model)
+    print(f"\nkill -9 {model}: {stats}")
+    assert not load.wrong
+    assert seconds <= RECOVERY_S
+    assert stats["failed_sent_after_recovery"] == 0
+
+
+@pytest.fixture(scope="module")
+def image_server():
+    from tests.integration.image_server import ImageServer
+
+    with ImageServer({"photo.jpg": sample_images()["photo.jpg"]}) as srv:
+        yield srv

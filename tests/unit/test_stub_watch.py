@@ -1,0 +1,86 @@
+"""The stub watch's decisions on a fake ``/proc``: which stub died, which model to reload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from generator.runtime.stub_watch import StubWatch, live_stubs, server_http_url
+
+SERVER = 4242
+STUB = "/opt/backends/python/triton_python_backend_stub"
+
+
+def _process(proc: Path, pid: int, args: list[str], state: str = "S") -> None:
+    folder = proc / str(pid)
+    folder.mkdir(parents=True)
+    (folder / "cmdline").write_bytes(b"\0".join(a.encode() for a in args) + b"\0")
+    (folder / "stat").write_text(f"{pid} (triton_python_ba) {state} {SERVER} 1 1")
+
+
+def _stub(proc: Path, pid: int, model: str, instance: str, parent: int = SERVER,
+          state: str = "S") -> None:
+    _process(proc, pid, [STUB, f"/models/{model}/1/model.py", "shm", "1048576", "1048576",
+                         str(parent), "/opt/backends/python", "336", instance, "DEFAULT", ""],
+             state)
+
+
+def test_live_stubs_are_this_servers_running_instances_only(tmp_path: Path) -> None:
+    _stub(tmp_path, 10, "m_encode", "m_encode_0_0")
+    _stub(tmp_path, 11, "m_encode", "m_encode_0_1", state="Z")  # killed, not yet reaped
+    _stub(tmp_path, 12, "m_encode", "m_encode")  # the short-lived config-completion stub
+    _stub(tmp_path, 13, "other", "other_0_0", parent=999)  # another server's
+    _process(tmp_path, 14, ["/bin/sleep", "5"])
+    (tmp_path / "self").mkdir()
+    assert live_stubs(SERVER, str(tmp_path)) == {"m_encode_0_0": "m_encode"}
+
+
+def _watch(proc: Path, ready: set[str]) -> tuple[StubWatch, list[str]]:
+    reloads: list[str] = []
+    watch = StubWatch(SERVER, lambda m: m in ready, reloads.append, "model_manager", str(proc))
+    return watch, reloads
+
+
+def test_a_vanished_instance_of_a_ready_model_reloads_that_model_once(tmp_path: Path) -> None:
+    _stub(tmp_path, 10, "m_encode", "m_encode_0_0")
+    _stub(tmp_path, 11, "m_encode", "m_encode_0_1")
+    _stub(tmp_path, 12, "m_tokenize", "m_tokenize_0_0")
+    _stub(tmp_path, 13, "model_manager", "model_manager_0_0")
+    watch, reloads = _watch(tmp_path, {"m_encode", "m_tokenize"})
+    assert watch.poll() == [] and "model_manager_0_0" not in watch.seen
+    (tmp_path / "11" / "stat").write_text("11 (x) Z 4242")  # kill -9: a zombie
+    assert watch.poll() == ["m_encode"] and reloads == ["m_encode"]
+    assert watch.events[0][:2] == ("m_encode", ("m_encode_0_1",))
+    assert watch.poll() == []  # not reloaded again while the new stub starts
+    _stub(tmp_path, 21, "m_encode", "m_encode_0_1")
+    assert watch.poll() == [] and "m_encode_0_1" in watch.seen
+
+
+def test_a_model_unloaded_on_purpose_is_left_alone(tmp_path: Path) -> None:
+    _stub(tmp_path, 10, "gone", "gone_0_0")
+    watch, reloads = _watch(tmp_path, set())
+    watch.poll()
+    (tmp_path / "10" / "cmdline").unlink()
+    (tmp_path / "10" / "stat").unlink()
+    assert watch.poll() == [] and reloads == [] and watch.seen == {}
+
+
+def test_a_failed_reload_is_recorded_and_retried_at_the_next_poll(tmp_path: Path) -> None:
+    _stub(tmp_path, 10, "m", "m_0_0")
+    answers = [OSError("connection refused"), None]
+
+    def reload(model: str) -> None:
+        answer = answers.pop(0)
+        if answer is not None:
+            raise answer
+
+    watch = StubWatch(SERVER, lambda m: True, reload, proc=str(tmp_path))
+    watch.poll()
+    (tmp_path / "10" / "stat").write_text("10 (x) Z 4242")
+    assert watch.poll() == []
+    assert watch.events[0][3] == "OSError: connection refused"
+    assert watch.poll() == ["m"] and watch.events[1][3] == "" and answers == []
+
+
+def test_the_servers_http_address_comes_from_its_command_line(tmp_path: Path) -> None:
+    _process(tmp_path, SERVER, ["tritonserver", "--http-address=0.0.0.0", "--http-port=18000"])
+    assert server_http_url(SERVER, str(tmp_path)) == "127.0.0.1:18000"
