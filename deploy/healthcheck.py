@@ -1,19 +1,33 @@
-"""Container health check: exit 0 when Triton answers ``/v2/health/ready`` with 200.
+"""Container health check: exit 0 when the server is ready and no stub is dead.
+
+Ready: Triton answers ``/v2/health/ready`` with 200; and no model runs short of a dead
+Python-backend stub.
 
 Used by ``HEALTHCHECK`` in Dockerfile.triton and by docker-compose.yml. Standard library
 only; the port is ``$TRITON_HTTP_PORT`` (default 8000), the one ``generator serve`` uses,
 and the address the server's own: ``$TRITON_HOST`` when it names one, else loopback. The
 probe ignores ``http_proxy`` / ``HTTP_PROXY`` and the like: a proxy set in the container
 for hub downloads must not receive (or answer) the server's health check.
+
+Triton's readiness stays green while a model's stub is dead, so the check also reads the
+state the server's stub watch writes every second (``generator/runtime/stub_watch.py``,
+``<temp dir>/embed-health-<uid>-<port>.json`` or ``$EMBED_HEALTH_FILE``): unhealthy while
+a model waits for its reload, when reloads failed three times in a row, or when the
+watch of a running server stopped writing.
 """
 
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import sys
+import tempfile
+import time
 import urllib.request
 
+STALE_S = 30.0  # the watch writes every second: older means it stopped
+MAX_FAILED_RELOADS = 3
 # Wildcard listen addresses, and the loopback address that reaches each from inside.
 WILDCARDS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 
@@ -35,10 +49,45 @@ def ready(port: int, host: str = "127.0.0.1", timeout_s: float = 3.0) -> bool:
         return False
 
 
+def health_file(port: int, env=None) -> str:
+    """Where the stub watch of the server on ``port`` writes (as ``stub_watch.health_path``)."""
+    env = os.environ if env is None else env
+    default = os.path.join(tempfile.gettempdir(), f"embed-health-{os.getuid()}-{port}.json")
+    return env.get("EMBED_HEALTH_FILE") or default
+
+
+def watch_problem(path: str, now: float | None = None) -> str:
+    """Why the stub watch's state says unhealthy, or "" (also when there is no watch)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            state = json.load(handle)
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError) as exc:
+        return f"stub watch state {path} unreadable: {exc}"
+    pid = state.get("server_pid")
+    if not isinstance(pid, int) or not os.path.exists(f"/proc/{pid}"):
+        return ""  # written by a server that is gone
+    age = (time.time() if now is None else now) - float(state.get("updated", 0))
+    if age > STALE_S:
+        return f"stub watch stopped: its state is {age:.0f} s old"
+    if state.get("degraded"):
+        return f"models short of a dead stub, reload pending: {sorted(state['degraded'])}"
+    if int(state.get("failures_in_a_row", 0)) >= MAX_FAILED_RELOADS:
+        return f"{state['failures_in_a_row']} reloads of dead stubs failed in a row"
+    return ""
+
+
 def main() -> int:
     """Exit status for Docker: 0 healthy, 1 not."""
     port = int(os.environ.get("TRITON_HTTP_PORT", "8000"))
-    return 0 if ready(port, probe_host(os.environ.get("TRITON_HOST", ""))) else 1
+    if not ready(port, probe_host(os.environ.get("TRITON_HOST", ""))):
+        return 1
+    problem = watch_problem(health_file(port))
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

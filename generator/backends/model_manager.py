@@ -24,7 +24,7 @@ from generator.admin import AdminKeyError, configured_admin_key
 from generator.lifecycle import ManagerParams, ModelManager, parse_request
 from generator.runtime.adapter import config_parameters, error_response, input_array
 from generator.runtime.errors import InvalidInputError, RequestError
-from generator.runtime.stub_watch import RepositoryApi, StubWatch, server_http_url
+from generator.runtime.stub_watch import RepositoryApi, StubWatch, health_path, server_http_url
 from generator.triton_local import SERVER_KEY_ENV
 
 
@@ -64,8 +64,12 @@ class TritonPythonModel:
         server_key = os.environ.get(SERVER_KEY_ENV, "")
         if interval > 0 and server_key:
             server_pid = os.getppid()  # a stub's parent is tritonserver
-            api = RepositoryApi(server_http_url(server_pid), server_key)
-            self.watch = StubWatch(server_pid, api.is_ready, api.reload, args["model_name"])
+            http_url = server_http_url(server_pid)
+            api = RepositoryApi(http_url, server_key)
+            self.watch = StubWatch(
+                server_pid, api.is_ready, api.reload, args["model_name"],
+                health_file=health_path(http_url.rsplit(":", 1)[1]),
+            )
             threading.Thread(target=self._watch, args=(interval,), daemon=True).start()
         elif interval > 0:
             self.logger.log_warn(f"stub watch off: {SERVER_KEY_ENV} is not set")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -75,8 +76,11 @@ class StubWatch:
     reload: Callable[[str], None]
     own_model: str = ""
     proc: str = "/proc"
+    health_file: str = ""
     seen: dict[str, str] = field(default_factory=dict)
     events: list[tuple[str, tuple[str, ...], float, str]] = field(default_factory=list)
+    degraded: dict[str, list[str]] = field(default_factory=dict)
+    failures_in_a_row: int = 0
 
     def poll(self) -> list[str]:
         """One look at the stubs; returns the models reloaded."""
@@ -86,22 +90,43 @@ class StubWatch:
         for instance, model in self.seen.items():
             if instance not in live:
                 dead.setdefault(model, []).append(instance)
+        self.degraded = {m: sorted(i) for m, i in dead.items() if self.is_ready(m)}
+        self.write_health()  # degraded until the reloads below are done
         reloaded = []
         for model, instances in sorted(dead.items()):
-            if self.is_ready(model):  # else unloaded (or being unloaded) on purpose
+            if model in self.degraded:  # else unloaded (or being unloaded) on purpose
                 start, error = time.monotonic(), ""
                 try:
                     self.reload(model)
                     reloaded.append(model)
+                    del self.degraded[model]
                 except Exception as exc:  # noqa: BLE001 - recorded; the next poll retries
                     error = f"{type(exc).__name__}: {exc}"
+                self.failures_in_a_row = self.failures_in_a_row + 1 if error else 0
                 self.events.append((model, tuple(sorted(instances)),
                                     round(time.monotonic() - start, 3), error))
                 if error:
                     continue
             for instance in instances:  # seen again once the new stubs are up
                 del self.seen[instance]
+        self.write_health()
         return reloaded
+
+    def write_health(self) -> None:
+        """The watch's state for the health check (``deploy/healthcheck.py``), atomically."""
+        if not self.health_file:
+            return
+        state = {
+            "server_pid": self.server_pid,
+            "updated": time.time(),
+            "degraded": self.degraded,
+            "failures_in_a_row": self.failures_in_a_row,
+            "reloads": sum(1 for e in self.events if not e[3]),
+        }
+        partial = f"{self.health_file}.{os.getpid()}.tmp"
+        with open(partial, "w", encoding="utf-8") as handle:  # noqa: PTH123
+            json.dump(state, handle)
+        os.replace(partial, self.health_file)
 
 
 class RepositoryApi:
@@ -139,6 +164,17 @@ class RepositoryApi:
         parameters[GENERATION_PARAMETER] = {"string_value": str(self.generation)}
         body = {"parameters": {"config": json.dumps(config)}}
         self._call(f"/v2/repository/models/{model}/load", body)
+
+
+def health_path(http_port: int | str, env: dict[str, str] | None = None) -> str:
+    """Where the watch of the server on ``http_port`` writes its state.
+
+    ``$EMBED_HEALTH_FILE``, else ``<temp dir>/embed-health-<uid>-<port>.json``: the health
+    check of a container (same user, same temp dir, the port it probes) finds it there.
+    """
+    env = os.environ if env is None else env
+    default = os.path.join(tempfile.gettempdir(), f"embed-health-{os.getuid()}-{http_port}.json")
+    return env.get("EMBED_HEALTH_FILE") or default
 
 
 def server_http_url(server_pid: int, proc: str = "/proc") -> str:

@@ -5,7 +5,9 @@ requests. Before the watch, the stub was never started again and every request r
 to its instance failed for as long as anyone watched, with every health probe green.
 Here, for a stub of each kind (tokenizer, encoder, image preprocessing, URL fetcher):
 the model is reloaded with fresh stubs within 10 s, no answer is ever wrong, and no
-request sent after the reload fails.
+request sent after the reload fails. The container health check (deploy/healthcheck.py)
+is healthy before the kill, unhealthy while the model waits for its reload, and healthy
+again after.
 """
 
 from __future__ import annotations
@@ -35,6 +37,17 @@ class Load:
     results: list[tuple[float, float, str]] = field(default_factory=list)
     wrong: list[str] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
+
+
+def _healthcheck():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "deploy" / "healthcheck.py"
+    spec = importlib.util.spec_from_file_location("deploy_healthcheck_it", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _stub_pids(server_pid: int, model: str) -> dict[str, int]:
@@ -73,7 +86,19 @@ def _run(server, call, check, model: str) -> tuple[Load, float, dict]:
                     error = str(exc)[:300] or type(exc).__name__
                 load.results.append((sent, time.monotonic(), error))
 
+    probe_module, port = _healthcheck(), server.ports.http
+    health: list[tuple[float, bool]] = []
+
+    def probe() -> None:  # deploy/healthcheck.py's verdict, as Docker's HEALTHCHECK runs it
+        while not load.stop.is_set():
+            healthy = probe_module.ready(port) and not probe_module.watch_problem(
+                probe_module.health_file(port)
+            )
+            health.append((time.monotonic(), healthy))
+            time.sleep(0.05)
+
     threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    threads.append(threading.Thread(target=probe))
     for thread in threads:
         thread.start()
     try:
@@ -102,6 +127,9 @@ def _run(server, call, check, model: str) -> tuple[Load, float, dict]:
         "failed_sent_after_kill": sum(1 for s, _, e in load.results if e and s > killed),
         "failed_sent_after_recovery": sum(1 for s, _, e in load.results if e and s > recovered),
         "errors": sorted({e.split(" (")[0][-120:] for _, _, e in load.results if e}),
+        "unhealthy_s": round(sum(0.05 for t, ok in health if not ok and t > killed), 2),
+        "healthy_before": all(ok for t, ok in health if t < killed),
+        "healthy_at_end": bool(health) and health[-1][1],
     }
     return load, recovered - killed, stats
 
@@ -125,6 +153,8 @@ def test_a_killed_text_stub_is_replaced_and_no_answer_is_wrong(server, reference
     call, check = _text_case(want)
     load, seconds, stats = _run(server, call, check, f"{TEXT_MODEL}_{step}")
     print(f"\nkill -9 {TEXT_MODEL}_{step}: {stats}")
+    assert stats["healthy_before"] and stats["healthy_at_end"]
+    assert stats["unhealthy_s"] > 0, "the health check never saw the dead stub"
     assert not load.wrong
     assert seconds <= RECOVERY_S
     assert stats["failed_sent_after_recovery"] == 0
@@ -148,6 +178,8 @@ def test_a_killed_image_stub_is_replaced_and_no_answer_is_wrong(
     load, seconds, stats = _run(server, call, lambda got: np.abs(got[0] - want).max() <= 1e-6,
                                 model)
     print(f"\nkill -9 {model}: {stats}")
+    assert stats["healthy_before"] and stats["healthy_at_end"]
+    assert stats["unhealthy_s"] > 0, "the health check never saw the dead stub"
     assert not load.wrong
     assert seconds <= RECOVERY_S
     assert stats["failed_sent_after_recovery"] == 0

@@ -84,3 +84,58 @@ def test_a_failed_reload_is_recorded_and_retried_at_the_next_poll(tmp_path: Path
 def test_the_servers_http_address_comes_from_its_command_line(tmp_path: Path) -> None:
     _process(tmp_path, SERVER, ["tritonserver", "--http-address=0.0.0.0", "--http-port=18000"])
     assert server_http_url(SERVER, str(tmp_path)) == "127.0.0.1:18000"
+
+
+def _healthcheck():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "deploy" / "healthcheck.py"
+    spec = importlib.util.spec_from_file_location("deploy_healthcheck_watch", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_health_check_reads_the_file_the_watch_writes(tmp_path: Path) -> None:
+    import os
+
+    from generator.runtime.stub_watch import health_path
+
+    check = _healthcheck()
+    assert check.health_file(18000, {}) == health_path(18000, {})
+    assert check.health_file(1, {"EMBED_HEALTH_FILE": "/x"}) == health_path(1, {
+        "EMBED_HEALTH_FILE": "/x"}) == "/x"
+    proc = tmp_path / "proc"
+    _stub(proc, 10, "m", "m_0_0")
+    states: list[str] = []
+    health = str(tmp_path / "health.json")
+
+    def reload(model: str) -> None:  # what the health check says while the reload runs
+        states.append(check.watch_problem(health))
+
+    watch = StubWatch(os.getpid(), lambda m: True, reload, proc=str(proc), health_file=health)
+    watch.server_pid = SERVER
+    watch.poll()
+    (proc / "10" / "stat").write_text("10 (x) Z 4242")
+    watch.server_pid = os.getpid()  # the file names a live server: this process
+    watch.proc = str(tmp_path / "empty")
+    (tmp_path / "empty").mkdir()
+    watch.seen = {"m_0_0": "m"}
+    watch.poll()
+    assert states and "reload pending: ['m']" in states[0]
+    assert check.watch_problem(health) == ""
+    assert "stopped" in check.watch_problem(health, now=10**12)
+
+
+def test_repeated_reload_failures_make_the_health_check_fail(tmp_path: Path) -> None:
+    import json
+    import os
+
+    check = _healthcheck()
+    path = tmp_path / "h.json"
+    state = {"server_pid": os.getpid(), "updated": 1e18, "degraded": {}, "failures_in_a_row": 3}
+    path.write_text(json.dumps(state))
+    assert "3 reloads of dead stubs failed in a row" in check.watch_problem(str(path), now=1e18)
+    path.write_text(json.dumps({**state, "server_pid": 2**22 + 7}))  # a server that is gone
+    assert check.watch_problem(str(path)) == ""
+    assert check.watch_problem(str(tmp_path / "none.json")) == ""
