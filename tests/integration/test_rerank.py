@@ -129,7 +129,13 @@ def test_served_scores_match_cross_encoder_predict(rerank_setup, protocol):
         ]
     )
     assert got.shape == (len(pairs), 1)
-    _check(f"raw {protocol}", got[:, 0], _predict(reference, pairs))
+    want = _predict(reference, pairs)
+    _check(f"raw {protocol}", got[:, 0], want)
+    # The stand-in's scores spread over (0, 1), so the gate sees a pairing bug: the same
+    # served scores against the pairs shifted by one row fail it by far.
+    assert want.max() - want.min() >= 0.3, f"scores span only {want.max() - want.min():.2e}"
+    shifted = np.roll(want, 1)
+    assert float(np.max(np.abs(got[:, 0].astype(np.float64) - shifted))) > 100 * MAX_ABS_DIFF
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
