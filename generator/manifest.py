@@ -58,6 +58,8 @@ class ModelEntry:
     checkpoint: str | None = None
     max_batch_size: int = 64
     max_queue_delay_us: int = 2000
+    max_queue_size: int = 0
+    queue_timeout_us: int = 0
     encoder_instances: int = 1
     preprocess_instances: int = 1
     max_seq_length: int | None = None
@@ -169,6 +171,8 @@ _MANAGER_FIELDS = {f.name: f for f in dataclasses.fields(ManagerSettings)}
 ENTRY_BOUNDS: dict[str, tuple[float, float]] = {
     "max_batch_size": (1, 4096),
     "max_queue_delay_us": (0, 10_000_000),
+    "max_queue_size": (0, 1_000_000),
+    "queue_timeout_us": (0, 3_600_000_000),
     "encoder_instances": (1, 16),
     "preprocess_instances": (1, 16),
     "max_seq_length": (2, 8192),

@@ -47,6 +47,13 @@ class Batching:
     enabled: bool = True
     max_queue_delay_us: int = 0
     preferred: tuple[int, ...] = ()
+    max_queue_size: int = 0
+    queue_timeout_us: int = 0
+
+    @property
+    def queue_policy(self) -> bool:
+        """Whether the queue is bounded (in size or in time): a ``default_queue_policy``."""
+        return bool(self.max_queue_size or self.queue_timeout_us)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ def tokenize_dir(
         [IOSpec("TEXT", "TYPE_STRING", (1,))],
         [IOSpec(n, "TYPE_INT64", (dims,)) for n in params.output_names],
         {**tokenizer_parameters(entry, params), **_prompt_parameters(params)},
-        Batching(True, entry.max_queue_delay_us // 2),
+        step_batching(entry, entry.max_queue_delay_us // 2),
         Instances(entry.preprocess_instances),
     )
     return ModelDir(name, config, "tokenize", {"tokenizer.json": tokenizer_json})
@@ -99,10 +99,20 @@ def gpu_accelerator(entry: ModelEntry, inputs: Sequence[IOSpec]) -> Accelerator 
     return Accelerator("tensorrt", tuple(parameters.items()))
 
 
+def step_batching(entry: ModelEntry, max_queue_delay_us: int) -> Batching:
+    """Dynamic batching of one step of ``entry``, its queue bounded as the manifest says."""
+    return Batching(
+        True,
+        max_queue_delay_us,
+        max_queue_size=entry.max_queue_size,
+        queue_timeout_us=entry.queue_timeout_us,
+    )
+
+
 def _encoder_scheduling(entry: ModelEntry) -> tuple[Batching, Instances]:
     """Dynamic batching and instance group of an encoder (either kind, fused or not)."""
     kind = "KIND_GPU" if entry.device == "gpu" else "KIND_CPU"
-    return Batching(True, entry.max_queue_delay_us), Instances(entry.encoder_instances, kind)
+    return step_batching(entry, entry.max_queue_delay_us), Instances(entry.encoder_instances, kind)
 
 
 def encoder_dir(

@@ -19,10 +19,10 @@ from ..declared_kind import check_source
 from ..manifest import Manifest, ModelEntry
 from ..onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ..precision import apply_precision
-from ..render import Batching, Instances, IOSpec, Step, ensemble, python_model
+from ..render import Instances, IOSpec, Step, ensemble, python_model
 from ..runtime.pairs import PairTokenizer
 from ..runtime.text import TokenizerParams
-from .common import encoder_dir, tokenizer_parameters
+from .common import encoder_dir, step_batching, tokenizer_parameters
 from .sentence_transformers import resolve_source, token_limits
 
 # Score parity gate of the exported graph against ``CrossEncoder.predict`` (max |diff|).
@@ -130,7 +130,7 @@ def _tokenize_dir(entry: ModelEntry, name: str, tokenizer_json: Path, params: To
         [IOSpec("QUERY", "TYPE_STRING", (1,)), IOSpec("TEXT", "TYPE_STRING", (1,))],
         [IOSpec(n, "TYPE_INT64", (-1,)) for n in params.output_names],
         tokenizer_parameters(entry, params),
-        Batching(True, entry.max_queue_delay_us // 2),
+        step_batching(entry, entry.max_queue_delay_us // 2),
         Instances(entry.preprocess_instances),
     )
     return ModelDir(name, config, "tokenize_pairs", {"tokenizer.json": tokenizer_json})

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from ..build_types import ModelDir
 from ..manifest import Manifest, ModelEntry, resolve_path
-from ..render import Batching, Instances, IOSpec, python_model
+from ..render import Instances, IOSpec, python_model
 from ..runtime.image_gpu import require_cuda_device
 from ..runtime.text import TokenizerParams
 from ..shared_models import FETCH_IMAGE
-from .common import chain_dir, encoder_dir, tokenize_dir
+from .common import chain_dir, encoder_dir, step_batching, tokenize_dir
 from .open_clip_assets import (
     embedding_dim,
     export_towers,
@@ -60,7 +60,7 @@ def _preprocess_dir(entry: ModelEntry, name: str, parameters: dict[str, str], si
         [IOSpec("IMAGE", "TYPE_STRING", (1,))],
         [IOSpec("pixel_values", "TYPE_FP32", (3, *size))],
         {**parameters, "decode_threads": "2"},
-        Batching(True, entry.max_queue_delay_us // 2),
+        step_batching(entry, entry.max_queue_delay_us // 2),
         Instances(entry.preprocess_instances, kind),
     )
     return ModelDir(name, config, "preprocess_image", {})

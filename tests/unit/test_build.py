@@ -104,6 +104,7 @@ def test_write_lays_out_config_adapter_runtime_and_files(tmp_path: Path) -> None
     assert (model / "1" / "tokenizer.json").read_text() == "{}"
     assert sorted(p.name for p in (model / "1").iterdir()) == [
         RUNTIME_PACKAGE,
+        "files.sha256.json",  # the digest of every file copied, checked at load
         "model.py",
         "tokenizer.json",
     ]

@@ -351,3 +351,21 @@ def test_parse_config_rejects_unknown_fields() -> None:
 def test_render_requires_every_template_value() -> None:
     with pytest.raises(jinja2.UndefinedError):
         render("python_model", name="x")
+
+
+@pytest.mark.parametrize("backend", ["python-ort", "onnxruntime"])
+def test_a_bounded_queue_renders_triton_s_queue_policy_on_every_step(tmp_path, backend) -> None:
+    import dataclasses
+
+    entry = dataclasses.replace(ENTRY, encoder_backend=backend, max_queue_size=64,
+                                queue_timeout_us=250_000)
+    params = TokenizerParams(256, False, TOKEN_NAMES, pad_id=0)
+    for model in (tokenize_dir(entry, "mini_tokenize", tmp_path / "t.json", params, -1),
+                  encoder_dir(entry, "mini_encode", tmp_path / "m.onnx", TOKEN_SPEC, True)):
+        policy = parse_config(model.config).dynamic_batching.default_queue_policy
+        assert policy.max_queue_size == 64
+        assert policy.default_timeout_microseconds == 250_000
+        assert policy.allow_timeout_override
+        assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
+    unbounded = encoder_dir(ENTRY, "mini_encode", tmp_path / "m.onnx", TOKEN_SPEC, True)
+    assert not parse_config(unbounded.config).dynamic_batching.HasField("default_queue_policy")

