@@ -1,7 +1,10 @@
 """Container health check: exit 0 when the server is ready and no stub is dead.
 
-Ready: Triton answers ``/v2/health/ready`` with 200; and no model runs short of a dead
-Python-backend stub.
+Ready (the default check): Triton answers ``/v2/health/ready`` with 200, no model runs
+short of a dead Python-backend stub, and the server is not draining. Live
+(``--live``, the Kubernetes liveness probe): Triton answers ``/v2/health/live``, the stub
+watch still runs and reloads of dead stubs have not failed three times in a row; a
+degraded model waiting for its reload, or a drain, is not a reason to restart.
 
 Used by ``HEALTHCHECK`` in Dockerfile.triton and by docker-compose.yml. Standard library
 only; the port is ``$TRITON_HTTP_PORT`` (default 8000), the one ``generator serve`` uses,
@@ -13,7 +16,9 @@ Triton's readiness stays green while a model's stub is dead, so the check also r
 state the server's stub watch writes every second (``generator/runtime/stub_watch.py``,
 ``<temp dir>/embed-health-<uid>-<port>.json`` or ``$EMBED_HEALTH_FILE``): unhealthy while
 a model waits for its reload, when reloads failed three times in a row, or when the
-watch of a running server stopped writing.
+watch of a running server stopped writing. From SIGTERM on, ``generator serve`` drains
+the server (``generator/supervisor.py``) and says so in ``<health file>.draining``: not
+ready from then on, so load balancers stop sending before the models are unloaded.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import tempfile
 import time
 import urllib.request
 
+DRAIN_SUFFIX = ".draining"  # as generator/supervisor.py writes it
 STALE_S = 30.0  # the watch writes every second: older means it stopped
 MAX_FAILED_RELOADS = 3
 # Wildcard listen addresses, and the loopback address that reaches each from inside.
@@ -38,12 +44,13 @@ def probe_host(triton_host: str) -> str:
     return WILDCARDS.get(host, host)
 
 
-def ready(port: int, host: str = "127.0.0.1", timeout_s: float = 3.0) -> bool:
-    """Whether the server on ``host:port`` is ready (every startup model loaded)."""
+def ready(port: int, host: str = "127.0.0.1", timeout_s: float = 3.0,
+          endpoint: str = "ready") -> bool:
+    """Whether the server on ``host:port`` is ready (every startup model loaded), or live."""
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(f"http://{netloc}/v2/health/ready", timeout=timeout_s) as resp:
+        with opener.open(f"http://{netloc}/v2/health/{endpoint}", timeout=timeout_s) as resp:
             return resp.status == 200
     except (OSError, http.client.HTTPException):  # URLError, refused, timeout, bad reply
         return False
@@ -56,8 +63,26 @@ def health_file(port: int, env=None) -> str:
     return env.get("EMBED_HEALTH_FILE") or default
 
 
-def watch_problem(path: str, now: float | None = None) -> str:
-    """Why the stub watch's state says unhealthy, or "" (also when there is no watch)."""
+def draining(path: str) -> str:
+    """Why the server is not ready because it drains (``path`` + ".draining"), or ""."""
+    try:
+        with open(path + DRAIN_SUFFIX, encoding="utf-8") as handle:
+            state = json.load(handle)
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError) as exc:
+        return f"drain state {path}{DRAIN_SUFFIX} unreadable: {exc}"
+    pid = state.get("pid")
+    if not isinstance(pid, int) or not os.path.exists(f"/proc/{pid}"):
+        return ""  # left by a process that is gone
+    return f"draining since {time.ctime(float(state.get('since', 0)))} ({state.get('signal')})"
+
+
+def watch_problem(path: str, now: float | None = None, live: bool = False) -> str:
+    """Why the stub watch's state says unhealthy, or "" (also when there is no watch).
+
+    ``live``: only what a restart would cure (the watch stopped, reloads keep failing).
+    """
     try:
         with open(path, encoding="utf-8") as handle:
             state = json.load(handle)
@@ -71,19 +96,26 @@ def watch_problem(path: str, now: float | None = None) -> str:
     age = (time.time() if now is None else now) - float(state.get("updated", 0))
     if age > STALE_S:
         return f"stub watch stopped: its state is {age:.0f} s old"
-    if state.get("degraded"):
+    if state.get("degraded") and not live:
         return f"models short of a dead stub, reload pending: {sorted(state['degraded'])}"
     if int(state.get("failures_in_a_row", 0)) >= MAX_FAILED_RELOADS:
         return f"{state['failures_in_a_row']} reloads of dead stubs failed in a row"
     return ""
 
 
-def main() -> int:
-    """Exit status for Docker: 0 healthy, 1 not."""
+def main(argv: list[str] | None = None) -> int:
+    """Exit status for Docker and Kubernetes: 0 healthy, 1 not (``--live``: liveness)."""
+    args = argv or []
+    live = args == ["--live"]
+    if args and not live:
+        print("usage: healthcheck.py [--live]", file=sys.stderr)
+        return 2
     port = int(os.environ.get("TRITON_HTTP_PORT", "8000"))
-    if not ready(port, probe_host(os.environ.get("TRITON_HOST", ""))):
+    host = probe_host(os.environ.get("TRITON_HOST", ""))
+    if not ready(port, host, endpoint="live" if live else "ready"):
         return 1
-    problem = watch_problem(health_file(port))
+    path = health_file(port)
+    problem = watch_problem(path, live=live) or ("" if live else draining(path))
     if problem:
         print(problem, file=sys.stderr)
         return 1
@@ -91,4 +123,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

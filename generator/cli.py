@@ -4,7 +4,7 @@ python -m generator build                 # every entry of models.toml (skips un
 python -m generator add NAME --family sentence-transformers --source ID_OR_DIR
 python -m generator remove NAME
 python -m generator list
-python -m generator serve                 # build, then exec tritonserver (foreground)
+python -m generator serve                 # build, run tritonserver (foreground; SIGTERM drains)
 python -m generator stop
 """
 
@@ -19,12 +19,15 @@ from .admin import ADMIN_HEADER, KEY_ENV, configured_admin_key
 from .build import RepositoryWriter, build_repository, entry_fingerprint, remove_entry
 from .manifest import ManifestError, load_serving_manifest
 from .manifest_edit import append_entry, remove_entry_text, restored_on_error
+from .runtime.stub_watch import health_path
 from .shared_models import startup_models
+from .supervisor import DrainSettings, Supervisor
 from .triton_local import (
     TritonLaunch,
     TritonPorts,
     launch_env,
     listen_host,
+    local_http_url,
     prepare_backends,
     server_command,
     stop_pid,
@@ -161,6 +164,7 @@ def _cmd_random_text(args) -> int:
 
 
 def _cmd_serve(args) -> int:
+    drain = DrainSettings.from_env()  # a typo in the drain settings fails before the build
     manifest = load_serving_manifest(args.manifest, args.repo)
     if not args.no_build:
         build_repository(manifest, args.repo)
@@ -188,8 +192,11 @@ def _cmd_serve(args) -> int:
         f"models: {', '.join(names)}",
         flush=True,
     )
-    os.execve(cmd[0], cmd, launch_env(launch))
-    return 1
+    supervisor = Supervisor(
+        cmd, launch_env(launch), local_http_url(launch), launch.admin_key,
+        health_path(launch.ports.http), drain,
+    )
+    return supervisor.run()
 
 
 def _cmd_stop(args) -> int:

@@ -63,6 +63,12 @@ class TritonLaunch:
             object.__setattr__(self, "admin_key", secrets.token_urlsafe(32))
 
 
+def local_http_url(launch: TritonLaunch) -> str:
+    """``host:port`` that reaches ``launch``'s HTTP endpoint from the same machine."""
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(launch.host, launch.host)
+    return f"[{host}]:{launch.ports.http}" if ":" in host else f"{host}:{launch.ports.http}"
+
+
 def _pytriton_root() -> Path:
     """Where the ``pytriton`` package lies, found without importing it.
 
@@ -210,8 +216,7 @@ class TritonProcess:
     @property
     def http_url(self) -> str:
         """``host:port`` of the HTTP endpoint."""
-        host = self.launch.host if self.launch.host not in ("0.0.0.0", "::") else "127.0.0.1"
-        return f"{host}:{self.launch.ports.http}"
+        return local_http_url(self.launch)
 
     def start(self) -> TritonProcess:
         """Start the server in its own process group; returns at once."""

@@ -139,7 +139,8 @@ class RepositoryApi:
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         self.generation = int(time.time())
 
-    def _call(self, path: str, body: dict | None = None) -> bytes:
+    def call(self, path: str, body: dict | None = None) -> bytes:
+        """GET ``path`` (``body`` None) or POST ``body`` as JSON; the reply's bytes."""
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(  # noqa: S310 - the server's own loopback URL
             self.base + path, data=data, headers=self.headers,
@@ -151,19 +152,19 @@ class RepositoryApi:
     def is_ready(self, model: str) -> bool:
         """``/v2/models/<model>/ready`` answered 200."""
         try:
-            self._call(f"/v2/models/{model}/ready")
+            self.call(f"/v2/models/{model}/ready")
             return True
         except (urllib.error.URLError, OSError):
             return False
 
     def reload(self, model: str) -> None:
         """Load ``model`` with its own config and a new ``stub_generation``: fresh stubs."""
-        config = json.loads(self._call(f"/v2/models/{model}/config"))
+        config = json.loads(self.call(f"/v2/models/{model}/config"))
         self.generation += 1
         parameters = config.setdefault("parameters", {})
         parameters[GENERATION_PARAMETER] = {"string_value": str(self.generation)}
         body = {"parameters": {"config": json.dumps(config)}}
-        self._call(f"/v2/repository/models/{model}/load", body)
+        self.call(f"/v2/repository/models/{model}/load", body)
 
 
 def health_path(http_port: int | str, env: dict[str, str] | None = None) -> str:

@@ -145,6 +145,11 @@ def probe_target(ctr: Obj, probe: str) -> tuple[int, str]:
     return int(port), get["path"]
 
 
+def probe_command(ctr: Obj, probe: str) -> list[str]:
+    """The command of an exec probe (run inside the container; exit 0 passes)."""
+    return list(ctr[probe]["exec"]["command"])
+
+
 def probe_budget_s(ctr: Obj, probe: str) -> float:
     """How long a probe may keep failing before the kubelet gives up (period x threshold)."""
     spec = ctr[probe]

@@ -166,11 +166,18 @@ def server(objects, host_files, repository):
         _stop(name)
 
 
-def test_probes_on_the_manifest_paths_answer(server) -> None:
+def _exec_probe(name: str, ctr: dict, probe: str) -> int:
+    """Run an exec probe inside the container as the kubelet does; its exit status."""
+    command = k8s_docker.probe_command(ctr, probe)
+    return _docker("exec", name, *command, check=False).returncode
+
+
+def test_probes_of_the_manifest_pass(server) -> None:
     ctr, ports = server["ctr"], server["ports"]
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        port, path = k8s_docker.probe_target(ctr, probe)
-        assert _status(f"http://127.0.0.1:{ports[port]}{path}") == 200, probe
+    port, path = k8s_docker.probe_target(ctr, "startupProbe")
+    assert _status(f"http://127.0.0.1:{ports[port]}{path}") == 200
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert _exec_probe(server["name"], ctr, probe) == 0, probe
 
 
 def test_container_has_the_manifest_security_settings(server) -> None:
@@ -315,9 +322,30 @@ def test_kserve_runtime_container_serves_the_same_repository(objects, host_files
         _record(f"k8s KServe runtime container start to ready {info['ready_s']:.1f} s")
         port = info["ports"][8080]
         for probe in ("readinessProbe", "livenessProbe"):
-            assert _status(f"http://127.0.0.1:{port}{ctr[probe]['httpGet']['path']}") == 200
+            assert _exec_probe(name, ctr, probe) == 0, probe
         with EmbeddingClient(f"127.0.0.1:{port}", "http") as client:
             got = client.embed_texts(TEXT_MODEL, ["a v2 request through KServe's port"])
         assert got.shape == (1, 384) and abs(float(np.linalg.norm(got)) - 1.0) < 1e-5
     finally:
         _stop(name)
+
+
+def test_sigterm_drains_within_the_grace_period_and_exits_zero(server, objects) -> None:
+    """What the kubelet does at a rollout: SIGTERM, then SIGKILL after the grace period.
+
+    Runs last: it stops the module's server.
+    """
+    pod = k8s.find(objects, "Deployment")["spec"]["template"]["spec"]
+    grace = pod["terminationGracePeriodSeconds"]
+    name = server["name"]
+    start = time.monotonic()
+    _docker("stop", "-t", str(grace), name)
+    took = time.monotonic() - start
+    state = _docker("inspect", "-f", "{{.State.ExitCode}} {{.State.OOMKilled}}", name).stdout
+    logs = _docker("logs", name, check=False)
+    output = logs.stdout + logs.stderr
+    _record(f"k8s Deployment container: docker stop (SIGTERM) to exit {took:.1f} s")
+    assert state.split() == ["0", "false"], output[-3000:]
+    assert "drain: SIGTERM: health check failing, serving 10 s more" in output
+    assert "drain: unloaded model_manager" in output
+    assert took < grace

@@ -1,6 +1,6 @@
 """``python -m generator serve``, the container's entrypoint, on the local Triton binary.
 
-The first start builds the repository from a fresh manifest and execs tritonserver; a
+The first start builds the repository from a fresh manifest and runs tritonserver; a
 second start goes through the image's ``deploy/entrypoint.sh`` with the binary and
 backend directory named by ``TRITON_SERVER_BIN`` / ``TRITON_BACKEND_DIR`` as in the
 image, finds everything current and skips the export. ``deploy/healthcheck.py`` (the
@@ -83,7 +83,10 @@ def _serve(base: Path, name: str, extra_env: dict[str, str], wrapper: bool = Fal
             time.sleep(0.3)
         seconds = time.monotonic() - start
         assert int(pid_file.read_text()) == proc.pid
-        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+        # serve runs tritonserver as its only child (generator/supervisor.py)
+        child = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(child) == 1, child
+        cmdline = Path(f"/proc/{child[0]}/cmdline").read_bytes().decode().split("\0")[:-1]
         embedding = _embed_once(http)
         assert embedding.shape == (1, 384)
         assert abs(float(np.linalg.norm(embedding[0])) - 1.0) < 1e-4

@@ -13,7 +13,7 @@ import pytest
 from tests.docker import k8s_docker
 from tests.docker import k8s_manifests as k8s
 
-HEALTH = {"startupProbe": "/v2/health/ready", "readinessProbe": "/v2/health/ready"}
+HEALTH_CHECK = ["python3", "/app/deploy/healthcheck.py"]
 
 
 @pytest.fixture(scope="module", params=["overlays/cpu", "overlays/gpu"])
@@ -45,14 +45,21 @@ def test_server_runs_non_root_read_only_without_privileges(overlay) -> None:
     assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"]
 
 
-def test_probes_use_triton_health_with_a_startup_budget_for_loading(overlay) -> None:
+def test_probes_use_the_health_check_with_a_startup_budget_for_loading(overlay) -> None:
+    """Readiness and liveness run deploy/healthcheck.py (stub watch, drain), start-up
+    asks Triton; the grace period covers the drain the environment configures."""
     _, objects = overlay
-    ctr = k8s.container(_pod(objects, "Deployment"), "triton")
-    for probe, path in HEALTH.items():
-        assert k8s_docker.probe_target(ctr, probe) == (8000, path)
-    assert k8s_docker.probe_target(ctr, "livenessProbe") == (8000, "/v2/health/live")
+    pod = _pod(objects, "Deployment")
+    ctr = k8s.container(pod, "triton")
+    assert k8s_docker.probe_target(ctr, "startupProbe") == (8000, "/v2/health/ready")
+    assert k8s_docker.probe_command(ctr, "readinessProbe") == HEALTH_CHECK
+    assert k8s_docker.probe_command(ctr, "livenessProbe") == [*HEALTH_CHECK, "--live"]
+    assert ctr["readinessProbe"]["failureThreshold"] == 1
     assert k8s_docker.probe_budget_s(ctr, "startupProbe") >= 600
-    assert _env(ctr)["TRITON_HTTP_PORT"] == "8000"
+    env = _env(ctr)
+    assert env["TRITON_HTTP_PORT"] == "8000"
+    drain_s = float(env["EMBED_DRAIN_DELAY_S"]) + float(env["EMBED_DRAIN_TIMEOUT_S"]) + 3
+    assert pod["terminationGracePeriodSeconds"] >= drain_s + 5
 
 
 def test_dev_shm_is_memory_backed_and_within_the_memory_limit(overlay) -> None:
@@ -180,6 +187,11 @@ def test_kserve_serves_the_same_repository_over_v2() -> None:
     assert ctr["securityContext"]["readOnlyRootFilesystem"] is True
     config = k8s.find(objects, "ConfigMap")["metadata"]["name"]
     assert any(v.get("configMap", {}).get("name") == config for v in runtime["spec"]["volumes"])
+    assert k8s_docker.probe_command(ctr, "readinessProbe") == HEALTH_CHECK
+    assert k8s_docker.probe_command(ctr, "livenessProbe") == [*HEALTH_CHECK, "--live"]
+    env = _env(ctr)
+    drain_s = float(env["EMBED_DRAIN_DELAY_S"]) + float(env["EMBED_DRAIN_TIMEOUT_S"]) + 3
+    assert isvc["spec"]["predictor"]["terminationGracePeriodSeconds"] >= drain_s + 5
 
 
 def test_docker_translation_keeps_the_container_spec() -> None:

@@ -1,0 +1,230 @@
+"""``generator serve``'s own process: runs ``tritonserver`` and drains it on SIGTERM.
+
+Measured on Triton 2.51 under load (6 gRPC and 2 HTTP clients, one text model): a plain
+SIGTERM to ``tritonserver`` closes the gRPC endpoint, keeps serving new requests on open
+HTTP keep-alive connections for the whole ``--exit-timeout-secs`` (30 s by default), then
+exits "immediately" with requests still in flight (8 there), answering none of them, and
+crashes (signal 11) on the way out, leaving an encoder stub spinning behind it. Requests
+it had accepted after the signal were cut ("Stream removed", "connection closed").
+
+A rollout needs the opposite: finish what was accepted, refuse what comes next. So
+``generator serve`` keeps ``tritonserver`` as its child and, on SIGTERM or SIGINT:
+
+1. marks the server as draining (``<health file>.draining``): ``deploy/healthcheck.py``
+   fails from then on, so Docker and the Kubernetes readiness probe take the replica out
+   of rotation;
+2. keeps serving for ``EMBED_DRAIN_DELAY_S`` seconds (SIGTERM only; default 0), the time
+   load balancers need to notice, so requests still routed here are answered;
+3. unloads every ensemble through the repository API (admin key): Triton refuses new
+   requests to an unloading model at once (gRPC ``NOT_FOUND``, HTTP 404 "... has no
+   available versions") and finishes the ones it holds, queued ones included, before the
+   unload completes; then every other model (no step is unloaded under a running
+   ensemble request);
+4. stops ``tritonserver`` (SIGTERM, then SIGKILL of its process group after
+   ``STOP_WAIT_S``: nothing is loaded any more, so nothing can be lost; Triton would
+   otherwise wait its exit timeout for idle HTTP connections).
+
+A second signal during the drain skips to the stop. The drain as a whole is bounded by
+``EMBED_DRAIN_TIMEOUT_S`` (default 20 s); past it the stop proceeds with whatever is left
+(Triton's own exit timeout then applies). The exit status is ``tritonserver``'s (0 after a
+clean stop); a server that dies by itself ends this process with its status.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .runtime.stub_watch import RepositoryApi
+
+DRAIN_SUFFIX = ".draining"
+DELAY_ENV = "EMBED_DRAIN_DELAY_S"
+TIMEOUT_ENV = "EMBED_DRAIN_TIMEOUT_S"
+DEFAULT_DELAY_S = 0.0
+DEFAULT_TIMEOUT_S = 20.0
+STOP_WAIT_S = 3.0
+MANAGER_MODEL = "model_manager"
+PR_SET_PDEATHSIG = 1
+
+
+def drain_marker(health_file: str) -> str:
+    """The file that says the server on ``health_file``'s port is draining."""
+    return health_file + DRAIN_SUFFIX
+
+
+def _seconds(env: dict[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise ValueError(f"{name}={raw!r}: expected seconds between 0 and 3600")
+    return value
+
+
+@dataclass(frozen=True)
+class DrainSettings:
+    """How long to keep serving after SIGTERM, and the bound on the whole drain."""
+
+    delay_s: float = DEFAULT_DELAY_S
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> DrainSettings:
+        """From ``EMBED_DRAIN_DELAY_S`` and ``EMBED_DRAIN_TIMEOUT_S`` (seconds)."""
+        env = os.environ if env is None else env
+        return cls(_seconds(env, DELAY_ENV, DEFAULT_DELAY_S),
+                   _seconds(env, TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """The server gets SIGKILL if this process is killed outright (no orphan server)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class Drainer:
+    """Unloads a running server's models, ensembles first, and waits until they are gone."""
+
+    def __init__(self, api: RepositoryApi, log: Callable[[str], None]):
+        self.api = api
+        self.log = log
+
+    def loaded(self) -> list[str]:
+        """Models the server has ready (or still loading), per its repository index."""
+        index = json.loads(self.api.call("/v2/repository/index", {"ready": False}))
+        return sorted(m["name"] for m in index if m.get("state") in ("READY", "LOADING"))
+
+    def is_ensemble(self, model: str) -> bool:
+        """Whether ``model``'s config is an ensemble's."""
+        config = json.loads(self.api.call(f"/v2/models/{model}/config"))
+        return config.get("platform") == "ensemble"
+
+    def unload_all(self, deadline: float) -> bool:
+        """Ensembles, then the other models, the manager last; whether all are gone."""
+        models = self.loaded()
+        ensembles = [m for m in models if self.is_ensemble(m)]
+        steps = [m for m in models if m not in ensembles and m != MANAGER_MODEL]
+        for stage in (ensembles, steps, [m for m in models if m == MANAGER_MODEL]):
+            if not stage:
+                continue
+            for model in stage:  # Triton unloads in the background; the call returns
+                self.api.call(f"/v2/repository/models/{model}/unload", {})
+            if not self._wait_gone(set(stage), deadline):
+                return False
+            self.log(f"drain: unloaded {', '.join(stage)}")
+        return True
+
+    def _wait_gone(self, models: set[str], deadline: float) -> bool:
+        while time.monotonic() < deadline:
+            index = json.loads(self.api.call("/v2/repository/index", {"ready": False}))
+            busy = {m["name"] for m in index if m["name"] in models
+                    and m.get("state") in ("READY", "LOADING", "UNLOADING")}
+            if not busy:
+                return True
+            time.sleep(0.05)
+        return False
+
+
+class Supervisor:
+    """Runs ``cmd`` (``tritonserver``) as a child; SIGTERM/SIGINT drain it (module doc)."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], http_url: str, admin_key: str,
+                 health_file: str, settings: DrainSettings,
+                 log: Callable[[str], None] = lambda m: print(m, flush=True)):
+        self.cmd = cmd
+        self.env = env
+        self.drainer = Drainer(RepositoryApi(http_url, admin_key, timeout_s=10.0), log)
+        self.marker = drain_marker(health_file)
+        self.settings = settings
+        self.log = log
+        self.child: subprocess.Popen[bytes] | None = None
+        self.drained = False
+        self.signals: list[int] = []
+        self.wake = threading.Event()
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        self.signals.append(signum)
+        self.wake.set()
+        if len(self.signals) == 2 and self.child is not None:  # impatient: stop now
+            self._kill(signal.SIGTERM)
+        elif len(self.signals) >= 3:
+            self._kill(signal.SIGKILL)
+
+    def _kill(self, sig: int) -> None:
+        if self.child is None or self.child.poll() is not None:
+            return
+        try:
+            os.killpg(self.child.pid, sig) if sig == signal.SIGKILL else self.child.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    def run(self) -> int:
+        """Start the server; returns its exit status once it has stopped."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        self._clear_marker()
+        self.child = subprocess.Popen(  # noqa: S603 - fixed binary, no shell
+            self.cmd, env=self.env, start_new_session=True, preexec_fn=_die_with_parent,
+        )
+        while self.child.poll() is None and not self.signals:
+            self.wake.wait(0.5)
+        if self.signals and self.child.poll() is None:
+            self.drain(self.signals[0])
+        status = self.child.wait()
+        self._clear_marker()
+        if self.drained and status in (0, -signal.SIGTERM, -signal.SIGKILL):
+            return 0  # every model unloaded: the kill of an idle server loses nothing
+        return status if status >= 0 else 128 - status
+
+    def drain(self, signum: int) -> None:
+        """Steps 1-4 of the module doc."""
+        start = time.monotonic()
+        deadline = start + self.settings.timeout_s
+        self._write_marker(signum)
+        delay = self.settings.delay_s if signum == signal.SIGTERM else 0.0
+        self.log(f"drain: {signal.Signals(signum).name}: health check failing"
+                 f"{f', serving {delay:g} s more' if delay else ''}")
+        self.wake.clear()
+        if delay and len(self.signals) == 1:
+            self.wake.wait(min(delay, self.settings.timeout_s))
+        complete = False
+        if len(self.signals) == 1 and self.child.poll() is None:
+            try:
+                complete = self.drainer.unload_all(deadline)
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                self.log(f"drain: the repository API failed ({exc}); stopping the server")
+            if not complete:
+                self.log("drain: models still loaded at the deadline; Triton's exit "
+                         "timeout applies to what is in flight")
+        self.drained = complete
+        self.log(f"drain: stopping tritonserver after {time.monotonic() - start:.2f} s")
+        self._kill(signal.SIGTERM)
+        try:
+            self.child.wait(STOP_WAIT_S if complete else None)
+        except subprocess.TimeoutExpired:  # idle HTTP connections; nothing is loaded
+            self._kill(signal.SIGKILL)
+
+    def _write_marker(self, signum: int) -> None:
+        partial = f"{self.marker}.{os.getpid()}.tmp"
+        with open(partial, "w", encoding="utf-8") as handle:  # noqa: PTH123
+            json.dump({"pid": os.getpid(), "since": time.time(),
+                       "signal": signal.Signals(signum).name}, handle)
+        os.replace(partial, self.marker)
+
+    def _clear_marker(self) -> None:
+        try:
+            os.unlink(self.marker)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,195 @@
+"""``generator serve``'s supervisor: drain order, signals, exit status, health check.
+
+The drain against a real server under load is tests/integration/test_drain.py; here the
+logic, with a fake repository API and real child processes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from generator import supervisor as sup
+
+
+def _healthcheck():
+    path = Path(__file__).resolve().parents[2] / "deploy" / "healthcheck.py"
+    spec = importlib.util.spec_from_file_location("deploy_healthcheck_drain", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class FakeApi:
+    """The repository API of a server whose unloads take ``polls`` index reads."""
+
+    def __init__(self, models: dict[str, str], polls: int = 2, stuck: str = ""):
+        self.state = dict.fromkeys(models, "READY")
+        self.platform = models
+        self.polls, self.stuck = polls, stuck
+        self.pending: dict[str, int] = {}
+        self.unloads: list[str] = []
+
+    def call(self, path: str, body: dict | None = None) -> bytes:
+        if path == "/v2/repository/index":
+            for model in list(self.pending):
+                self.pending[model] -= 1
+                if self.pending[model] <= 0 and model != self.stuck:
+                    self.state[model] = "UNAVAILABLE"
+                    del self.pending[model]
+            return json.dumps([{"name": m, "state": s} for m, s in self.state.items()]).encode()
+        if path.endswith("/config"):
+            return json.dumps({"platform": self.platform[path.split("/")[3]]}).encode()
+        if path.endswith("/unload"):
+            model = path.split("/")[4]
+            assert body == {}
+            self.unloads.append(model)
+            self.state[model] = "UNLOADING"
+            self.pending[model] = self.polls
+            return b""
+        raise AssertionError(path)
+
+
+MODELS = {"t": "ensemble", "t_encode": "", "t_tokenize": "", "model_manager": "",
+          "c_image": "ensemble", "c_preprocess": "onnxruntime_onnx"}
+
+
+def test_ensembles_unload_first_then_their_steps_then_the_manager() -> None:
+    api, lines = FakeApi(MODELS), []
+    assert sup.Drainer(api, lines.append).unload_all(time.monotonic() + 5)
+    assert api.unloads == ["c_image", "t", "c_preprocess", "t_encode", "t_tokenize",
+                           "model_manager"]
+    assert lines == ["drain: unloaded c_image, t",
+                     "drain: unloaded c_preprocess, t_encode, t_tokenize",
+                     "drain: unloaded model_manager"]
+    assert set(api.state.values()) == {"UNAVAILABLE"}
+
+
+def test_steps_are_not_unloaded_while_an_ensemble_still_holds_requests() -> None:
+    api = FakeApi(MODELS, stuck="t")
+    assert not sup.Drainer(api, lambda _m: None).unload_all(time.monotonic() + 0.3)
+    assert api.unloads == ["c_image", "t"]
+
+
+def test_models_already_unloaded_are_left_alone() -> None:
+    api = FakeApi({"t": "ensemble", "old": ""})
+    api.state["old"] = "UNAVAILABLE"
+    assert sup.Drainer(api, lambda _m: None).unload_all(time.monotonic() + 5)
+    assert api.unloads == ["t"]
+
+
+def test_drain_settings_come_from_the_environment_and_refuse_nonsense() -> None:
+    assert sup.DrainSettings.from_env({}) == sup.DrainSettings(0.0, 20.0)
+    got = sup.DrainSettings.from_env({sup.DELAY_ENV: "5", sup.TIMEOUT_ENV: "40.5"})
+    assert got == sup.DrainSettings(5.0, 40.5)
+    for bad in ("-1", "soon", "99999"):
+        with pytest.raises(ValueError, match=sup.DELAY_ENV):
+            sup.DrainSettings.from_env({sup.DELAY_ENV: bad})
+
+
+CHILD = """
+import signal, sys, time
+mode = sys.argv[1]
+if mode == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+elif mode == "exit3":
+    sys.exit(3)
+elif mode == "kill9":
+    import os; os.kill(os.getpid(), 9)
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+class FakeDrainer:
+    def __init__(self, marker: str, complete: bool = True):
+        self.marker, self.complete = marker, complete
+        self.marker_seen = False
+
+    def unload_all(self, deadline: float) -> bool:
+        self.marker_seen = os.path.exists(self.marker)
+        return self.complete
+
+
+def _supervisor(tmp_path: Path, mode: str, complete: bool = True, delay: float = 0.0):
+    health = str(tmp_path / "health.json")
+    lines: list[str] = []
+    run = sup.Supervisor([sys.executable, "-c", CHILD, mode], dict(os.environ), "127.0.0.1:1",
+                         "k" * 20, health, sup.DrainSettings(delay, 10.0), lines.append)
+    run.drainer = FakeDrainer(sup.drain_marker(health), complete)
+    return run, lines
+
+
+def _run_with_signal(run: sup.Supervisor, signum: int, after_s: float = 0.5) -> int:
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    timer = threading.Timer(after_s, os.kill, (os.getpid(), signum))
+    timer.start()
+    try:
+        return run.run()
+    finally:
+        timer.cancel()
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def test_sigterm_marks_draining_waits_the_delay_then_unloads_and_exits_zero(tmp_path) -> None:
+    run, lines = _supervisor(tmp_path, "plain", delay=0.4)
+    start = time.monotonic()
+    assert _run_with_signal(run, signal.SIGTERM) == 0
+    assert time.monotonic() - start >= 0.9
+    assert run.drainer.marker_seen
+    assert not os.path.exists(sup.drain_marker(str(tmp_path / "health.json")))
+    assert lines[0] == "drain: SIGTERM: health check failing, serving 0.4 s more"
+
+
+def test_sigint_drains_without_the_delay(tmp_path) -> None:
+    run, lines = _supervisor(tmp_path, "plain", delay=30)
+    start = time.monotonic()
+    assert _run_with_signal(run, signal.SIGINT) == 0
+    assert time.monotonic() - start < 10
+    assert lines[0] == "drain: SIGINT: health check failing"
+
+
+def test_a_server_that_ignores_sigterm_after_a_full_drain_is_killed_as_idle(tmp_path) -> None:
+    run, _ = _supervisor(tmp_path, "ignore")
+    start = time.monotonic()
+    assert _run_with_signal(run, signal.SIGTERM) == 0
+    assert sup.STOP_WAIT_S <= time.monotonic() - start < sup.STOP_WAIT_S + 5
+
+
+def test_a_server_that_dies_by_itself_ends_serve_with_its_status(tmp_path) -> None:
+    assert _supervisor(tmp_path, "exit3")[0].run() == 3
+    assert _supervisor(tmp_path, "kill9")[0].run() == 128 + signal.SIGKILL
+
+
+def test_the_health_check_fails_while_draining_and_not_for_a_dead_drainer(tmp_path) -> None:
+    check = _healthcheck()
+    health = str(tmp_path / "h.json")
+    assert check.draining(health) == ""
+    marker = Path(sup.drain_marker(health))
+    marker.write_text(json.dumps({"pid": os.getpid(), "since": 0, "signal": "SIGTERM"}))
+    assert "draining since" in check.draining(health)
+    marker.write_text(json.dumps({"pid": 2**22 + 7, "since": 0, "signal": "SIGTERM"}))
+    assert check.draining(health) == ""
+    assert check.DRAIN_SUFFIX == sup.DRAIN_SUFFIX
+
+
+def test_liveness_ignores_a_degraded_model_but_not_failing_reloads(tmp_path) -> None:
+    check = _healthcheck()
+    path = tmp_path / "h.json"
+    state = {"server_pid": os.getpid(), "updated": 1e18, "degraded": {"m": ["m_0_0"]},
+             "failures_in_a_row": 0}
+    path.write_text(json.dumps(state))
+    assert "reload pending" in check.watch_problem(str(path), now=1e18)
+    assert check.watch_problem(str(path), now=1e18, live=True) == ""
+    path.write_text(json.dumps({**state, "failures_in_a_row": 3}))
+    assert "failed in a row" in check.watch_problem(str(path), now=1e18, live=True)
+    assert check.main(["--bogus"]) == 2
