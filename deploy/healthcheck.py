@@ -15,10 +15,12 @@ for hub downloads must not receive (or answer) the server's health check.
 Triton's readiness stays green while a model's stub is dead, so the check also reads the
 state the server's stub watch writes every second (``generator/runtime/stub_watch.py``,
 ``<temp dir>/embed-health-<uid>-<port>.json`` or ``$EMBED_HEALTH_FILE``): unhealthy while
-a model waits for its reload, when reloads failed three times in a row, or when the
-watch of a running server stopped writing. From SIGTERM on, ``generator serve`` drains
-the server (``generator/supervisor.py``) and says so in ``<health file>.draining``: not
-ready from then on, so load balancers stop sending before the models are unloaded.
+a model waits for its reload, when an ensemble failed its last two health probes (one
+tiny request through every step, ``generator/runtime/probe.py``), when reloads failed
+three times in a row, or when the watch of a running server stopped writing. From
+SIGTERM on, ``generator serve`` drains the server (``generator/supervisor.py``) and says
+so in ``<health file>.draining``: not ready from then on, so load balancers stop sending
+before the models are unloaded.
 """
 
 from __future__ import annotations
@@ -98,6 +100,8 @@ def watch_problem(path: str, now: float | None = None, live: bool = False) -> st
         return f"stub watch stopped: its state is {age:.0f} s old"
     if state.get("degraded") and not live:
         return f"models short of a dead stub, reload pending: {sorted(state['degraded'])}"
+    if state.get("failing_probes") and not live:
+        return f"health probes failing: {state['failing_probes']}"
     if int(state.get("failures_in_a_row", 0)) >= MAX_FAILED_RELOADS:
         return f"{state['failures_in_a_row']} reloads of dead stubs failed in a row"
     return ""

@@ -142,6 +142,8 @@ class ManagerSettings:
     allowed_roots: tuple[str, ...] = ()
     allow_hub: bool = False
     max_runtime_models: int = 4
+    # Seconds between two health probes of every ensemble (runtime/probe.py); 0: none.
+    health_probe_interval_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -378,6 +380,8 @@ def parse_manifest(data: Mapping[str, Any], base_dir: Path, source: str = "manif
     manager = ManagerSettings(**_parse_table(data, "model_manager", _MANAGER_FIELDS, errors))
     if not 0 <= manager.max_runtime_models <= 256:
         errors.append("model_manager: max_runtime_models must be within [0, 256]")
+    if not (manager.health_probe_interval_s == 0 or 1 <= manager.health_probe_interval_s <= 3600):
+        errors.append("model_manager: health_probe_interval_s must be 0 (off) or 1-3600")
     if any(not isinstance(r, str) or not Path(r).is_absolute() for r in manager.allowed_roots):
         errors.append("model_manager: allowed_roots must be absolute folder paths")
     if errors:

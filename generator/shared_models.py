@@ -40,6 +40,7 @@ def model_manager_dir(manifest: Manifest) -> ModelDir:
             "manifest": str(manifest.path),
             "worker_python": sys.executable,
             "build_timeout_s": "1800",
+            "ensemble_probe_interval_s": f"{manifest.model_manager.health_probe_interval_s:g}",
         },
         Batching(False),
         Instances(1),

@@ -9,7 +9,9 @@ Triton in explicit model-control mode.
 
 It also runs the server's stub watch (``embed_runtime``'s ``stub_watch``): a thread that
 looks at the server's Python-backend stubs every ``stub_watch_interval_s`` seconds and
-reloads the model of any stub that died, through the server's own repository API.
+reloads the model of any stub that died, through the server's own repository API; and a
+second thread that sends every ensemble one tiny request each
+``ensemble_probe_interval_s`` seconds (``embed_runtime``'s ``probe``).
 """
 
 import json
@@ -24,6 +26,7 @@ from generator.admin import AdminKeyError, configured_admin_key
 from generator.lifecycle import ManagerParams, ModelManager, parse_request
 from generator.runtime.adapter import config_parameters, error_response, input_array
 from generator.runtime.errors import InvalidInputError, RequestError
+from generator.runtime.probe import EnsembleProbe, http_infer
 from generator.runtime.stub_watch import RepositoryApi, StubWatch, health_path, server_http_url
 from generator.triton_local import SERVER_KEY_ENV
 
@@ -60,7 +63,9 @@ class TritonPythonModel:
         self.manager = ModelManager(params, _TritonControl())
         self._stop = threading.Event()
         self.watch = None
-        interval = float(config_parameters(args["model_config"]).get("stub_watch_interval_s", 1))
+        parameters = config_parameters(args["model_config"])
+        interval = float(parameters.get("stub_watch_interval_s", 1))
+        probe_interval = float(parameters.get("ensemble_probe_interval_s", 10))
         server_key = os.environ.get(SERVER_KEY_ENV, "")
         if interval > 0 and server_key:
             server_pid = os.getppid()  # a stub's parent is tritonserver
@@ -70,7 +75,12 @@ class TritonPythonModel:
                 server_pid, api.is_ready, api.reload, args["model_name"],
                 health_file=health_path(http_url.rsplit(":", 1)[1]),
             )
+            self.probe = EnsembleProbe(
+                api.call, http_infer(api.base, api.opener), interval_s=probe_interval
+            )
             threading.Thread(target=self._watch, args=(interval,), daemon=True).start()
+            if probe_interval > 0:
+                threading.Thread(target=self._probe_loop, daemon=True).start()
         elif interval > 0:
             self.logger.log_warn(f"stub watch off: {SERVER_KEY_ENV} is not set")
 
@@ -88,6 +98,29 @@ class TritonPythonModel:
                     f"stub watch: {', '.join(instances)} of {model} died; {outcome}"
                 )
             reported = len(self.watch.events)
+
+    def _probe_loop(self):
+        """Probe every ensemble until finalize; the verdict goes into the health file.
+
+        Its own thread: a slow probe must not hold up the stub watch.
+        """
+        while not self._stop.wait(1.0):
+            if not self.probe.due():
+                continue
+            before = self.probe.failing()
+            try:
+                self.probe.run()
+            except Exception:  # noqa: BLE001 - the probe must outlive one bad round
+                self.logger.log_error(traceback.format_exc())
+            self.watch.failing_probes = now = self.probe.failing()
+            for model in sorted(set(now) - set(before)):
+                self.logger.log_error(f"health probe of {model} failing: {now[model]}")
+            killed = self.watch.end_hung(self.probe.hung_instances())
+            if killed:
+                self.logger.log_warn(f"health probe: Triton reports {', '.join(killed)} not "
+                                     "healthy while the process runs (hung); killed it")
+            for model in sorted(set(before) - set(now)):
+                self.logger.log_info(f"health probe of {model} passes again")
 
     def _answer(self, request):
         try:

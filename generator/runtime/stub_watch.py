@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import tempfile
 import time
 import urllib.error
@@ -33,14 +34,19 @@ GENERATION_PARAMETER = "stub_generation"
 
 
 def live_stubs(server_pid: int, proc: str = "/proc") -> dict[str, str]:
-    """Instance name -> model name of every running stub of the server ``server_pid``.
+    """Instance name -> model name of every running stub of the server ``server_pid``."""
+    return {instance: model for instance, (model, _) in stub_processes(server_pid, proc).items()}
+
+
+def stub_processes(server_pid: int, proc: str = "/proc") -> dict[str, tuple[str, int]]:
+    """Instance name -> (model name, pid) of every running stub of the server ``server_pid``.
 
     A stub's command line is ``<stub> <repo>/<model>/<version>/model.py <shm region> ...
     <parent pid> <backend dir> <ipc handle> <instance name> ...``; zombies (killed stubs
     not yet reaped), stubs of other servers and the short-lived stub a model load starts
     to complete the model's config (named after the model, not an instance) are left out.
     """
-    stubs: dict[str, str] = {}
+    stubs: dict[str, tuple[str, int]] = {}
     for entry in os.listdir(proc):
         if not entry.isdigit():
             continue
@@ -58,7 +64,7 @@ def live_stubs(server_pid: int, proc: str = "/proc") -> dict[str, str]:
         model = os.path.basename(os.path.dirname(os.path.dirname(args[1].decode())))
         instance = args[8].decode()
         if INSTANCE_RE.fullmatch(instance.removeprefix(model + "_")) and instance != model:
-            stubs[instance] = model  # not the short-lived stub a load starts for the model
+            stubs[instance] = (model, int(entry))  # not the short-lived stub of a load
     return stubs
 
 
@@ -81,6 +87,7 @@ class StubWatch:
     events: list[tuple[str, tuple[str, ...], float, str]] = field(default_factory=list)
     degraded: dict[str, list[str]] = field(default_factory=dict)
     failures_in_a_row: int = 0
+    failing_probes: dict[str, str] = field(default_factory=dict)  # runtime/probe.py
 
     def poll(self) -> list[str]:
         """One look at the stubs; returns the models reloaded."""
@@ -112,6 +119,23 @@ class StubWatch:
         self.write_health()
         return reloaded
 
+    def end_hung(self, instances: set[str]) -> list[str]:
+        """SIGKILL the stubs of ``instances`` that still run; the next poll replaces them.
+
+        For stubs Triton reports "not healthy" (it stopped using them: they hang) while
+        their process is still there, which the process list alone never shows. Returns
+        the instances killed.
+        """
+        killed = []
+        for instance, (_, pid) in stub_processes(self.server_pid, self.proc).items():
+            if instance in instances:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(instance)
+                except ProcessLookupError:
+                    pass
+        return sorted(killed)
+
     def write_health(self) -> None:
         """The watch's state for the health check (``deploy/healthcheck.py``), atomically."""
         if not self.health_file:
@@ -122,6 +146,7 @@ class StubWatch:
             "degraded": self.degraded,
             "failures_in_a_row": self.failures_in_a_row,
             "reloads": sum(1 for e in self.events if not e[3]),
+            "failing_probes": self.failing_probes,
         }
         partial = f"{self.health_file}.{os.getpid()}.tmp"
         with open(partial, "w", encoding="utf-8") as handle:  # noqa: PTH123
@@ -136,7 +161,7 @@ class RepositoryApi:
         self.base = f"http://{http_url}"
         self.headers = {"X-Admin-Key": admin_key, "Content-Type": "application/json"}
         self.timeout_s = timeout_s
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         self.generation = int(time.time())
 
     def call(self, path: str, body: dict | None = None) -> bytes:
@@ -146,7 +171,7 @@ class RepositoryApi:
             self.base + path, data=data, headers=self.headers,
             method="GET" if body is None else "POST",
         )
-        with self._opener.open(request, timeout=self.timeout_s) as response:
+        with self.opener.open(request, timeout=self.timeout_s) as response:
             return response.read()
 
     def is_ready(self, model: str) -> bool:

@@ -1,0 +1,166 @@
+"""The ensemble health probe (generator/runtime/probe.py): requests, verdicts, state."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+from generator.runtime import probe as p
+
+TEXT = {"platform": "ensemble", "max_batch_size": 16,
+        "input": [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [1]},
+                  {"name": "PROMPT", "data_type": "TYPE_STRING", "dims": [1], "optional": True}]}
+PAIRS = {"platform": "ensemble", "max_batch_size": 8,
+         "input": [{"name": "QUERY", "data_type": "TYPE_STRING", "dims": [1]},
+                   {"name": "DOCUMENT", "data_type": "TYPE_STRING", "dims": [1]}]}
+IMAGE = {"platform": "ensemble", "max_batch_size": 8,
+         "input": [{"name": "IMAGE", "data_type": "TYPE_STRING", "dims": [1]}]}
+URL = {"platform": "ensemble", "max_batch_size": 8,
+       "input": [{"name": "IMAGE_URL", "data_type": "TYPE_STRING", "dims": [1]}]}
+
+
+def test_each_required_text_input_gets_the_probe_text_and_images_a_png() -> None:
+    assert p.probe_inputs(TEXT, b"png") == [("TEXT", [1, 1], b"health probe")]
+    assert [i[0] for i in p.probe_inputs(PAIRS, b"png")] == ["QUERY", "DOCUMENT"]
+    assert p.probe_inputs(IMAGE, b"png") == [("IMAGE", [1, 1], b"png")]
+    png = p.probe_png()
+    assert png.startswith(b"\x89PNG") and len(png) < 200
+
+
+def test_url_inputs_non_text_inputs_and_steps_are_not_probed() -> None:
+    assert p.probe_inputs(URL, b"png") is None
+    assert p.probe_inputs({**TEXT, "platform": ""}, b"png") is None
+    numeric = {"platform": "ensemble", "max_batch_size": 4,
+               "input": [{"name": "IDS", "data_type": "TYPE_INT64", "dims": [-1]}]}
+    assert p.probe_inputs(numeric, b"png") is None
+
+
+def test_the_request_is_tritons_binary_tensor_format() -> None:
+    body, head = p.infer_body([("QUERY", [1, 1], b"ab"), ("DOCUMENT", [1, 1], b"xyz")])
+    header = json.loads(body[:head])
+    assert [(i["name"], i["datatype"], i["parameters"]["binary_data_size"])
+            for i in header["inputs"]] == [("QUERY", "BYTES", 6), ("DOCUMENT", "BYTES", 7)]
+    assert body[head:] == struct.pack("<I", 2) + b"ab" + struct.pack("<I", 3) + b"xyz"
+
+
+def test_an_answer_must_hold_finite_outputs() -> None:
+    assert p.answer_problem({"outputs": [{"name": "EMBEDDING", "data": [0.1, -0.2]}]}) == ""
+    assert "no output" in p.answer_problem({"outputs": []})
+    assert "empty" in p.answer_problem({"outputs": [{"name": "E", "data": []}]})
+    assert "not finite" in p.answer_problem({"outputs": [{"name": "E", "data": [float("nan")]}]})
+
+
+class Server:
+    """Index and configs of a fake server; ``infer`` answers from ``replies``."""
+
+    def __init__(self, models: dict[str, dict]):
+        self.models = models
+        self.replies: dict[str, object] = {}
+        self.sent: list[str] = []
+
+    def call(self, path: str, body: dict | None) -> bytes:
+        if path == "/v2/repository/index":
+            return json.dumps([{"name": m, "state": "READY"} for m in self.models]).encode()
+        return json.dumps(self.models[path.split("/")[3]]).encode()
+
+    def infer(self, model: str, body: bytes, head: int) -> dict:
+        self.sent.append(model)
+        reply = self.replies.get(model, {"outputs": [{"name": "EMBEDDING", "data": [0.5]}]})
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+
+def _probe(server: Server) -> p.EnsembleProbe:
+    now = [0.0]
+    probe = p.EnsembleProbe(server.call, server.infer, interval_s=10, clock=lambda: now[0])
+    probe.now = now
+    return probe
+
+
+def test_two_failures_in_a_row_make_an_ensemble_failing_until_it_passes() -> None:
+    server = Server({"t": TEXT, "t_encode": {"platform": ""}, "c_image_url": URL})
+    probe = _probe(server)
+    probe.run()
+    assert server.sent == ["t"] and probe.failing() == {}
+    dead = "in ensemble 't', Stub process 't_encode_0_0' is not healthy"
+    server.replies["t"] = RuntimeError(dead)
+    probe.run()
+    assert probe.failing() == {}
+    probe.run()
+    assert probe.failing() == {"t": dead}
+    del server.replies["t"]
+    probe.run()
+    assert probe.failing() == {}
+
+
+def test_a_busy_refusal_is_neither_a_failure_nor_a_pass() -> None:
+    server = Server({"t": TEXT})
+    probe = _probe(server)
+    server.replies["t"] = RuntimeError("boom")
+    probe.run()
+    server.replies["t"] = RuntimeError("in ensemble 't', Exceeds maximum queue size")
+    probe.run()
+    assert probe.states["t"].failures_in_a_row == 1
+    server.replies["t"] = RuntimeError("boom")
+    probe.run()
+    assert probe.failing() == {"t": "boom"}
+
+
+def test_probes_follow_the_interval_and_forget_unloaded_models() -> None:
+    server = Server({"t": TEXT})
+    probe = _probe(server)
+    assert probe.due()
+    probe.run()
+    assert not probe.due()
+    probe.now[0] = 10.0
+    assert probe.due()
+    server.replies["t"] = RuntimeError("x")
+    probe.run()
+    probe.run()
+    assert probe.failing()
+    server.models = {}
+    probe.run()
+    assert probe.failing() == {} and probe.configs == {}
+    assert not p.EnsembleProbe(server.call, server.infer, interval_s=0).due()
+
+
+def test_a_stub_reported_not_healthy_is_named_once_until_its_ensemble_answers() -> None:
+    server = Server({"t": TEXT})
+    probe = _probe(server)
+    server.replies["t"] = RuntimeError("in 't', Stub process 't_encode_0_1' is not healthy.")
+    probe.run()
+    assert probe.hung_instances() == set()  # one failure is not yet failing
+    probe.run()
+    assert probe.hung_instances() == {"t_encode_0_1"}
+    probe.run()
+    assert probe.hung_instances() == set()  # its replacement has the same name
+    del server.replies["t"]
+    probe.run()
+    server.replies["t"] = RuntimeError("Stub process 't_encode_0_1' is not healthy.")
+    probe.run()
+    probe.run()
+    assert probe.hung_instances() == {"t_encode_0_1"}
+
+
+def test_the_watch_kills_a_hung_stub_of_its_server_only(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from generator.runtime.stub_watch import StubWatch
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        proc = tmp_path / "proc"
+        for pid, parent in ((sleeper.pid, 4242), (sleeper.pid + 100000, 999)):
+            (proc / str(pid)).mkdir(parents=True)
+            args = ["/x/triton_python_backend_stub", "/r/t_encode/1/model.py", "region", "1",
+                    "1", str(parent), "/b", "ipc", "t_encode_0_1", "DEFAULT"]
+            (proc / str(pid) / "cmdline").write_bytes(b"\0".join(a.encode() for a in args))
+            (proc / str(pid) / "stat").write_text(f"{pid} (stub) S 1")
+        watch = StubWatch(4242, lambda m: True, lambda m: None, proc=str(proc))
+        assert watch.end_hung({"t_encode_0_0"}) == []
+        assert watch.end_hung({"t_encode_0_1"}) == ["t_encode_0_1"]
+        assert sleeper.wait(timeout=10) == -9
+    finally:
+        sleeper.kill()
