@@ -103,13 +103,19 @@ clean:
 # Benchmark suite: Triton vs the raw ONNX Runtime ceiling and peer services, written to
 # docs/benchmarks.md (BENCH_ARGS="--quick" for a smoke test, "--device gpu" on a GPU), the
 # rerank load (bench.rerank, RERANK_ARGS="--quick"),
-# then the precision / graph-optimisation knobs in-process, written to docs/precision.md.
+# then the precision / graph-optimisation knobs in-process, written to docs/precision.md,
+# then the faults benchmarks, each writing bench/results/ (OVERLOAD_ARGS / SOAK_ARGS="--quick"):
+# all-MiniLM-L6-v2 at 3 x its sustainable rate, queues unbounded and bounded (bench.overload,
+# about 10 min), and 10 min of mixed load with the server's memory sampled (bench.soak,
+# docs/bench-soak.png).
 .PHONY: bench
-bench: $(STAMP)
+bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)
 	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[bench]"
 	$(PY) -m bench.run $(BENCH_ARGS)
 	$(PY) -m bench.rerank $(RERANK_ARGS)
 	$(PY) -m bench.precision $(PRECISION_ARGS)
+	$(PY) -m bench.overload $(OVERLOAD_ARGS)
+	$(PY) -m bench.soak $(SOAK_ARGS)
 
 # Kubernetes (deploy/k8s, docs/kubernetes.md). tests/unit/test_k8s_*.py render every
 # kustomization with a real Kustomize: kubectl 1.20.2 (embedded Kustomize v2.0.3) from
