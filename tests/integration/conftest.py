@@ -65,6 +65,9 @@ def test_manifest_data(
             "allowed_roots": list(allowed_roots or []),
             "allow_hub": True,
             "max_runtime_models": 4,
+            # Tests here assert exact request counts (perf_analyzer, metrics): no probe
+            # requests beside them. test_health_probe runs a server with probes on.
+            "health_probe_interval_s": 0,
         },
     }
 
