@@ -65,18 +65,29 @@ def health_file(port: int, env=None) -> str:
     return env.get("EMBED_HEALTH_FILE") or default
 
 
-def draining(path: str) -> str:
-    """Why the server is not ready because it drains (``path`` + ".draining"), or ""."""
+def _live_state(path: str, pid_key: str, what: str) -> tuple[dict | None, str]:
+    """The JSON state at ``path`` if the process it names (``pid_key``) still runs.
+
+    (None, "") when there is no file or its process is gone; (None, why) when unreadable.
+    """
     try:
-        with open(path + DRAIN_SUFFIX, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             state = json.load(handle)
     except FileNotFoundError:
-        return ""
+        return None, ""
     except (OSError, ValueError) as exc:
-        return f"drain state {path}{DRAIN_SUFFIX} unreadable: {exc}"
-    pid = state.get("pid")
+        return None, f"{what} {path} unreadable: {exc}"
+    pid = state.get(pid_key)
     if not isinstance(pid, int) or not os.path.exists(f"/proc/{pid}"):
-        return ""  # left by a process that is gone
+        return None, ""  # left by a process that is gone
+    return state, ""
+
+
+def draining(path: str) -> str:
+    """Why the server is not ready because it drains (``path`` + ".draining"), or ""."""
+    state, problem = _live_state(path + DRAIN_SUFFIX, "pid", "drain state")
+    if state is None:
+        return problem
     return f"draining since {time.ctime(float(state.get('since', 0)))} ({state.get('signal')})"
 
 
@@ -85,16 +96,9 @@ def watch_problem(path: str, now: float | None = None, live: bool = False) -> st
 
     ``live``: only what a restart would cure (the watch stopped, reloads keep failing).
     """
-    try:
-        with open(path, encoding="utf-8") as handle:
-            state = json.load(handle)
-    except FileNotFoundError:
-        return ""
-    except (OSError, ValueError) as exc:
-        return f"stub watch state {path} unreadable: {exc}"
-    pid = state.get("server_pid")
-    if not isinstance(pid, int) or not os.path.exists(f"/proc/{pid}"):
-        return ""  # written by a server that is gone
+    state, problem = _live_state(path, "server_pid", "stub watch state")
+    if state is None:
+        return problem
     age = (time.time() if now is None else now) - float(state.get("updated", 0))
     if age > STALE_S:
         return f"stub watch stopped: its state is {age:.0f} s old"

@@ -165,8 +165,11 @@ class Supervisor:
     def _kill(self, sig: int) -> None:
         if self.child is None or self.child.poll() is not None:
             return
-        try:
-            os.killpg(self.child.pid, sig) if sig == signal.SIGKILL else self.child.send_signal(sig)
+        try:  # SIGKILL takes the stubs too; SIGTERM lets tritonserver stop them
+            if sig == signal.SIGKILL:
+                os.killpg(self.child.pid, sig)
+            else:
+                self.child.send_signal(sig)
         except ProcessLookupError:
             pass
 

@@ -176,6 +176,8 @@ def test_sigterm_answers_every_accepted_request_and_refuses_the_rest(drained,
         assert np.abs(vector - want).max() <= 1e-5
     assert before and all(not r[2] for r in before), [r[2] for r in before if r[2]]
     assert kept, "nothing was answered while load balancers catch up"
+    late = [r for r in answered if r[0] > unready + 0.05]
+    assert not late, f"{len(late)} requests sent after the model left service were taken"
     for sent, _, error, _ in failed:
         assert sent >= unready - 0.1, f"accepted at {sent - term:.2f} s, then: {error}"
         assert any(s in error for s in REFUSED + CUT), error

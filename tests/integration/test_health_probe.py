@@ -11,7 +11,6 @@ replaces it as any dead stub, and the check passes again with nobody stepping in
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -28,6 +27,7 @@ from generator.manifest import load_manifest
 from generator.runtime.stub_watch import live_stubs
 from generator.shared_models import startup_models
 from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
+from tests.healthcheck_module import load_healthcheck
 from tests.integration.clip_fixture import CLIP_MODEL
 from tests.integration.conftest import ADMIN_KEY, TEXT_MODEL, write_manifest
 
@@ -36,12 +36,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _healthcheck():
-    spec = importlib.util.spec_from_file_location(
-        "deploy_healthcheck_probe", ROOT / "deploy" / "healthcheck.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+_healthcheck = load_healthcheck
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from generator.runtime.stub_watch import live_stubs
+from tests.healthcheck_module import load_healthcheck
 from tests.integration.clip_fixture import CLIP_MODEL, sample_images
 from tests.integration.conftest import TEXT_MODEL
 
@@ -39,15 +40,7 @@ class Load:
     stop: threading.Event = field(default_factory=threading.Event)
 
 
-def _healthcheck():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "deploy" / "healthcheck.py"
-    spec = importlib.util.spec_from_file_location("deploy_healthcheck_it", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+_healthcheck = load_healthcheck
 
 
 def _stub_pids(server_pid: int, model: str) -> dict[str, int]:

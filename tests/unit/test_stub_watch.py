@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from generator.runtime.stub_watch import StubWatch, live_stubs, server_http_url
+from tests.healthcheck_module import load_healthcheck
 
 SERVER = 4242
 STUB = "/opt/backends/python/triton_python_backend_stub"
@@ -86,14 +87,7 @@ def test_the_servers_http_address_comes_from_its_command_line(tmp_path: Path) ->
     assert server_http_url(SERVER, str(tmp_path)) == "127.0.0.1:18000"
 
 
-def _healthcheck():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "deploy" / "healthcheck.py"
-    spec = importlib.util.spec_from_file_location("deploy_healthcheck_watch", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+_healthcheck = load_healthcheck
 
 
 def test_the_health_check_reads_the_file_the_watch_writes(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ logic, with a fake repository API and real child processes.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -18,14 +17,9 @@ from pathlib import Path
 import pytest
 
 from generator import supervisor as sup
+from tests.healthcheck_module import load_healthcheck
 
-
-def _healthcheck():
-    path = Path(__file__).resolve().parents[2] / "deploy" / "healthcheck.py"
-    spec = importlib.util.spec_from_file_location("deploy_healthcheck_drain", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+_healthcheck = load_healthcheck
 
 
 class FakeApi:
