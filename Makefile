@@ -44,7 +44,7 @@ stop:
 	@if [ -x $(PY) ]; then $(PY) -m generator stop; fi
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check generator client tests bench deploy
+	$(VENV)/bin/ruff check embed_runtime generator client tests bench deploy
 	$(VENV)/bin/shellcheck deploy/*.sh deploy/perf/*.sh deploy/gpu/*.sh
 
 unit: $(STAMP)

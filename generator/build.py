@@ -15,15 +15,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import embed_runtime
+from embed_runtime.integrity import write_digests
+
 from .build_types import ModelDir
 from .families import family_builder, family_module_path
 from .manifest import Manifest, ModelEntry
 from .repo_lock import repository_lock
-from .runtime.integrity import write_digests
 from .shared_models import shared_model_dirs
 
 GENERATOR = Path(__file__).parent
-RUNTIME_PACKAGE = "embed_runtime"
+RUNTIME = Path(embed_runtime.__file__).parent
+RUNTIME_PACKAGE = RUNTIME.name
+MANAGER_ADAPTER = "model_manager"  # the one model.py that drives the generator: generator/
 STATE_DIR = ".generator"
 STATE_FILE = ".generator-state.json"
 
@@ -40,16 +44,27 @@ class BuildReport:
 
 def _hash_files(paths: Iterable[Path], digest) -> None:
     for path in sorted(paths):
-        digest.update(str(path.relative_to(GENERATOR)).encode())
+        digest.update(str(path.relative_to(GENERATOR.parent)).encode())
         digest.update(path.read_bytes())
+
+
+def adapter_path(adapter: str) -> Path:
+    """The ``model.py`` source of a step: ``embed_runtime/models/<adapter>.py``.
+
+    model_manager's is the exception: it drives the build side, so it lives in ``generator/``.
+    """
+    if adapter == MANAGER_ADAPTER:
+        return GENERATOR / "manager_model.py"
+    return RUNTIME / "models" / f"{adapter}.py"
 
 
 def code_fingerprint(family: str | None) -> str:
     """Hash of the generator code that shapes a built model dir."""
     digest = hashlib.sha256()
     files = [
-        *GENERATOR.glob("runtime/*.py"),
-        *GENERATOR.glob("backends/*.py"),
+        *RUNTIME.glob("*.py"),
+        *RUNTIME.glob("models/*.py"),
+        GENERATOR / "manager_model.py",
         *GENERATOR.glob("templates/*.j2"),
         GENERATOR / "onnx_export.py",
         GENERATOR / "render.py",
@@ -126,11 +141,11 @@ class RepositoryWriter:
         version.mkdir(parents=True)
         (staging / "config.pbtxt").write_text(model.config, encoding="utf-8")
         if model.adapter:
-            shutil.copy2(GENERATOR / "backends" / f"{model.adapter}.py", version / "model.py")
+            shutil.copy2(adapter_path(model.adapter), version / "model.py")
             shutil.copytree(
-                GENERATOR / "runtime",
+                RUNTIME,
                 version / RUNTIME_PACKAGE,
-                ignore=shutil.ignore_patterns("__pycache__"),
+                ignore=shutil.ignore_patterns("__pycache__", "models"),
             )
         for rel, src in model.files.items():
             shutil.copy2(src, version / rel)

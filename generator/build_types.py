@@ -10,7 +10,7 @@ from pathlib import Path
 class ModelDir:
     """One Triton model directory to write.
 
-    ``adapter`` names a file in ``generator/backends`` copied as ``1/model.py`` (with the
+    ``adapter`` names a file in ``embed_runtime/models`` copied as ``1/model.py`` (with the
     runtime package beside it); ``files`` maps names inside ``1/`` to source files.
     """
 

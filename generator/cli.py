@@ -15,11 +15,12 @@ import os
 import sys
 from pathlib import Path
 
+from embed_runtime.stub_watch import health_path
+
 from .admin import ADMIN_HEADER, KEY_ENV, configured_admin_key
 from .build import RepositoryWriter, build_repository, entry_fingerprint, remove_entry
 from .manifest import ManifestError, load_serving_manifest
 from .manifest_edit import append_entry, remove_entry_text, restored_on_error
-from .runtime.stub_watch import health_path
 from .shared_models import startup_models
 from .supervisor import DrainSettings, Supervisor
 from .triton_local import (

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
+from embed_runtime.errors import InvalidInputError, RequestError, UnavailableError
+
 from .admin import ADMIN_HEADER, KEY_ENV, KEY_FILE_ENV, key_matches, presented_keys
 from .build import RepositoryWriter, remove_entry
 from .declared_kind import SERVED_TYPES, UnsupportedModelError, check_served, declared_kind
@@ -49,7 +51,6 @@ from .manifest import (
 )
 from .manifest_edit import append_entry, remove_entry_text
 from .repo_lock import repository_lock
-from .runtime.errors import InvalidInputError, RequestError, UnavailableError
 from .shared_models import SHARED_MODELS
 
 ACTIONS = ("load", "unload", "delete", "list")

@@ -43,7 +43,7 @@ import urllib.error
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .runtime.stub_watch import RepositoryApi
+from embed_runtime.stub_watch import RepositoryApi
 
 DRAIN_SUFFIX = ".draining"
 DELAY_ENV = "EMBED_DRAIN_DELAY_S"

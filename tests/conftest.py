@@ -14,7 +14,7 @@ import tempfile
 
 import pytest
 
-# The encoders' host weight cache (generator.runtime.ort_runner.cached_model) of this run
+# The encoders' host weight cache (embed_runtime.weight_cache.cached_model) of this run
 # only: every in-process encoder and every Triton the tests start (they inherit the
 # environment) writes here, never into the user's own cache. Removed at the end.
 _WEIGHT_CACHE = tempfile.mkdtemp(prefix="embed-test-ort-cache-")

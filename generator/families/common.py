@@ -6,6 +6,9 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from embed_runtime.ort_encoder import AUTO_THREADS
+from embed_runtime.tokenizer import TokenizerParams
+
 from ..build_types import ModelDir
 from ..manifest import ModelEntry
 from ..onnx_export import GraphSpec
@@ -19,8 +22,6 @@ from ..render import (
     onnxruntime_model,
     python_model,
 )
-from ..runtime.ort_runner import AUTO_THREADS
-from ..runtime.text import TokenizerParams
 
 # Where TensorRT keeps its engines inside the Docker image (docker-compose.yml mounts a
 # volume there, so engines survive a restart instead of being rebuilt for minutes).

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import numpy as np
 
+from embed_runtime.pair_tokenizer import PairTokenizer
+from embed_runtime.tokenizer import TokenizerParams
+
 from ..build_types import ModelDir
 from ..declared_kind import check_source
 from ..manifest import Manifest, ModelEntry
 from ..onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ..precision import apply_precision
 from ..render import Instances, IOSpec, Step, ensemble, python_model
-from ..runtime.pairs import PairTokenizer
-from ..runtime.text import TokenizerParams
 from .common import encoder_dir, step_batching, tokenizer_parameters
 from .sentence_transformers import resolve_source, token_limits
 

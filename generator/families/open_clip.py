@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from embed_runtime.image_gpu import require_cuda_device
+from embed_runtime.tokenizer import TokenizerParams
+
 from ..build_types import ModelDir
 from ..manifest import Manifest, ModelEntry, resolve_path
 from ..render import Instances, IOSpec, python_model
-from ..runtime.image_gpu import require_cuda_device
-from ..runtime.text import TokenizerParams
 from ..shared_models import FETCH_IMAGE
 from .common import chain_dir, encoder_dir, step_batching, tokenize_dir
 from .open_clip_assets import (

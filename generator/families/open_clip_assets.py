@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from embed_runtime.image import PreprocessParams, preprocess
+
 from ..onnx_export import (
     ExportValidationError,
     GraphSpec,
@@ -41,7 +43,6 @@ from ..onnx_export import (
     validate_graph,
 )
 from ..precision import apply_precision
-from ..runtime.image import PreprocessParams, preprocess
 
 TINY_ARCH = "tiny-clip"
 VALIDATION_TEXTS = (

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
+from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
+
 from ..build_types import ModelDir
 from ..declared_kind import check_source
 from ..manifest import Manifest, ModelEntry, resolve_path
 from ..onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ..precision import apply_precision
 from ..render import IOSpec
-from ..runtime.text import BatchTokenizer, TokenizerParams
 from .common import chain_dir, encoder_dir, fused_encoder_dir, tokenize_dir
 
 VALIDATION_TEXTS = (

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from client import EmbeddingClient
-from client.corpus import varied_sentences
+from client.load.corpus import varied_sentences
 from generator.admin import KEY_ENV
 from generator.build import build_repository
 from generator.manifest import Manifest, load_manifest

@@ -15,7 +15,7 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from client import EmbeddingClientError
-from client.corpus import varied_sentences
+from client.load.corpus import varied_sentences
 from tests.integration.clip_fixture import (
     CLIP_MODEL,
     decompression_bomb,

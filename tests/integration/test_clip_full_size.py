@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from client.corpus import varied_sentences
+from client.load.corpus import varied_sentences
 from generator.admin import KEY_ENV
 from generator.build import build_repository
 from generator.manifest import parse_manifest

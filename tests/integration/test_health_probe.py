@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from client import EmbeddingClient
+from embed_runtime.stub_watch import live_stubs
 from generator.admin import KEY_ENV
 from generator.build import build_repository
 from generator.manifest import load_manifest
-from generator.runtime.stub_watch import live_stubs
 from generator.shared_models import startup_models
 from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 from tests.healthcheck_module import load_healthcheck

@@ -1,6 +1,6 @@
 """A small stand-in for Triton's ``triton_python_backend_utils`` (server-free tests).
 
-Only what the adapters in ``generator/backends`` use, with real behaviour: tensors hold
+Only what the adapters in ``embed_runtime/models`` use, with real behaviour: tensors hold
 numpy arrays, responses hold tensors or one error, and the logger records messages.
 """
 

@@ -17,28 +17,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import generator.runtime
-from generator.runtime.adapter import config_parameters, error_response, input_array
-from generator.runtime.errors import InvalidInputError, RequestError, UnavailableError
-from generator.runtime.image import PreprocessParams, decode_image, preprocess, preprocess_opened
-from generator.runtime.text import BatchTokenizer, TokenizerParams
+import embed_runtime
+from embed_runtime.adapter import config_parameters, error_response, input_array
+from embed_runtime.errors import InvalidInputError, RequestError, UnavailableError
+from embed_runtime.image import PreprocessParams, decode_image, preprocess, preprocess_opened
+from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
 from tests.unit import fake_pb_utils as pb
 from tests.unit.test_ort_runner import dense_graph, masked_mean_graph
 
-BACKENDS = Path(generator.runtime.__file__).parent.parent / "backends"
-RUNTIME_SUBMODULES = (
-    "adapter",
-    "errors",
-    "text",
-    "ort_runner",
-    "fetch",
-    "fetch_pool",
-    "image",
-    "image_gpu",
-    "integrity",
-    "ragged",
-    "request_options",
-)
+ADAPTERS = Path(embed_runtime.__file__).parent / "models"
 TOKEN_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 TOKENIZE_PARAMS = {
     "max_length": "32",
@@ -63,19 +50,15 @@ TABLE = np.random.default_rng(7).normal(size=(VOCAB, DIM)).astype(np.float32)
 
 @pytest.fixture
 def backend(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """Install the fake ``pb_utils`` and ``embed_runtime`` (= generator.runtime)."""
+    """Install the fake ``pb_utils`` that the adapters import."""
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
-    monkeypatch.setitem(sys.modules, "embed_runtime", generator.runtime)
-    for sub in RUNTIME_SUBMODULES:
-        module = importlib.import_module(f"generator.runtime.{sub}")
-        monkeypatch.setitem(sys.modules, f"embed_runtime.{sub}", module)
     pb.Logger.clear()
     return pb
 
 
 def load_adapter(name: str) -> ModuleType:
-    """Import ``generator/backends/<name>.py`` the way Triton does: by path."""
-    spec = importlib.util.spec_from_file_location(f"_adapter_{name}", BACKENDS / f"{name}.py")
+    """Import ``embed_runtime/models/<name>.py`` the way Triton does: by path."""
+    spec = importlib.util.spec_from_file_location(f"_adapter_{name}", ADAPTERS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -616,7 +599,7 @@ def gpu_preprocess_model(backend, tmp_path: Path, monkeypatch):
     """The adapter with ``image_decode = gpu`` on torch's CPU device, Pillow as the decoder."""
     import torch  # noqa: PLC0415
 
-    from generator.runtime.image_gpu import GpuPreprocessor  # noqa: PLC0415
+    from embed_runtime.image_gpu import GpuPreprocessor  # noqa: PLC0415
     from tests.unit.test_image_gpu import pillow_decode  # noqa: PLC0415
 
     built = []

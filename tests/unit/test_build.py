@@ -23,8 +23,8 @@ from generator.manifest import Manifest, ModelEntry
 from generator.repo_lock import LOCK_FILE
 from generator.shared_models import FETCH_IMAGE
 
-GENERATOR = Path(build.__file__).parent
-RUNTIME_FILES = sorted(p.name for p in (GENERATOR / "runtime").glob("*.py"))
+RUNTIME = Path(build.RUNTIME)
+RUNTIME_FILES = sorted(p.name for p in RUNTIME.glob("*.py"))
 
 
 def _entry(name: str = "mini", **fields: object) -> ModelEntry:
@@ -96,11 +96,11 @@ def test_write_lays_out_config_adapter_runtime_and_files(tmp_path: Path) -> None
     model = tmp_path / "repo" / "m_tokenize"
     assert (model / "config.pbtxt").read_text() == "config text\n"
     assert (model / "1" / "model.py").read_bytes() == (
-        GENERATOR / "backends" / "tokenize.py"
+        RUNTIME / "models" / "tokenize.py"
     ).read_bytes()
     runtime = model / "1" / RUNTIME_PACKAGE
     assert sorted(p.name for p in runtime.iterdir()) == RUNTIME_FILES
-    assert (runtime / "text.py").read_bytes() == (GENERATOR / "runtime" / "text.py").read_bytes()
+    assert (runtime / "tokenizer.py").read_bytes() == (RUNTIME / "tokenizer.py").read_bytes()
     assert (model / "1" / "tokenizer.json").read_text() == "{}"
     assert sorted(p.name for p in (model / "1").iterdir()) == [
         RUNTIME_PACKAGE,
@@ -362,7 +362,7 @@ def test_open_clip_entry_adds_shared_fetch_image_and_its_removal_drops_it(
     assert report.built == ["clip", FETCH_IMAGE]
     fetch = tmp_path / FETCH_IMAGE
     assert (fetch / "1" / "model.py").read_bytes() == (
-        GENERATOR / "backends" / "fetch_image.py"
+        RUNTIME / "models" / "fetch_image.py"
     ).read_bytes()
     assert 'name: "fetch_image"' in (fetch / "config.pbtxt").read_text()
 

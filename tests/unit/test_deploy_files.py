@@ -29,11 +29,11 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
+from embed_runtime.ort_encoder import EncoderParams
 from generator.families.common import TRT_ENGINE_CACHE_DIR, encoder_dir
 from generator.manifest import ManifestError, ModelEntry, load_manifest, parse_manifest
 from generator.onnx_export import GraphSpec, TensorSpec
 from generator.render import parse_config
-from generator.runtime.ort_runner import EncoderParams
 from generator.triton_local import prepare_backends, server_env, triton_binary
 
 ROOT = Path(__file__).resolve().parents[2]

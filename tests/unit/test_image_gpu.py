@@ -3,7 +3,7 @@
 Everything but the decoder itself is the serving code: the Pillow-exact resize, the crop
 and pad, the lookup-table normalisation and the per-image routing between the GPU decoder
 and the exact CPU path. The decoder stand-in is Pillow's own decode, so every result here
-must be bit-equal to :func:`generator.runtime.image.preprocess`; what a GPU decoder changes
+must be bit-equal to :func:`embed_runtime.image.preprocess`; what a GPU decoder changes
 is measured on a GPU by ``bench.gpu`` (docs/benchmarks.md).
 """
 
@@ -18,9 +18,9 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from generator.runtime.errors import InvalidInputError
-from generator.runtime.image import PreprocessParams, open_image, preprocess, preprocess_opened
-from generator.runtime.image_gpu import (
+from embed_runtime.errors import InvalidInputError
+from embed_runtime.image import PreprocessParams, open_image, preprocess, preprocess_opened
+from embed_runtime.image_gpu import (
     GpuPreprocessor,
     cuda_preprocessor,
     gpu_eligible,

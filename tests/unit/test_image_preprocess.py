@@ -12,13 +12,8 @@ import pytest
 from open_clip.transform import PreprocessCfg, image_transform_v2  # noqa: E402
 from PIL import Image, ImageOps, features
 
-from generator.families.open_clip_assets import (  # noqa: E402
-    create_tiny_checkpoint,
-    load_open_clip,
-    preprocess_params_from_model,
-)
-from generator.runtime.errors import InvalidInputError
-from generator.runtime.image import (
+from embed_runtime.errors import InvalidInputError
+from embed_runtime.image import (
     PixelBudget,
     PreprocessParams,
     decode_image,
@@ -27,6 +22,11 @@ from generator.runtime.image import (
     preprocess,
     preprocess_batch,
     preprocess_opened,
+)
+from generator.families.open_clip_assets import (  # noqa: E402
+    create_tiny_checkpoint,
+    load_open_clip,
+    preprocess_params_from_model,
 )
 
 RNG = np.random.default_rng(1234)

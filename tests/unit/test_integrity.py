@@ -15,15 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from generator.build import RepositoryWriter
-from generator.build_types import ModelDir
-from generator.runtime.integrity import (
+from embed_runtime.integrity import (
     DIGESTS_FILE,
     IntegrityError,
     verify_digests,
     write_digests,
 )
-from generator.runtime.ort_runner import EncoderParams, OrtEncoder, cached_model
+from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
+from embed_runtime.weight_cache import cached_model
+from generator.build import RepositoryWriter
+from generator.build_types import ModelDir
 from tests.unit.test_ort_runner import BASE, _expected, _tokens, masked_mean_graph
 
 

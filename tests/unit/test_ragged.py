@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from generator.runtime.ragged import (
+from embed_runtime.ragged import (
     Chunk,
     chunk_inputs,
     merge_requests,

@@ -13,6 +13,7 @@ import jinja2
 import pytest
 from tritonclient.grpc import model_config_pb2
 
+from embed_runtime.tokenizer import TokenizerParams
 from generator.families.common import chain_dir, encoder_dir, fused_encoder_dir, tokenize_dir
 from generator.manifest import ModelEntry
 from generator.onnx_export import GraphSpec, TensorSpec
@@ -29,7 +30,6 @@ from generator.render import (
     python_model,
     render,
 )
-from generator.runtime.text import TokenizerParams
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"

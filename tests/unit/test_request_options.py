@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from generator.runtime.errors import InvalidInputError
-from generator.runtime.request_options import (
+from embed_runtime.errors import InvalidInputError
+from embed_runtime.request_options import (
     apply_prompt,
     parse_prompts,
     request_parameters,
@@ -15,7 +15,7 @@ from generator.runtime.request_options import (
     resolve_prompt,
     truncate,
 )
-from generator.runtime.text import TokenizerParams, prompted_texts
+from embed_runtime.tokenizer import TokenizerParams, prompted_texts
 
 PROMPTS = {"query": "query: ", "passage": "passage: ", "plain": ""}
 

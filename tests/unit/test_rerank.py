@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from embed_runtime.errors import InvalidInputError
+from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
+from embed_runtime.pair_tokenizer import PairTokenizer, decode_pairs
+from embed_runtime.tokenizer import TokenizerParams, split_rows
 from generator.families import cross_encoder as family
 from generator.families.tiny_rerank import TINY_MAX_LENGTH, create_tiny_cross_encoder
 from generator.lifecycle import check_cross_encoder_folder, parse_request
 from generator.manifest import RUNTIME_MANIFEST, Manifest, ModelEntry
 from generator.render import parse_config
-from generator.runtime.errors import InvalidInputError
-from generator.runtime.ort_runner import EncoderParams, OrtEncoder
-from generator.runtime.pairs import PairTokenizer, decode_pairs
-from generator.runtime.text import TokenizerParams, split_rows
 from tests.rerank_data import QUERY, rerank_pairs
 
 MAX_ABS_DIFF = 1e-5

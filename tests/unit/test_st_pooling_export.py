@@ -17,11 +17,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
+from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
 from generator.families import sentence_transformers as family
 from generator.manifest import Manifest, ModelEntry
 from generator.render import parse_config
-from generator.runtime.ort_runner import EncoderParams, OrtEncoder
-from generator.runtime.text import BatchTokenizer, TokenizerParams
 from tests.st_factory import (
     VARIANTS,
     TinyVariant,

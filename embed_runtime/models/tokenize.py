@@ -6,7 +6,7 @@ import triton_python_backend_utils as pb_utils
 from embed_runtime.integrity import verify_digests
 from embed_runtime.adapter import config_parameters, input_array, tokenize_requests
 from embed_runtime.request_options import request_parameters
-from embed_runtime.text import (
+from embed_runtime.tokenizer import (
     BatchTokenizer,
     TokenizerParams,
     decode_texts,

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .errors import InvalidInputError
-from .text import TokenizerParams, decode_texts, encodings_to_arrays
+from .tokenizer import TokenizerParams, decode_texts, encodings_to_arrays
 
 
 def decode_pairs(

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import INVALID_ARG, UNAVAILABLE, RequestError
-from .text import split_rows
+from .tokenizer import split_rows
 
 
 def config_parameters(model_config: str | dict[str, Any]) -> dict[str, str]:

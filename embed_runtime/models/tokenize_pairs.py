@@ -5,8 +5,8 @@ import os
 import triton_python_backend_utils as pb_utils
 from embed_runtime.integrity import verify_digests
 from embed_runtime.adapter import config_parameters, input_array, tokenize_requests
-from embed_runtime.pairs import PairTokenizer, decode_pairs
-from embed_runtime.text import TokenizerParams
+from embed_runtime.pair_tokenizer import PairTokenizer, decode_pairs
+from embed_runtime.tokenizer import TokenizerParams
 
 
 class TritonPythonModel:

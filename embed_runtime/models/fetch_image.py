@@ -18,7 +18,7 @@ from embed_runtime.adapter import config_parameters, error_response, gather_rows
 from embed_runtime.errors import RequestError
 from embed_runtime.fetch import FetchPolicy
 from embed_runtime.fetch_pool import FetchPool
-from embed_runtime.text import decode_texts
+from embed_runtime.tokenizer import decode_texts
 
 
 class _Reply:

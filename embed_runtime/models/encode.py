@@ -4,7 +4,7 @@ Token inputs arrive ragged (each request keeps its own width); all rows of one
 ``execute`` are sorted by true length and run in chunks padded to their own longest
 row, then returned in request order. Fixed-shape inputs (pixels, CLIP's fixed text
 context) are concatenated and run in chunks. With ``fused_tokenize`` the model takes
-``TEXT`` and tokenizes it in this stub first (``embed_runtime.text_encoder``).
+``TEXT`` and tokenizes it in this stub first (``embed_runtime.fused_encoder``).
 """
 
 import dataclasses
@@ -13,9 +13,9 @@ import os
 
 import triton_python_backend_utils as pb_utils
 from embed_runtime.adapter import config_parameters, embed_requests, input_array
-from embed_runtime.busy import BusyBoard, board_path
+from embed_runtime.busy_board import BusyBoard, board_path
 from embed_runtime.integrity import verify_digests
-from embed_runtime.ort_runner import (
+from embed_runtime.ort_encoder import (
     EncoderParams,
     OrtEncoder,
     available_cores,
@@ -23,7 +23,7 @@ from embed_runtime.ort_runner import (
     shared_threads,
 )
 from embed_runtime.request_options import request_parameters, resolve_dimensions, truncate
-from embed_runtime.text_encoder import TextEncoder, is_fused
+from embed_runtime.fused_encoder import TextEncoder, is_fused
 
 
 class TritonPythonModel:

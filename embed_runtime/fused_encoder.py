@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from .ort_runner import EncoderParams, OrtEncoder
+from .ort_encoder import EncoderParams, OrtEncoder
 from .ragged import split_counts
 from .request_options import resolve_dimensions, truncate
-from .text import BatchTokenizer, TokenizerParams, decode_texts, prompted_texts
+from .tokenizer import BatchTokenizer, TokenizerParams, decode_texts, prompted_texts
 
 
 def is_fused(parameters: Mapping[str, str]) -> bool:

@@ -24,10 +24,10 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from generator.admin import AdminKeyError, configured_admin_key
 from generator.lifecycle import ManagerParams, ModelManager, parse_request
-from generator.runtime.adapter import config_parameters, error_response, input_array
-from generator.runtime.errors import InvalidInputError, RequestError
-from generator.runtime.probe import EnsembleProbe, http_infer
-from generator.runtime.stub_watch import RepositoryApi, StubWatch, health_path, server_http_url
+from embed_runtime.adapter import config_parameters, error_response, input_array
+from embed_runtime.errors import InvalidInputError, RequestError
+from embed_runtime.probe import EnsembleProbe, http_infer
+from embed_runtime.stub_watch import RepositoryApi, StubWatch, health_path, server_http_url
 from generator.triton_local import SERVER_KEY_ENV
 
 
