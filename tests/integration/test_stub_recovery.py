@@ -12,6 +12,7 @@ again after.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from generator.runtime.stub_watch import live_stubs
+from embed_runtime.stub_watch import live_stubs
 from tests.healthcheck_module import load_healthcheck
 from tests.integration.clip_fixture import CLIP_MODEL, sample_images
 from tests.integration.conftest import TEXT_MODEL
@@ -59,6 +60,15 @@ def _stub_pids(server_pid: int, model: str) -> dict[str, int]:
     return pids
 
 
+def _watch_reloads(health_file: str) -> int:
+    """How many reloads the server's stub watch has finished (its health file)."""
+    try:
+        with open(health_file, encoding="utf-8") as handle:  # noqa: PTH123
+            return int(json.load(handle).get("reloads", 0))
+    except (OSError, ValueError):
+        return 0
+
+
 def _run(server, call, check, model: str) -> tuple[Load, float, dict]:
     """Load ``call`` from 8 clients, kill one stub of ``model``, wait for its return."""
     load = Load()
@@ -80,6 +90,8 @@ def _run(server, call, check, model: str) -> tuple[Load, float, dict]:
                 load.results.append((sent, time.monotonic(), error))
 
     probe_module, port = _healthcheck(), server.ports.http
+    health_file = probe_module.health_file(port)
+    reloads_before = _watch_reloads(health_file)
     health: list[tuple[float, bool]] = []
 
     def probe() -> None:  # deploy/healthcheck.py's verdict, as Docker's HEALTHCHECK runs it
@@ -103,7 +115,13 @@ def _run(server, call, check, model: str) -> tuple[Load, float, dict]:
         while time.monotonic() - killed < RECOVERY_S + 5:
             pids = _stub_pids(server_pid, model)
             live = {i for i, m in live_stubs(server_pid).items() if m == model}
-            if live >= before and pids.get(victim[0]) not in (None, victim[1]):
+            # Recovered once the new stub runs and the watch's reload has returned (the
+            # model swapped in): the process alone appears while the model still loads.
+            if (
+                live >= before
+                and pids.get(victim[0]) not in (None, victim[1])
+                and _watch_reloads(health_file) > reloads_before
+            ):
                 recovered = time.monotonic()
                 break
             time.sleep(0.05)
