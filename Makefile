@@ -105,17 +105,17 @@ clean:
 # rerank load (bench.rerank, RERANK_ARGS="--quick"),
 # then the precision / graph-optimisation knobs in-process, written to docs/precision.md,
 # then the faults benchmarks, each writing bench/results/ (OVERLOAD_ARGS / SOAK_ARGS="--quick"):
-# all-MiniLM-L6-v2 at 3 x its sustainable rate, queues unbounded and bounded (bench.overload,
-# about 10 min), and 10 min of mixed load with the server's memory sampled (bench.soak,
+# all-MiniLM-L6-v2 at 3 x its sustainable rate, queues unbounded and bounded (bench.faults.overload,
+# about 10 min), and 10 min of mixed load with the server's memory sampled (bench.faults.soak,
 # docs/bench-soak.png).
 .PHONY: bench
 bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)
 	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[bench]"
 	$(PY) -m bench.run $(BENCH_ARGS)
 	$(PY) -m bench.rerank $(RERANK_ARGS)
-	$(PY) -m bench.precision $(PRECISION_ARGS)
-	$(PY) -m bench.overload $(OVERLOAD_ARGS)
-	$(PY) -m bench.soak $(SOAK_ARGS)
+	$(PY) -m bench.studies.precision $(PRECISION_ARGS)
+	$(PY) -m bench.faults.overload $(OVERLOAD_ARGS)
+	$(PY) -m bench.faults.soak $(SOAK_ARGS)
 
 # Kubernetes (deploy/k8s, docs/kubernetes.md). tests/unit/test_k8s_*.py render every
 # kustomization with a real Kustomize: kubectl 1.20.2 (embedded Kustomize v2.0.3) from

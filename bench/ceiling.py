@@ -52,7 +52,7 @@ def make_session(
     """
     import onnxruntime as ort  # noqa: PLC0415
 
-    from generator.runtime.ort_runner import cached_model, graph_level  # noqa: PLC0415
+    from embed_runtime.weight_cache import cached_model, graph_level  # noqa: PLC0415
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -93,7 +93,7 @@ def served_tokenizer(repo: Path, model: str):
 
     With ``fused_tokenize`` there is no such model: ``<model>_encode`` holds the tokenizer.
     """
-    from generator.runtime.text import BatchTokenizer, TokenizerParams  # noqa: PLC0415
+    from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams  # noqa: PLC0415
 
     tok_dir = repo / f"{model}_tokenize"
     if not tok_dir.is_dir():

@@ -1,4 +1,7 @@
-"""The text of ``docs/benchmarks.md``: tables from a :class:`bench.report.Summary`.
+"""The text of ``docs/benchmarks.md``: tables from a :class:`bench.summary.Summary`.
+
+The prose is ``bench/templates/benchmarks.md`` (the "Method" section is
+``bench/templates/method.md``); this module computes the tables and values it places.
 
 Everything is regenerated on every full run except the hand-written analysis between
 the ``analysis:begin`` / ``analysis:end`` markers, which is carried over.
@@ -7,31 +10,18 @@ the ``analysis:begin`` / ``analysis:end`` markers, which is carried over.
 from __future__ import annotations
 
 import re
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-from bench import gpu_report, rerank_report
-from client.perf_data import perf_analyzer_commands
-
-if TYPE_CHECKING:
-    from bench.report import Summary
+from bench.common import render_template, table
+from bench.gpu import report as gpu_report
+from bench.rerank import report as rerank_report
+from bench.summary import Summary
+from client.load.perf_data import perf_analyzer_commands
 
 BEGIN, END = "<!-- analysis:begin -->", "<!-- analysis:end -->"
 # `make perf` (deploy/perf/perf_table.py) owns this block; a bench run carries it over.
 PERF_BEGIN, PERF_END = "<!-- perf:begin -->", "<!-- perf:end -->"
 DEFAULT_ANALYSIS = "(no analysis written yet)"
 SDK_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3-sdk"
-SERVER_NOTE = (
-    "Triton's statistics for the window (median over repeats). Times are averages per "
-    "request; a compute time is that of the execution the request rode in. rows/exec: "
-    "rows per execution (for the ensemble, rows per request)."
-)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def _f(value: float, digits: int = 1) -> str:
@@ -47,7 +37,7 @@ def targets_table(s: Summary) -> str:
     rows = [
         [name, load, value, "yes" if met else "**no**"] for name, load, value, met in s.targets()
     ]
-    return _table(["Target", "Load", "Measured (median)", "Met"], rows)
+    return table(["Target", "Load", "Measured (median)", "Met"], rows)
 
 
 def _mixed(s: Summary) -> str:
@@ -83,7 +73,7 @@ def ceiling_table(s: Summary) -> str:
         ["provider", s.results["ceiling"][0]["provider"] if s.results["ceiling"] else "n/a"],
         ["other processes' CPU during the ceiling", f"{s.ceiling('foreign_cpu'):.0%}"],
     ]
-    return _table(["Figure", "Median"], rows)
+    return table(["Figure", "Median"], rows)
 
 
 def load_table(s: Summary, load: str, unit: str) -> str:
@@ -129,20 +119,8 @@ def load_table(s: Summary, load: str, unit: str) -> str:
                 f"{s.foreign(load, system):.0%}",
             ]
         )
-    return _table(header, rows)
+    return table(header, rows)
 
-
-LOAD_CEILING_NOTE = (
-    "The best in-process way to run exactly the sentences a load timed, given the rows a "
-    "server could hold at once (clients x sentences per request), tokenization included "
-    "(`bench/load_ceiling.py`): every row alone; each group of rows in flight (in the "
-    "order the clients sent them) sorted by length in padded batches of up to 32; and "
-    "each group cut by the encoder's own chunk planner with the served "
-    "`max_rows_per_run` / `max_padding_share`; and that planner with the groups dealt out "
-    "to one single-threaded session per core, each on its own thread (runs before "
-    "2026-11-23T22:30Z lack this way). The ceiling is the fastest, measured in rotation "
-    "with the systems in every repeat."
-)
 
 
 def load_ceiling_table(s: Summary) -> str:
@@ -178,7 +156,7 @@ def load_ceiling_table(s: Summary) -> str:
                 _x(s.ratio_to_load_ceiling(load, s.headline)),
             ]
         )
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def server_table(s: Summary, load: str) -> str:
@@ -196,7 +174,7 @@ def server_table(s: Summary, load: str) -> str:
         for stat in s.server(load, s.headline)
     ]
     header = ["Model", "rows/exec", "request ms", "queue ms", "input ms", "infer ms", "output ms"]
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def machine_table(s: Summary) -> str:
@@ -227,7 +205,7 @@ def machine_table(s: Summary) -> str:
     if s.meta["args"].get("text_set"):
         rows.append(["overrides (--text-set)", ", ".join(s.meta["args"]["text_set"])])
     rows += [[f"peer: {name}", state] for name, state in s.meta["peers"].items()]
-    return _table(["What", "Version / value"], rows)
+    return table(["What", "Version / value"], rows)
 
 
 def _analysis(previous: str) -> str:
@@ -242,153 +220,72 @@ def _perf_block(previous: str) -> list[str]:
 
 
 def render(s: Summary, chart_name: str, previous: str = "") -> str:
-    """The whole markdown document."""
+    """The whole markdown document (``bench/templates/benchmarks.md``)."""
     meta = s.meta
-    text_loads = [load for load in s.loads if s.kinds[load] == "text"]
-    image_loads = [load for load in s.loads if s.kinds[load] != "text"]
-    parts = [
-        "# Benchmarks",
-        f"<!-- Generated by `make bench` (python -m bench.run) from "
-        f"{meta.get('results_file', 'bench/results')}. Edit only the Analysis section. -->",
-        f"Run of {meta['started']} on a {meta['machine']['cores']}-core "
-        f"{meta['machine']['cpu']} ({meta['machine']['memory']}), device "
-        f"`{meta['args']['device']}`, {meta['args']['repeats']} repeats, "
-        f"{meta.get('seconds', '?')} s in all. Every figure is the median over repeats; "
-        "every ratio is the median of the ratios taken inside each repeat. The machine is "
-        "shared: *other CPU* is the share of its cores used by processes outside the "
-        f"benchmark while a load ran. The headline system is **{s.headline}**.",
-        "## Run it",
-        docs_text_run(),
-        "## Targets (all-MiniLM-L6-v2)",
-        targets_table(s),
-        "## Analysis",
-        f"{BEGIN}\n{_analysis(previous)}\n{END}",
-        "## Ceiling of each load: its own rows, in-process, tokenizer included",
-        LOAD_CEILING_NOTE,
-        load_ceiling_table(s),
-        "## Fixed ceiling: the same ONNX graph in ONNX Runtime, in-process",
-        "Over the 512 pool sentences, tokenized before the clock starts (the ceiling of "
-        "earlier runs, kept for continuity: the `÷ ORT b32` / `÷ ORT b1` columns).",
-        ceiling_table(s),
-        "## Text loads (all-MiniLM-L6-v2)",
-        "Clients x sentences per request; the same fixed sentences for every system. "
-        "`÷ ceiling`: served sentences/s over the load's own ceiling (same repeat). "
-        "`÷ ORT b32` / `÷ ORT b1`: served sentences/s over the fixed ceiling's (sorted batches of "
-        f"32 / batch 1, same repeat); `{s.headline} ÷ this`: "
-        "the headline's throughput over this system's.",
-    ]
-    for load in text_loads:
-        parts += [
-            f"### {load}",
-            load_table(s, load, "sentences"),
-            f"Server side ({s.headline}): {SERVER_NOTE}",
-            server_table(s, load),
+
+    def loads(kind_is_text: bool, unit: str) -> list[dict[str, str]]:
+        return [
+            {
+                "name": load,
+                "table": load_table(s, load, unit),
+                "server_table": server_table(s, load),
+            }
+            for load in s.loads
+            if (s.kinds[load] == "text") == kind_is_text
         ]
-    if image_loads:
-        parts += [
-            "## Image loads (clip-vit-b-32: full-size ViT-B-32, random init)",
-            image_ceiling_line(s),
-        ]
-        for load in image_loads:
-            parts += [
-                f"### {load}",
-                load_table(s, load, "images"),
-                f"Server side: {SERVER_NOTE}",
-                server_table(s, load),
-            ]
-    parts += [
-        *rerank_report.kept_section(previous),
-        "## Throughput vs concurrency",
-        f"![throughput vs concurrency]({chart_name})",
-        "## Machine and versions",
-        machine_table(s),
-        "## perf_analyzer",
-        perf_analyzer_section(),
-        *_perf_block(previous),
-        *gpu_report.kept_block(previous),
-        "## Method",
-        METHOD,
-    ]
-    return "\n\n".join(parts) + "\n"
+
+    return render_template(
+        "benchmarks.md",
+        meta=meta,
+        machine=meta["machine"],
+        results_file=meta.get("results_file", "bench/results"),
+        seconds=meta.get("seconds", "?"),
+        headline=s.headline,
+        targets_table=targets_table(s),
+        analysis_begin=BEGIN,
+        analysis=_analysis(previous),
+        analysis_end=END,
+        load_ceiling_table=load_ceiling_table(s),
+        ceiling_table=ceiling_table(s),
+        text_loads=loads(True, "sentences"),
+        image_loads=loads(False, "images"),
+        image_ceiling=image_ceiling(s),
+        kept_rerank=rerank_report.kept_section(previous),
+        chart_name=chart_name,
+        machine_table=machine_table(s),
+        sdk_image=SDK_IMAGE,
+        perf_commands=perf_analyzer_lines(),
+        kept_blocks=[*_perf_block(previous), *gpu_report.kept_block(previous)],
+    )
 
 
-def image_ceiling_line(s: Summary) -> str:
-    """One sentence on the image tower's raw ORT speed."""
+def image_ceiling(s: Summary) -> dict[str, float | None] | None:
+    """The image tower's raw ORT speed (medians over repeats), or None if not measured."""
     rows = s.results["image_ceiling"]
     if not rows:
-        return ""
+        return None
 
     def med(key: str) -> float:
         return sorted(r.get(key, 0.0) for r in rows)[len(rows) // 2]
 
-    parallel = ""
-    if any(r.get("parallel_items_per_s") for r in rows):
-        parallel = (
-            f", {med('parallel_items_per_s'):.1f} split over one single-threaded session per core"
-        )
-    return (
-        f"Image tower alone in ONNX Runtime on ready pixels: {med('batch32_items_per_s'):.1f} "
-        f"images/s at batch 32, {med('batch1_items_per_s'):.1f} at batch 1 (p50 "
-        f"{med('batch1_p50_ms'):.0f} ms){parallel}; the best of these is the ceiling. "
-        "The photos are 12 generated JPEG/PNG/WebP files from 224x224 to 1920x1080, served "
-        "from 127.0.0.1 for the URL load."
-    )
+    parallel = any(r.get("parallel_items_per_s") for r in rows)
+    return {
+        "batch32": med("batch32_items_per_s"),
+        "batch1": med("batch1_items_per_s"),
+        "batch1_p50_ms": med("batch1_p50_ms"),
+        "parallel": med("parallel_items_per_s") if parallel else None,
+    }
 
 
-def docs_text_run() -> str:
-    """How to run the suite and a single load."""
-    return "\n".join(
-        [
-            "    make bench                                  # full suite, about 30 min here",
-            "    .venv/bin/python -m bench.run --quick       # smoke test, under 3 min",
-            "    .venv/bin/python -m bench.gpu               # a CUDA host with onnxruntime-gpu",
-            "    deploy/gpu/run_bench_offline.sh --models text  # the same, host without network",
-            "    .venv/bin/python -m bench.run --repeats 5 --skip-peers --skip-images",
-            "    .venv/bin/python -m bench.run --no-docs --text-set max_rows_per_run=1  # a knob",
-            "    .venv/bin/python -m bench.run --report bench/results/FILE.json  # redo docs/ only",
-            "    .venv/bin/python -m bench.chunking          # how rows are cut into ORT runs",
-            "    .venv/bin/python -m bench.rerank            # the rerank load alone",
-            "    .venv/bin/python -m bench.precision         # precision / optimisation levels",
-            "    .venv/bin/python -m bench.floor             # 1 x 1: served, empty model, ORT b1",
-            "    .venv/bin/python -m bench.weight_memory     # an instance's memory, weight cache",
-            '    .venv/bin/python -m bench.ab --variant "" --variant "KEY=VALUE"  # side by side',
-            "",
-            "One load against any running server (prints client and server-side figures):",
-            "",
-            "    python -m client bench --model all-MiniLM-L6-v2 --clients 16 "
-            "--texts-per-request 1 --requests 200 --protocol grpc --json out.json",
-            "    python -m client bench --model clip-vit-b-32 --images 1 --mode url --clients 8",
-        ]
-    )
-
-
-def perf_analyzer_section() -> str:
-    """Input-data generation and the exact perf_analyzer command lines (SDK container)."""
+def perf_analyzer_lines() -> list[str]:
+    """The perf_analyzer command lines for the text and CLIP ensembles (SDK container)."""
     commands = (
         perf_analyzer_commands("all-MiniLM-L6-v2", "text", url="localhost:8001")
         + perf_analyzer_commands("clip-vit-b-32", "clip", url="localhost:8001")[3:]
     )
-    body = [
-        "Input data for every ensemble (`TEXT`, `IMAGE` as base64 of the serialised BYTES "
-        "tensor, `IMAGE_URL`), written by the client package:",
-        "",
-        "    python -m client perf-data --out perf-data/text --model-kind text",
-        "    python -m client perf-data --out perf-data/clip --model-kind clip "
-        "--image-base-url http://127.0.0.1:8080",
-        "    python -m http.server 8080 --bind 127.0.0.1 --directory perf-data/clip/images &",
-        "",
-        "The URL ensemble fetches from 127.0.0.1, so the served manifest must list it in "
-        "`[fetch_image] allow_hosts`. With Triton on this host (`make serve`, gRPC on 8001):",
-        "",
-        f"    docker run --rm -it --net host -v $PWD/perf-data:/data {SDK_IMAGE} bash",
+    return [c.replace("/data/", "/data/text/", 1) for c in commands[:3]] + [
+        c.replace("/data/", "/data/clip/", 1) for c in commands[3:]
     ]
-    body += [f"    {c.replace('/data/', '/data/text/', 1)}" for c in commands[:3]]
-    body += [f"    {c.replace('/data/', '/data/clip/', 1)}" for c in commands[3:]]
-    return "\n".join(body)
-
-
-# The "Method" section, as written in bench/method.md.
-METHOD = (Path(__file__).with_name("method.md")).read_text().strip()
 
 
 def plain_summary(s: Summary) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from client.loadgen import LoadSpec
+from client.load.loadgen import LoadSpec
 
 TEXT = "text"
 IMAGE = "image"

@@ -16,6 +16,7 @@ from typing import Any
 from generator.manifest import Manifest, parse_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / ".build"
 TEXT_MODEL = "all-MiniLM-L6-v2"
 CLIP_MODEL = "clip-vit-b-32"
 CLIP_ARCH = "ViT-B-32"

@@ -31,20 +31,27 @@ from bench.ceiling import (
     served_tokenizer,
     text_ceiling,
 )
+from bench.common import logger
 from bench.load_ceiling import load_ceiling, timed_rows
 from bench.loads import IMAGE_URL, BenchLoad, image_loads, text_loads
 from bench.machine import CpuMonitor, machine_info
-from bench.manifest import CLIP_MODEL, ROOT, TEXT_MODEL, bench_manifest, parse_overrides
+from bench.manifest import BUILD, CLIP_MODEL, ROOT, TEXT_MODEL, bench_manifest, parse_overrides
 from bench.peers.infinity_onnx import infinity_onnx_folder
 from bench.peers.services import Peer, ensure_infinity, fastapi_peer, infinity_peer
 from bench.report import write_report
-from client.loadgen import LoadResult, SenderFactory, format_result, run_load, run_triton_load
-from client.workload import ImageServer, generated_images, image_requests, text_pool, text_requests
+from client.load.loadgen import LoadResult, SenderFactory, format_result, run_load, run_triton_load
+from client.load.workload import (
+    ImageServer,
+    generated_images,
+    image_requests,
+    text_pool,
+    text_requests,
+)
 from generator.admin import KEY_ENV
 from generator.build import build_repository
 from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 
-BUILD = ROOT / ".build"
+log = logger("bench")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -98,11 +105,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.pool = args.pool or (128 if args.quick else 512)
     args.docs = (not args.quick) if args.docs is None else args.docs
     return args
-
-
-def log(message: str) -> None:
-    """Progress on stderr, with a timestamp."""
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def start_triton(

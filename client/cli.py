@@ -11,6 +11,9 @@
     python -m client bench --model M --clients 16 --texts-per-request 1 --requests 200
     python -m client perf-data --out DIR --model-kind text|clip
 
+``bench`` and ``perf-data`` run load generation (:mod:`client.load`), imported only when
+one of them runs.
+
 Global options (before or after the command): ``--url`` (default: ``$TRITON_URL``, else
 localhost:8000, or localhost:8001 with ``--protocol grpc``), ``--protocol``, ``--timeout``,
 ``--admin-key``.
@@ -204,15 +207,25 @@ def _cmd_manage(client: EmbeddingClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_load_command(args: argparse.Namespace, url: str) -> int:
+    from .load import commands  # noqa: PLC0415 - load generation only for the commands that use it
+
+    if args.command == "perf-data":
+        return commands.run_perf_data(args)
+    try:
+        return commands.run_bench(args, url)
+    except EmbeddingClientError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Run the CLI; return the exit code (1 with Triton's message on stderr on error)."""
     args = parse_args(argv)
     url = resolve_url(args.url, args.protocol, os.environ if environ is None else environ)
-    if args.command == "perf-data":
-        return bench_cli.run_perf_data(args)
+    if args.command in bench_cli.COMMANDS:
+        return _run_load_command(args, url)
     try:
-        if args.command == "bench":
-            return bench_cli.run_bench(args, url)
         with EmbeddingClient(url, args.protocol, args.timeout, admin_key=args.admin_key) as client:
             if args.command == "manage":
                 return _cmd_manage(client, args)

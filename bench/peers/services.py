@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from client.loadgen import JsonPostSender, SenderFactory
+from client.load.loadgen import JsonPostSender, SenderFactory
 
 from .process import PeerProcess
 

@@ -1,0 +1,64 @@
+"""The helpers every benchmark shares: progress logs, medians, Markdown tables, templates.
+
+The prose of the documents the benchmarks write lives in ``bench/templates/*.md``
+(Jinja, strict: a missing value fails the render); Python computes the values.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any, TextIO
+
+TEMPLATES = Path(__file__).with_name("templates")
+
+
+def logger(tag: str, stream: TextIO | None = None) -> Callable[[str], None]:
+    """A ``log(message)`` printing ``[<tag> HH:MM:SS] message`` (stderr unless ``stream``)."""
+
+    def log(message: str) -> None:
+        print(
+            f"[{tag} {time.strftime('%H:%M:%S')}] {message}",
+            file=stream or sys.stderr,
+            flush=True,
+        )
+
+    return log
+
+
+def median(values: Iterable[float]) -> float:
+    """Median, or NaN for no values."""
+    values = list(values)
+    return statistics.median(values) if values else float("nan")
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str | None]]) -> str:
+    """A Markdown table; a ``None`` cell is written ``| |`` (an empty string ``|  |``)."""
+
+    def line(cells: Sequence[str | None]) -> str:
+        return "|" + "|".join(" " if cell is None else f" {cell} " for cell in cells) + "|"
+
+    return "\n".join([line(header), "|" + "---|" * len(header), *(line(row) for row in rows)])
+
+
+@cache
+def _environment():
+    import jinja2  # noqa: PLC0415
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def render_template(name: str, **values: Any) -> str:
+    """``bench/templates/<name>`` rendered with ``values``."""
+    return _environment().get_template(name).render(**values)

@@ -1,0 +1,409 @@
+"""Memory soak: steady mixed load for ``--minutes`` (10), resident memory sampled throughout.
+
+Serves ``models.toml`` as ``make serve`` does (stub watch included), with ``fetch_image``
+allowed to reach 127.0.0.1, where :class:`client.load.workload.ImageServer` serves the
+generated photos. Five closed loops run side by side over gRPC, ``--clients`` (2) each,
+``--pause-ms`` (50) between a client's requests: all-MiniLM-L6-v2 (1 to 16 sentences),
+CLIP text, CLIP image by bytes and by URL (1 or 2 photos), rerank (1 query x 32 texts).
+
+Every ``--interval`` (5 s) seconds it reads VmRSS (``/proc/<pid>/status``), PSS and
+USS (private pages, ``/proc/<pid>/smaps_rollup``) of ``tritonserver`` and of each of its
+Python-backend stubs (``triton_python_backend_stub`` whose argv[5] is the server's PID;
+argv[8] names the instance). PSS shares a library's pages among every process mapping
+it, so it rises when other processes (another server) exit; USS does not. Growth
+compares the mean of the first window after a warm-up window with the mean of the last
+window (a minute each, a fifth of the run when shorter); the goal is total RSS growth
+under 5 %. Writes ``bench/results/soak-cpu-<time>.json`` and
+``docs/bench-soak.png`` (``.build/bench-results`` with ``--quick``, 1 minute).
+
+    .venv/bin/python -m bench.faults.soak [--quick] [--minutes 10] [--clients 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import threading
+import time
+import tomllib
+from collections import Counter
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import logger
+from bench.faults.overload import percentiles, start_server
+from bench.machine import CpuMonitor, machine_info
+from bench.manifest import BUILD, ROOT
+from bench.rerank.run import rerank_requests
+from client.load.loadgen import Sender, TritonSender
+from client.load.workload import ImageServer, generated_images, image_requests, text_pool
+from generator.manifest import Manifest, parse_manifest
+
+STUB = "triton_python_backend_stub"
+GOAL_GROWTH = 0.05
+KINDS = ("rss", "pss", "uss")
+TEXT, CLIP, RERANK = "all-MiniLM-L6-v2", "clip-tiny", "rerank-tiny"
+
+
+log = logger("soak")
+
+
+def soak_manifest() -> Manifest:
+    """``models.toml`` with 127.0.0.1 allowed to ``fetch_image`` (its path kept)."""
+    data = tomllib.loads((ROOT / "models.toml").read_text())
+    fetch = data.setdefault("fetch_image", {})
+    fetch["allow_hosts"] = sorted({*fetch.get("allow_hosts", []), "127.0.0.1"})
+    manifest = parse_manifest(data, ROOT, "soak manifest")
+    return dataclasses.replace(manifest, path=ROOT / "models.toml")
+
+
+def _kib(text: str, key: str) -> int:
+    line = next((x for x in text.splitlines() if x.startswith(key + ":")), "")
+    return int(line.split()[1]) if line else 0
+
+
+def memory(pid: int) -> dict[str, int]:
+    """RSS, PSS and USS (private pages) of ``pid`` in KiB; PSS/USS 0 if unreadable."""
+    try:
+        rss = _kib(Path(f"/proc/{pid}/status").read_text(), "VmRSS")
+    except OSError:
+        return {}
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        rollup = ""
+    uss = _kib(rollup, "Private_Clean") + _kib(rollup, "Private_Dirty")
+    return {"rss": rss, "pss": _kib(rollup, "Pss"), "uss": uss}
+
+
+def server_processes(server_pid: int) -> dict[str, int]:
+    """``{"tritonserver": pid, "<instance>": stub pid, ...}`` for one server."""
+    found, pid = {"tritonserver": server_pid}, str(server_pid).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 8 and argv[0].endswith(STUB.encode()) and argv[5] == pid:
+            found[argv[8].decode()] = int(entry.name)
+    return found
+
+
+class RerankSender:
+    """``rerank-tiny`` through :class:`client.EmbeddingClient`; a request is [query, texts...]."""
+
+    def __init__(self, url: str):
+        """Connect over gRPC."""
+        from client import EmbeddingClient  # noqa: PLC0415
+
+        self._client = EmbeddingClient(url, protocol="grpc")
+
+    def prepare(self, items: Sequence[bytes]) -> Any:
+        """The query and the texts, decoded."""
+        return items[0].decode(), [t.decode() for t in items[1:]]
+
+    def send(self, prepared: Any) -> int:
+        """Score the texts; return how many."""
+        query, texts = prepared
+        if self._client.rerank(RERANK, query, texts).shape != (len(texts),):
+            raise RuntimeError("wrong number of scores")
+        return len(texts)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._client.close()
+
+
+@dataclass
+class Load:
+    """One closed loop: its senders, fixed requests (cycled) and what it achieved."""
+
+    name: str
+    factory: Callable[[], Sender]
+    requests: list[list[bytes]]
+    requests_done: int = 0
+    items: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    latencies_ms: list[float] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def drive(self, client: int, stop: threading.Event, pause_s: float) -> None:
+        """Send back to back (``pause_s`` apart) until ``stop``; request k is ``client + k``."""
+        sender = self.factory()
+        prepared = [sender.prepare(r) for r in self.requests]
+        k = client
+        try:
+            while not stop.is_set():
+                start = time.perf_counter()
+                try:
+                    rows, error = sender.send(prepared[k % len(prepared)]), ""
+                except Exception as exc:  # noqa: BLE001 - counted per message
+                    rows, error = 0, f"{type(exc).__name__}: {exc}"[:160]
+                ms = (time.perf_counter() - start) * 1000.0
+                with self.lock:
+                    self.requests_done += 1
+                    self.items += rows
+                    if error:
+                        self.errors[error] += 1
+                    else:
+                        self.latencies_ms.append(ms)
+                k += 1
+                stop.wait(pause_s)
+        finally:
+            sender.close()
+
+    def summary(self, seconds: float) -> dict[str, Any]:
+        """Requests, items, errors and latency over the run."""
+        return {
+            "requests": self.requests_done,
+            "items": self.items,
+            "req_per_s": round(self.requests_done / seconds, 2),
+            "errors": sum(self.errors.values()),
+            "error_samples": dict(self.errors.most_common(5)),
+            "latency_ms": percentiles(self.latencies_ms),
+        }
+
+
+def mixed(pool: Sequence[Any], sizes: Sequence[int], count: int) -> list[list[Any]]:
+    """``count`` requests cycling through ``sizes`` items each, consecutive from ``pool``."""
+    out, first = [], 0
+    for k in range(count):
+        size = sizes[k % len(sizes)]
+        out.append([pool[(first + j) % len(pool)] for j in range(size)])
+        first += size
+    return out
+
+
+def make_loads(url: str, urls: list[str], photos: dict[str, bytes]) -> list[Load]:
+    """The five loads, each over its own fixed requests."""
+    def triton(model: str, name: str) -> Callable[[], Sender]:
+        return lambda: TritonSender(url, model, name, "grpc")
+
+    sentences = [text.encode() for text in text_pool()]
+    images = [photos[n] for n in sorted(photos)]
+    return [
+        Load("text", triton(TEXT, "TEXT"), mixed(sentences, (1, 4, 16, 2, 8), 200)),
+        Load("clip-text", triton(f"{CLIP}_text", "TEXT"), mixed(sentences, (1, 3), 200)),
+        Load("clip-image", triton(f"{CLIP}_image", "IMAGE"), image_requests(images, 1, 24)
+             + image_requests(images, 2, 12)),
+        Load("clip-image-url", triton(f"{CLIP}_image_url", "IMAGE_URL"),
+             image_requests([u.encode() for u in urls], 1, 24)),
+        Load("rerank", lambda: RerankSender(url), rerank_requests(16)),
+    ]
+
+
+def sample(pid: int, t0: float, loads: list[Load]) -> dict[str, Any]:
+    """One sample: time, every process's memory (KiB) and each load's requests so far."""
+    procs = {name: {"pid": p, **memory(p)} for name, p in server_processes(pid).items()}
+    return {"t": round(time.monotonic() - t0, 1), "procs": procs,
+            "requests": {load.name: load.requests_done for load in loads}}
+
+
+def growth(samples: list[dict], seconds: float) -> dict[str, Any]:
+    """Mean memory of the first window after the warm-up vs the last window, per process.
+
+    Also: the total's growth from the middle of the run to its end, the total RSS trend
+    over the second half, and when each process last rose by more than 1 MiB.
+    """
+    window = min(60.0, seconds / 5)
+    first = [s for s in samples if window <= s["t"] < 2 * window]
+    last = [s for s in samples if s["t"] >= seconds - window]
+    names = sorted({n for s in samples for n in s["procs"]})
+
+    def mean(rows: list[dict], name: str | None, key: str) -> float:
+        values = [sum(p.get(key, 0) for n, p in s["procs"].items() if name in (None, n))
+                  for s in rows]
+        return float(np.mean(values)) if values else 0.0
+
+    out: dict[str, Any] = {"window_s": window, "first": [window, 2 * window],
+                           "last": [seconds - window, seconds], "processes": {}}
+    for name in [None, *names]:
+        row = {}
+        for key in KINDS:
+            a, b = mean(first, name, key), mean(last, name, key)
+            row[key] = {"first_mib": round(a / 1024, 1), "last_mib": round(b / 1024, 1),
+                        "growth": round((b - a) / a, 4) if a else None}
+        if name is None:
+            out["total"] = row
+        else:
+            out["processes"][name] = row
+    middle = [s for s in samples if seconds / 2 <= s["t"] < seconds / 2 + window]
+    out["second_half"] = {"first": [seconds / 2, seconds / 2 + window], **{
+        key: round((mean(last, None, key) - mean(middle, None, key)) / mean(middle, None, key), 4)
+        for key in KINDS if mean(middle, None, key)}}
+    for name in names:
+        peak, rose = 0, 0.0
+        for s in samples:
+            rss = s["procs"].get(name, {}).get("rss", 0)
+            rose, peak = (s["t"] if rss > peak + 1024 else rose), max(peak, rss)
+        out["processes"][name]["last_rise_s"] = rose
+    half = [s for s in samples if s["t"] >= seconds / 2]
+    if len(half) > 1:
+        totals = [sum(p.get("rss", 0) for p in s["procs"].values()) / 1024 for s in half]
+        slope = np.polyfit([s["t"] / 60 for s in half], totals, 1)[0]
+        out["second_half_rss_mib_per_min"] = round(float(slope), 2)
+    pids = {n: {s["procs"][n]["pid"] for s in samples if n in s["procs"]} for n in names}
+    out["restarted"] = sorted(n for n, p in pids.items() if len(p) > 1)
+    out["goal_met"] = (out["total"]["rss"]["growth"] or 0) < GOAL_GROWTH
+    return out
+
+
+def plot(samples: list[dict], result: dict, path: Path) -> str:
+    """Total and per-process RSS over time into ``path``; returns what was written."""
+    try:
+        import matplotlib  # noqa: PLC0415
+    except ImportError:
+        return "no plot: matplotlib is not installed (make bench installs it)"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    t = [s["t"] / 60 for s in samples]
+    names = sorted({n for s in samples for n in s["procs"]})
+    g = result["growth"]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 8), sharex=True)
+    for key in KINDS:
+        total = [sum(p.get(key, 0) for p in s["procs"].values()) / 1024 for s in samples]
+        top.plot(t, total, label=f"total {key.upper()} ({g['total'][key]['growth']:+.1%})")
+    colours = plt.get_cmap("tab20").colors
+    for i, name in enumerate(names):
+        rss = [s["procs"].get(name, {}).get("rss", np.nan) / 1024 for s in samples]
+        growth_ = g["processes"][name]["rss"]["growth"]
+        label = name if growth_ is None else f"{name} ({growth_:+.1%})"
+        bottom.plot(t, rss, label=label, color=colours[i % len(colours)])
+    for axis in (top, bottom):
+        for lo, hi in (g["first"], g["last"]):
+            axis.axvspan(lo / 60, hi / 60, color="grey", alpha=0.12)
+        axis.grid(alpha=0.3)
+    top.set_title("Memory soak: tritonserver and its Python-backend stubs "
+                  "(growth: last window vs first after warm-up, both shaded)")
+    top.set_ylabel("MiB, all processes")
+    bottom.set_ylabel("RSS MiB per process")
+    bottom.set_xlabel("minutes")
+    top.legend(loc="lower right")
+    bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return f"plot: {path.relative_to(ROOT)}"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(prog="python -m bench.faults.soak", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="1 minute, nothing in docs/")
+    parser.add_argument("--minutes", type=float, help="duration (default 10, quick 1)")
+    parser.add_argument("--clients", type=int, default=2, help="clients per load")
+    parser.add_argument("--pause-ms", type=float, default=50.0, help="pause between requests")
+    parser.add_argument("--interval", type=float, help="seconds between samples (5, quick 2)")
+    parser.add_argument("--report", metavar="RESULTS_JSON",
+                        help="only redo the figures and plot of a saved full run")
+    args = parser.parse_args(argv)
+    args.minutes = args.minutes or (1.0 if args.quick else 10.0)
+    args.interval = args.interval or (2.0 if args.quick else 5.0)
+    return args
+
+
+def run(args: argparse.Namespace, results: dict) -> None:
+    """Serve, load and sample for the whole run."""
+    seconds = args.minutes * 60
+    with ExitStack() as stack:
+        ports, pid = start_server(soak_manifest(), "soak", stack, log)
+        url = f"127.0.0.1:{ports.grpc}"
+        server = stack.enter_context(ImageServer(generated_images()))
+        loads = make_loads(url, server.urls(), server.images)
+        stop = threading.Event()
+        threads = [threading.Thread(target=load.drive, args=(c, stop, args.pause_ms / 1000),
+                                    daemon=True)
+                   for load in loads for c in range(args.clients)]
+        monitor = CpuMonitor()
+        t0 = time.monotonic()
+        monitor.start()
+        for thread in threads:
+            thread.start()
+        samples = results["samples"]
+        while (now := time.monotonic() - t0) < seconds:
+            samples.append(sample(pid, t0, loads))
+            if len(samples) % 12 == 1:
+                total = sum(p.get("rss", 0) for p in samples[-1]["procs"].values()) / 1024
+                log(f"{now:6.0f} s: {len(samples[-1]['procs'])} processes, RSS {total:.0f} MiB, "
+                    f"requests {samples[-1]['requests']}")
+            time.sleep(max(0.0, args.interval - (time.monotonic() - t0 - now)))
+        samples.append(sample(pid, t0, loads))
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        window = monitor.stop()
+    cores = os.cpu_count() or 1
+    results["cpu"] = {"busy_share": round(window.total_busy_s / (window.seconds * cores), 3),
+                      "foreign_share": round(window.foreign_share, 3)}
+    results["loads"] = {load.name: load.summary(seconds) for load in loads}
+    results["growth"] = growth(samples, samples[-1]["t"])
+
+
+def report(results: dict) -> str:
+    """The figures, as printed."""
+    g = results["growth"]
+    lines = [f"soak {results['meta']['args']['minutes']} min, {len(results['samples'])} samples; "
+             f"machine busy {results['cpu']['busy_share']:.0%} "
+             f"(other processes {results['cpu']['foreign_share']:.0%})"]
+    for name, row in [("TOTAL", g["total"]), *g["processes"].items()]:
+        cells = []
+        for key, m in ((k, row[k]) for k in KINDS):
+            change = "n/a" if m["growth"] is None else f"{m['growth']:+.2%}"
+            cells.append(f"{key.upper()} {m['first_mib']:7.1f} -> {m['last_mib']:7.1f} MiB "
+                         f"({change})")
+        lines.append(f"  {name:32s} " + "  ".join(cells))
+    lines.append(f"  second half: total RSS trend {g.get('second_half_rss_mib_per_min')} MiB/min,"
+                 f" growth {g['second_half']}; last rise (s): "
+                 + ", ".join(f"{n} {r['last_rise_s']:.0f}" for n, r in g["processes"].items()))
+    lines.append(f"  restarted: {g['restarted'] or 'none'}; goal (total RSS < 5 %): "
+                 f"{'met' if g['goal_met'] else 'NOT met'}")
+    for name, load in results["loads"].items():
+        lines.append(f"  load {name:15s} {load['requests']:7d} requests ({load['req_per_s']}/s), "
+                     f"{load['items']} items, {load['errors']} errors, ms {load['latency_ms']}")
+        lines += [f"      {n} x {e}" for e, n in load["error_samples"].items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the soak (or re-read one); write the results file and the plot."""
+    args = parse_args(argv)
+    png = ROOT / "docs" / "bench-soak.png"
+    if args.report:
+        path = Path(args.report)
+        results = json.loads(path.read_text())
+        results["growth"] = growth(results["samples"], results["samples"][-1]["t"])
+    else:
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        results = {
+            "meta": {"started": started, "args": vars(args), "machine": machine_info(),
+                     "command": "python -m bench.faults.soak " + " ".join(sys.argv[1:])},
+            "samples": [],
+        }
+        run(args, results)
+        out = BUILD / "bench-results" if args.quick else ROOT / "bench" / "results"
+        out.mkdir(parents=True, exist_ok=True)
+        stem = f"soak-cpu-{'quick-' if args.quick else ''}{started.replace(':', '')}"
+        path = out / f"{stem}.json"
+        results["meta"]["results_file"] = str(path.relative_to(ROOT))
+        png = out / f"{stem}.png" if args.quick else png
+    results["meta"]["plot"] = plot(results["samples"], results, png)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    print(report(results))
+    log(f"results: {results['meta']['results_file']}; {results['meta']['plot']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,282 @@
+"""The GPU section of ``docs/benchmarks.md``, rendered from ``bench.gpu`` results files.
+
+``python -m bench.gpu --report FILE [FILE ...]`` writes it between the markers below;
+``make bench`` (``bench.docs_text.render``) keeps the section as it finds it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from bench.common import table
+
+BEGIN = "<!-- gpu:begin (python -m bench.gpu --report) -->"
+END = "<!-- gpu:end -->"
+TARGETS = {  # issue 15: published figures the GPU run is held against (QPS, batch-1 requests)
+    "e5-small-random": 10_000,
+    "clip-vit-b-32_text": 5_000,
+    "clip-vit-b-32_image": 1_500,
+    "clip-vit-b-32_image_url": 1_500,
+}
+ANCHOR = "## Method"
+IMAGE_GPU_MIN_COSINE = 0.9999  # gate on the GPU image path's parity table (issue 28)
+
+
+def _ceiling(model: str, ceilings: dict[str, Any]) -> tuple[float, str]:
+    """The in-process rate the served ensemble is compared with, and what it is."""
+    if model == "e5-small-random" and "text_ort" in ceilings:
+        by_batch = ceilings["text_ort"]["by_batch"]
+        best = max(by_batch, key=lambda b: by_batch[b])
+        return by_batch[best], f"ORT CUDA, length-sorted batches of {best}, tokenizer excluded"
+    if model == "clip-vit-b-32_text" and "clip_text_ort" in ceilings:
+        return ceilings["clip_text_ort"]["items_per_s"], "ORT CUDA text tower, batch 256"
+    if model.startswith("clip-vit-b-32_image") and "image_preprocess_cpu" in ceilings:
+        tower = ceilings["image_tower_ort"]["items_per_s"]
+        cpu = ceilings["image_preprocess_cpu"]
+        return min(tower, cpu["items_per_s"]), (
+            f"the slower of the image tower ({tower:,.0f}/s, ORT CUDA, batch 256) and the "
+            f"served decode + preprocess on {cpu['processes']} processes "
+            f"({cpu['items_per_s']:,.0f}/s)"
+        )
+    return float("nan"), "not measured"
+
+
+def _variant(result: dict[str, Any]) -> str:
+    """The ``--set`` overrides of a results file, e.g. ``clip.image_draft_decode=true``."""
+    settings = result["meta"]["args"].get("set", "[]")
+    return settings.strip("[]").replace("'", "")
+
+
+JPEG_ONLY = ("image_jpeg.json", "image_url_jpeg.json")
+
+
+def _load(run: dict[str, Any]) -> str:
+    """``JPEG only`` for the loads of the JPEG photos alone, else empty."""
+    return "JPEG only" if run.get("data") in JPEG_ONLY else ""
+
+
+def render_gpu_section(results: list[dict[str, Any]]) -> str:
+    """Markdown for one or more results files of the same GPU host."""
+    first = results[0]["meta"]
+    machine = first["machine"]
+    runs = [
+        {**run, "variant": _variant(r), "ceilings": r.get("ceilings", {})}
+        for r in results
+        for run in r.get("runs", [])
+    ]
+    files = ", ".join(f"`bench/results/gpu-{r['meta']['args']['models']}-{r['meta']['started']}"
+                      ".json`" for r in results)
+    parts = [
+        BEGIN,
+        "## GPU",
+        f"Measured with `deploy/gpu/run_bench_offline.sh` (`python -m bench.gpu`) on "
+        f"{machine['gpu']} ({machine['gpu_memory_mib']:,} MiB, driver {machine['driver']}), "
+        f"{machine['cpu_cores']} CPU cores, Python {machine['python']}, onnxruntime-gpu "
+        f"{machine['onnxruntime']}, the pytriton tritonserver 2.51; runs {files}. Text: "
+        "a random-init BERT of e5-small's size (12 layers, hidden 384, mean pooling); CLIP: "
+        "full-size ViT-B-32, random init; both fp16 graphs on the CUDA execution provider. "
+        "Load: the real perf_analyzer 2.51 over gRPC, one item per request, asynchronous "
+        "requests at each concurrency, windows of "
+        f"{first['args']['measurement_ms']} ms until three agree within 15 %. *GPU* is the "
+        "mean of nvidia-smi's utilisation sampled every 200 ms during the window.",
+    ]
+    placement = next((r["placement"] for r in results if "placement" in r), None)
+    parity = next((r["parity"] for r in results if "parity" in r), None)
+    if placement and parity:
+        held = ", ".join(f"{m} {mib:,} MiB" for m, mib in sorted(placement["encoder_gpu_mib"]
+                                                                 .items()))
+        parts.append(
+            "Checked in the same run: every encoder's session has CUDA as its first provider "
+            "(the model refuses to load otherwise), its stub holds GPU memory "
+            f"({held}), and the served text embeddings match sentence-transformers on the "
+            f"same GPU in fp32 over {parity['sentences']} sentences: cosine >= "
+            f"{parity['min_cosine']:.6f} (gate {parity['gate_min_cosine']}), max |diff| "
+            f"{parity['max_abs']:.1e}."
+        )
+    rows = []
+    variants = sorted({(r["variant"], _load(r)) for r in runs})
+    for model, (variant, load) in ((m, v) for m in TARGETS for v in variants):
+        target = TARGETS[model]
+        mine = [r for r in runs if r["model"] == model and "qps" in r
+                and (r["variant"], _load(r)) == (variant, load)]
+        if not mine:
+            continue
+        best = max(mine, key=lambda r: r["qps"])
+        ceiling, _ = _ceiling(model, best["ceilings"])
+        rows.append([
+            _label(best), f"{best['qps']:,.0f}", str(best["concurrency"]),
+            f"{best['p50_ms']:.1f}", f"{best.get('gpu_util_mean') or 0:.0f} %",
+            f"{ceiling:,.0f}", f"{best['qps'] / ceiling:.2f} x", f"{target:,}",
+            "met" if best["qps"] >= target else "not met",
+        ])
+    parts += [
+        "### Best throughput per ensemble against the targets",
+        table(["ensemble", "QPS", "at concurrency", "p50 ms", "GPU", "in-process rate",
+                "served / in-process", "target", ""], rows),
+        "In-process rates, measured in the same run as the row: " + "; ".join(
+            f"`{model}`: {_ceiling(model, run['ceilings'])[1]}"
+            for model, run in {r["model"]: r for r in runs}.items()
+        ) + ".",
+        "### Every measurement",
+        table(
+            ["ensemble", "concurrency", "QPS", "p50 ms", "p99 ms", "encoder rows / execution",
+             "server compute ms", "GPU mean / max"],
+            [
+                [_label(r), str(r["concurrency"]), f"{r['qps']:,.0f}",
+                 f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", _rows_per_execution(r),
+                 f"{r['server_compute_ms']:.1f}",
+                 f"{r.get('gpu_util_mean') or 0:.0f} / {r.get('gpu_util_max') or 0:.0f} %"]
+                if "qps" in r else
+                [_label(r), str(r["concurrency"]), "failed: " + _first_error(r),
+                 "", "", "", "", ""]
+                for r in runs
+            ],
+        ),
+    ]
+    parts += image_gpu_parts(results)
+    torch_rates = [r["ceilings"]["text_torch_fp16"]["items_per_s"] for r in runs
+                   if "text_torch_fp16" in r["ceilings"]]
+    if torch_rates:
+        parts.append(
+            "For comparison, `SentenceTransformer.encode` in PyTorch fp16 on the same GPU "
+            "(batch 256, its own tokenization included, one process): "
+            f"{min(torch_rates):,.0f}-{max(torch_rates):,.0f} sentences/s."
+        )
+    parts.append(END)
+    return "\n\n".join(parts)
+
+
+def _rows_per_execution(run: dict[str, Any]) -> str:
+    """Mean requests per execution of the run's encoder step, from perf_analyzer's report."""
+    step = re.compile(
+        r"_encode(?:_text|_image)?, version: \d+\s+Inference count: (\d+)\s+"
+        r"Execution count: (\d+)"
+    )
+    match = step.search(run.get("perf_analyzer_tail", ""))
+    return f"{int(match.group(1)) / int(match.group(2)):.1f}" if match else "?"
+
+
+def _label(run: dict[str, Any]) -> str:
+    notes = ", ".join(n for n in (_load(run), run.get("variant")) if n)
+    return f"`{run['model']}`" + (f" ({notes})" if notes else "")
+
+
+def _photo_row(row: dict[str, Any]) -> list[str]:
+    gpu = row.get("gpu_default", {})
+    return [
+        f"`{row['photo']}`", "x".join(str(v) for v in row["size"]),
+        "GPU" if row["gpu_decoded"] else "CPU (exact path)",
+        f"{gpu.get('cosine', float('nan')):.7f}", f"{gpu.get('max_levels', 0):.0f}",
+        f"{gpu.get('mean_levels', 0):.4f}",
+        f"{row['draft_cpu']['cosine']:.7f}", f"{row['draft_cpu']['max_levels']:.0f}",
+    ]
+
+
+def image_gpu_parts(results: list[dict[str, Any]]) -> list[str]:
+    """The ``image_decode = "gpu"`` subsection: parity, safety, memory, in-process rates."""
+    with_parity = [r for r in results if "image_gpu_parity" in r.get("ceilings", {})]
+    if not with_parity:
+        return []
+    result = max(with_parity, key=lambda r: r["meta"]["started"])
+    parity = result["ceilings"]["image_gpu_parity"]
+    summary = parity["summary"]
+    served = result.get("image_gpu", {})
+    parts = [
+        "### Images decoded on the GPU (`image_decode = \"gpu\"`)",
+        "JPEGs are decoded in one batch per execution by nvImageCodec on the preprocess "
+        "instance's GPU, then resized there with Pillow's own fixed-point convolution "
+        "(bit-equal to the CPU path on the same decoded pixels, tested on the CPU); other "
+        "formats take the exact CPU path image by image. Parity against the exact CPU path: "
+        "each photo's pixels from both paths embedded by the same served image tower "
+        f"(fp16, CUDA), from `bench/results/gpu-{result['meta']['args']['models']}-"
+        f"{result['meta']['started']}.json`. Photos: scikit-image's, encoded as baseline "
+        "4:2:0 (q90), 4:4:4 (q95) and progressive JPEGs, grayscale and EXIF-rotated ones, "
+        "and PNG/WebP/GIF/TIFF copies. *Levels*: the largest and the mean difference of "
+        "the 224 x 224 model input in 8-bit levels. The draft-decode CPU path (opt-in, "
+        "`image_draft_decode`) is shown for scale.",
+        table(["photo", "size", "decoded on", "GPU cosine", "GPU max levels",
+                "GPU mean levels", "draft cosine", "draft max levels"],
+               [_photo_row(row) for row in parity["photos"]]),
+    ]
+    gpu_min = summary["gpu_default"]["min_cosine"]
+    fancy = summary.get("gpu_fancy_upsampling", {})
+    lines = [
+        f"Min cosine over {len(parity['photos'])} photos: GPU path {gpu_min:.7f} "
+        f"(mean {summary['gpu_default']['mean_cosine']:.7f}); draft decode "
+        f"{summary['draft_cpu']['min_cosine']:.7f}. The gate held by "
+        "`tests/unit/test_gpu_bench.py` on this table is min cosine >= "
+        f"{IMAGE_GPU_MIN_COSINE} (full-size ViT-B-32, random init)."
+    ]
+    if fancy:
+        lines.append(
+            f"nvImageCodec with `:fancy_upsampling=1`: min cosine {fancy['min_cosine']:.7f}, "
+            "the same model input on every photo, and slower (rates below): the served "
+            "decoder keeps nvJPEG's defaults."
+        )
+    if "served_parity" in served and "min_cosine" in served["served_parity"]:
+        sp = served["served_parity"]
+        lines.append(
+            f"Served: the `clip-vit-b-32_image` ensemble on these {sp['photos']} photos "
+            f"against the exact path in-process: min cosine {sp['min_cosine']:.7f}."
+        )
+    safety = served.get("safety", {})
+    if "bad" in safety:
+        bad = "; ".join(f"{k}: {v[:110]}" for k, v in safety["bad"].items())
+        lines.append(
+            f"Bad JPEGs sent together with {safety['good_sent']} good requests: "
+            f"{safety['good_ok']} good answered; {bad}; server ready afterwards: "
+            f"{safety['server_still_ready']}."
+        )
+    memory = served.get("stub_gpu_memory", {})
+    if memory:
+        held = ", ".join(f"`{m}` {v['mib']:,} MiB in {v['processes']} processes"
+                         for m, v in sorted(memory.items()))
+        lines.append(f"GPU memory held by the Python-backend stubs (nvidia-smi): {held}.")
+    ceilings = result["ceilings"]
+    rates = [
+        (key, label) for key, label in (
+            ("image_preprocess_gpu", "the load's 12 photos (4 PNG/WebP on the CPU path)"),
+            ("image_preprocess_gpu_jpeg", "its 8 JPEGs, `:fancy_upsampling=1`"),
+            ("image_preprocess_gpu_jpeg_default_upsampling", "its 8 JPEGs, nvJPEG defaults"),
+        ) if "items_per_s" in ceilings.get(key, {})
+    ]
+    if rates:
+        lines.append(
+            "In-process GPU path, one process, batches of 64, copy back to the host "
+            "included: " + "; ".join(
+                f"{label}: {ceilings[key]['items_per_s']:,.0f} images/s" for key, label in rates
+            ) + f"; the exact CPU path on {ceilings['image_preprocess_cpu']['processes']} "
+            f"processes: {ceilings['image_preprocess_cpu']['items_per_s']:,.0f} images/s."
+        )
+    parts.append("\n".join(f"- {line}" for line in lines))
+    return parts
+
+
+def _first_error(run: dict[str, Any]) -> str:
+    text = run.get("error", "")
+    match = re.search(r"error: (.*)", text)
+    line = (match.group(1) if match else text.strip().splitlines()[-1:] or ["?"])
+    line = line if isinstance(line, str) else line[0]
+    return line.replace("|", "/")[:160]
+
+
+def kept_block(previous: str) -> list[str]:
+    """The GPU section of the previous document, markers included (or nothing)."""
+    match = re.search(re.escape(BEGIN) + r".*?" + re.escape(END), previous, re.S)
+    return [match.group(0)] if match else []
+
+
+def write_gpu_section(results: list[dict[str, Any]], docs: Path) -> str:
+    """Put the section into ``docs/benchmarks.md`` (replacing the old one); return it."""
+    doc = docs / "benchmarks.md"
+    text = doc.read_text()
+    section = render_gpu_section(results)
+    if BEGIN in text:
+        text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: section, text,
+                      flags=re.S)
+    else:
+        text = text.replace(ANCHOR, section + "\n\n" + ANCHOR, 1)
+    doc.write_text(text)
+    return section

@@ -1,0 +1,445 @@
+"""The GPU benchmark: ``python -m bench.gpu`` on a CUDA host (onnxruntime-gpu installed).
+
+Builds a GPU repository (a random-init e5-small-sized BERT text model and a random-init
+full-size ViT-B-32, ``device = "gpu"``, the CUDA execution provider) with the project's
+own generator, starts the project's Triton, proves the encoders run on the GPU (each
+encoder session refuses to start unless CUDA is its first provider; the stubs must hold
+GPU memory) and their output matches sentence-transformers on the same GPU, then drives
+every ensemble with the real perf_analyzer (gRPC, batch-1 requests, a concurrency sweep)
+while sampling the GPU's utilisation. The in-process rates run the same ONNX graphs
+without Triton: one ORT CUDA session over length-sorted batches (text), batches of ready
+pixels (image tower), and the served preprocessing on every core (images cannot be served
+faster than they are decoded). The serving knobs are those of ``deploy/models.toml`` (the
+GPU deployment); ``--set`` changes one. Writes ``<out>/gpu-<models>-<time>.json``;
+``--report FILE...`` renders saved ones into ``docs/benchmarks.md`` (section "GPU").
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import logger
+from bench.gpu.images import (
+    clip_gpu_decode,
+    in_process_image_gpu,
+    served_image_checks,
+    write_jpeg_only,
+)
+from bench.gpu.rates import (
+    clip_text_ceiling,
+    image_tower_ceiling,
+    preprocess_ceiling,
+    text_ceiling_gpu,
+    torch_text_rate,
+)
+from bench.gpu.report import TARGETS
+from bench.manifest import BUILD, ROOT
+
+TEXT_MODEL = "e5-small-random"
+CLIP_MODEL = "clip-vit-b-32"
+# The stubs start their interpreter isolated (PYTHONPATH ignored); a .pth file in the
+# interpreter's site-packages (deploy/gpu/run_bench_offline.sh) reads this variable.
+STUB_PATH_ENV = "EMBED_STUB_SYSPATH"
+PARITY_MIN_COSINE = {"fp16": 0.999, "fp32": 0.99999}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=BUILD / "gpu-results")
+    parser.add_argument("--tokenizer", type=Path, help="BERT tokenizer folder (default MiniLM)")
+    parser.add_argument("--text-shape", default="e5-small")
+    parser.add_argument("--precision", choices=["fp16", "fp32"], default="fp16")
+    parser.add_argument("--perf-analyzer", default="perf_analyzer")
+    parser.add_argument("--measurement-ms", type=int, default=3000)
+    parser.add_argument("--text-concurrency", default="1 16 128 512 1024")
+    parser.add_argument("--image-concurrency", default="1 32 128 256")
+    parser.add_argument(
+        "--models", choices=["all", "text", "clip"], default="all",
+        help="which ensembles to drive (all are built and served either way)",
+    )
+    parser.add_argument("--json-out", type=Path, help="also copy the results file here")
+    parser.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE",
+                        help="override a manifest knob, e.g. text.max_queue_delay_us=500")
+    parser.add_argument("--skip-images", action="store_true")
+    parser.add_argument(
+        "--stub-pythonpath",
+        help="folders put first on the stubs' sys.path (through $EMBED_STUB_SYSPATH)",
+    )
+    parser.add_argument(
+        "--report", type=Path, nargs="+", help="render saved results files into docs/"
+    )
+    parser.add_argument("--probe", action="store_true",
+                        help="only decode one photo on the GPU and compare it with Pillow")
+    return parser.parse_args(argv)
+
+
+log = logger("gpu")
+
+
+def nvidia_smi(*query: str) -> list[list[str]]:
+    """Rows of ``nvidia-smi --query-<what>=... --format=csv,noheader,nounits``."""
+    out = subprocess.run(
+        ["nvidia-smi", *query, "--format=csv,noheader,nounits"],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    return [[c.strip() for c in line.split(",")] for line in out.strip().splitlines()]
+
+
+def gpu_facts() -> dict:
+    """The GPU, its driver, and the ONNX Runtime build that will drive it."""
+    import onnxruntime as ort  # noqa: PLC0415
+
+    name, driver, memory = nvidia_smi("--query-gpu=name,driver_version,memory.total")[0]
+    return {
+        "gpu": name,
+        "driver": driver,
+        "gpu_memory_mib": int(memory),
+        "cpu_cores": os.cpu_count(),
+        "onnxruntime": ort.__version__,
+        "ort_providers": ort.get_available_providers(),
+        "python": sys.version.split()[0],
+    }
+
+
+class GpuSampler:
+    """``nvidia-smi`` utilisation and memory every 200 ms, in a background process."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float, float]] = []
+        self._proc = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
+             "--format=csv,noheader,nounits", "-lms", "200"],
+            stdout=subprocess.PIPE, text=True,
+        )
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            try:
+                util, mem = (float(x) for x in line.split(","))
+            except ValueError:
+                continue
+            self.samples.append((time.monotonic(), util, mem))
+
+    def window(self, start: float, end: float) -> dict:
+        """Mean and max utilisation (%) and max memory (MiB) between two monotonic times."""
+        inside = [(u, m) for t, u, m in self.samples if start <= t <= end]
+        if not inside:
+            return {"gpu_util_mean": None, "gpu_util_max": None, "gpu_mem_max_mib": None}
+        utils = [u for u, _ in inside]
+        return {
+            "gpu_util_mean": round(float(np.mean(utils)), 1),
+            "gpu_util_max": max(utils),
+            "gpu_mem_max_mib": max(m for _, m in inside),
+        }
+
+    def stop(self) -> None:
+        """End the sampler."""
+        self._proc.terminate()
+        self._proc.wait(timeout=10)
+
+
+GPU_MANIFEST = ROOT / "deploy" / "models.toml"
+SOURCE_KEYS = ("name", "family", "source", "arch", "pretrained", "checkpoint")
+
+
+def manifest_data(text_dir: Path, precision: str, overrides: list[str]) -> dict:
+    """The GPU bench manifest: the GPU deployment's knobs on the random-init models.
+
+    Serving knobs come from ``deploy/models.toml``; then ``precision`` and ``overrides``
+    (``text.KEY=VALUE`` / ``clip.KEY=VALUE``).
+    """
+    import tomllib  # noqa: PLC0415
+
+    from bench.manifest import parse_overrides  # noqa: PLC0415
+
+    shipped = tomllib.loads(GPU_MANIFEST.read_text())
+    families = {e["family"]: e for e in shipped["models"]}
+
+    def knobs(family: str) -> dict:
+        return {k: v for k, v in families[family].items() if k not in SOURCE_KEYS}
+
+    text = {**knobs("sentence-transformers"), "name": TEXT_MODEL,
+            "family": "sentence-transformers", "source": str(text_dir)}
+    clip = {**knobs("open-clip"), "name": CLIP_MODEL, "family": "open-clip", "arch": "ViT-B-32"}
+    for entry in (text, clip):
+        entry.update(device="gpu", precision=precision)
+    for pair in overrides:
+        target, _, setting = pair.partition(".")
+        entry = {"text": text, "clip": clip}[target]
+        entry.update(parse_overrides([setting]))
+    fetch = dict(shipped.get("fetch_image", {}))
+    fetch["allow_hosts"] = ["127.0.0.1"]
+    return {"models": [text, clip], "fetch_image": fetch}
+
+
+def serve_folder(folder: Path, port: int) -> subprocess.Popen:
+    """``python -m http.server`` for the URL loads, in a process of its own (no GIL shared)."""
+    import socket  # noqa: PLC0415
+
+    # http.server's own CLI keeps a listen backlog of 5: under hundreds of concurrent
+    # fetches the kernel drops connections and the fetches time out on connect.
+    code = (
+        "import functools, http.server as h, sys\n"
+        "h.ThreadingHTTPServer.request_queue_size = 1024\n"
+        "handler = functools.partial(h.SimpleHTTPRequestHandler, directory=sys.argv[2])\n"
+        "h.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[1])), handler).serve_forever()\n"
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-c", code, str(port), str(folder)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server
+        except OSError:
+            time.sleep(0.1)
+    server.kill()
+    raise RuntimeError(f"the image server on port {port} did not start")
+
+
+def encoder_stubs_on_gpu(models: Sequence[str]) -> dict[str, int]:
+    """MiB of GPU memory held by the Python-backend stub of each encoder model."""
+    held: dict[str, int] = {}
+    for pid, used in nvidia_smi("--query-compute-apps=pid,used_memory"):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        for model in models:
+            if f"/{model}/" in cmdline:
+                held[model] = held.get(model, 0) + int(used)
+    return held
+
+
+def text_parity(grpc_url: str, text_dir: Path, sentences: list[str], precision: str) -> dict:
+    """Served embeddings against ``SentenceTransformer.encode`` on the same GPU (fp32)."""
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    from sentence_transformers import SentenceTransformer  # noqa: PLC0415
+
+    client = grpcclient.InferenceServerClient(grpc_url)
+    served = []
+    for sentence in sentences:
+        item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+        item.set_data_from_numpy(np.array([[sentence.encode()]], dtype=object))
+        result = client.infer(TEXT_MODEL, [item])
+        served.append(result.as_numpy("EMBEDDING")[0])
+    reference = SentenceTransformer(str(text_dir), device="cuda").encode(
+        sentences, normalize_embeddings=True, convert_to_numpy=True, batch_size=64
+    )
+    served = np.asarray(served, dtype=np.float64)
+    cosine = np.sum(served * reference, axis=1) / (
+        np.linalg.norm(served, axis=1) * np.linalg.norm(reference, axis=1)
+    )
+    gate = PARITY_MIN_COSINE[precision]
+    return {
+        "sentences": len(sentences),
+        "min_cosine": float(cosine.min()),
+        "max_abs": float(np.abs(served - reference).max()),
+        "gate_min_cosine": gate,
+        "passed": bool(cosine.min() >= gate),
+    }
+
+
+def perf_run(args, url: str, key: str, model: str, data: Path, concurrency: int, out: Path):
+    """One perf_analyzer measurement at ``concurrency``; its CSV row as a dict."""
+    csv_path = out / f"pa-{model}-{data.stem}-c{concurrency}.csv"
+    cmd = [
+        args.perf_analyzer, "-m", model, "-i", "grpc", "-u", url,
+        "--input-data", str(data), "--concurrency-range", f"{concurrency}:{concurrency}",
+        "--measurement-interval", str(args.measurement_ms), "-s", "15", "-r", "8",
+        "-f", str(csv_path), "-H", f"triton-grpc-protocol-x-admin-key:{key}",
+        # Asynchronous calls: a few client threads keep the requests in flight, where
+        # synchronous ones take a thread each and the CPU the server needs.
+        "--async",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    (out / f"pa-{model}-{data.stem}-c{concurrency}.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0 or not csv_path.is_file():
+        return {"error": (done.stdout + done.stderr)[-600:]}
+    with csv_path.open() as handle:
+        row = next(csv.DictReader(handle))
+    return {
+        "perf_analyzer_tail": done.stdout[-1500:],
+        "qps": float(row["Inferences/Second"]),
+        "p50_ms": float(row["p50 latency"]) / 1000.0,
+        "p99_ms": float(row["p99 latency"]) / 1000.0,
+        "server_queue_ms": float(row["Server Queue"]) / 1000.0,
+        "server_compute_ms": float(row["Server Compute Infer"]) / 1000.0,
+    }
+
+
+def sweep(args, url, key, model, data, levels, sampler) -> list[dict]:
+    """perf_analyzer at each concurrency level, with the GPU's utilisation of each window."""
+    rows = []
+    for level in levels:
+        start = time.monotonic()
+        row = perf_run(args, url, key, model, data, level, args.out)
+        row.update(model=model, concurrency=level, data=data.name,
+                   **sampler.window(start, time.monotonic()))
+        rows.append(row)
+        shown = f"{row['qps']:9.1f} QPS p50 {row['p50_ms']:7.2f} ms" if "qps" in row else "FAILED"
+        log(f"  {model:28s} c={level:4d} {shown}  GPU {row['gpu_util_mean']}%")
+    return rows
+
+
+def save(results: dict, args: argparse.Namespace, started: str) -> Path:
+    """Write (or rewrite) the results file, and its copy under ``--json-out``."""
+    text = json.dumps(results, indent=1) + "\n"
+    path = args.out / f"gpu-{args.models}-{started}.json"
+    path.write_text(text)
+    if args.json_out:
+        args.json_out.mkdir(parents=True, exist_ok=True)
+        (args.json_out / path.name).write_text(text)
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the GPU benchmark; returns the exit code (1 when a check failed)."""
+    args = parse_args(argv)
+    if args.report:
+        from bench.gpu.report import write_gpu_section  # noqa: PLC0415
+
+        saved = [json.loads(path.read_text()) for path in args.report]
+        print(write_gpu_section(saved, ROOT / "docs"))
+        return 0
+    if args.probe:
+        from bench.gpu.images import probe  # noqa: PLC0415
+
+        print(json.dumps(probe()))
+        return 0
+    from bench.ceiling import served_tokenizer  # noqa: PLC0415
+    from client.load.perf_data import write_perf_data  # noqa: PLC0415
+    from client.load.workload import generated_images, text_pool  # noqa: PLC0415
+    from generator.admin import KEY_ENV  # noqa: PLC0415
+    from generator.build import build_repository  # noqa: PLC0415
+    from generator.families.random_text import create_random_text_model  # noqa: PLC0415
+    from generator.manifest import parse_manifest  # noqa: PLC0415
+    from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports  # noqa: PLC0415
+
+    started = time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime())
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = {k: str(v) for k, v in vars(args).items()}
+    results: dict = {"meta": {"started": started, "args": settings}}
+    results["meta"]["machine"] = gpu_facts()
+    log(f"machine: {results['meta']['machine']}")
+    if "CUDAExecutionProvider" not in results["meta"]["machine"]["ort_providers"]:
+        raise SystemExit("this onnxruntime has no CUDAExecutionProvider: install onnxruntime-gpu")
+    text_dir = BUILD / "gpu" / f"{args.text_shape}-random"
+    create_random_text_model(text_dir, args.text_shape, args.tokenizer)
+    data = manifest_data(text_dir, args.precision, args.set)
+    if args.skip_images:
+        data["models"] = data["models"][:1]
+    results["meta"]["manifest"] = data
+    manifest = parse_manifest(data, ROOT, "gpu bench manifest")
+    repo = BUILD / "gpu" / "repo"
+    t0 = time.monotonic()
+    report = build_repository(manifest, repo, log=log)
+    results["meta"]["build_s"] = round(time.monotonic() - t0, 1)
+    log(f"built {report.built}")
+    perf_dir = args.out / "perf-data"
+    photos = generated_images()
+    sentences = text_pool(2048)
+    failures: list[str] = []
+    with ExitStack() as stack:
+        sampler = GpuSampler()
+        stack.callback(sampler.stop)
+        image_port = free_ports(1)[0]
+        write_perf_data(perf_dir, "clip", image_base_url=f"http://127.0.0.1:{image_port}")
+        stack.callback(serve_folder(perf_dir / "images", image_port).kill)
+        write_jpeg_only(perf_dir, f"http://127.0.0.1:{image_port}")
+        ports = TritonPorts(*free_ports(3))
+        key = os.environ.setdefault(KEY_ENV, secrets.token_urlsafe(32))
+        names = tuple(n for entry in manifest.models for n in entry.ensembles)
+        process = TritonProcess(TritonLaunch(repo, ports, load_models=names, admin_key=key),
+                                BUILD / "gpu" / "work")
+        if args.stub_pythonpath:  # the server inherits it; this process has imported numpy
+            os.environ[STUB_PATH_ENV] = args.stub_pythonpath
+        t0 = time.monotonic()
+        process.start()
+        stack.callback(process.stop)
+        process.wait_ready(timeout_s=600)
+        results["meta"]["start_to_ready_s"] = round(time.monotonic() - t0, 1)
+        encoders = sorted(p.name for p in repo.iterdir() if p.is_dir() and "_encode" in p.name)
+        held = encoder_stubs_on_gpu(encoders)
+        results["placement"] = {"encoder_gpu_mib": held, "encoders": encoders}
+        log(f"encoder stubs holding GPU memory (MiB): {held}")
+        if sorted(held) != sorted(encoders):
+            failures.append(f"encoders without GPU memory: {sorted(set(encoders) - set(held))}")
+        url = f"127.0.0.1:{ports.grpc}"
+        results["parity"] = text_parity(url, text_dir, sentences[:64], args.precision)
+        log(f"parity vs sentence-transformers (CUDA): {results['parity']}")
+        if not results["parity"]["passed"]:
+            failures.append("text parity below its gate")
+        gpu_decode = clip_gpu_decode(manifest)
+        if gpu_decode:
+            results["image_gpu"] = served_image_checks(url, repo, photos, nvidia_smi)
+            log(f"GPU image decode, served: {results['image_gpu']}")
+        text_levels = [int(c) for c in args.text_concurrency.split()]
+        image_levels = [int(c) for c in args.image_concurrency.split()]
+        plan = []
+        if args.models in ("all", "text"):
+            plan.append((TEXT_MODEL, "text.json", text_levels))
+        if args.models in ("all", "clip") and not args.skip_images:
+            plan += [
+                (f"{CLIP_MODEL}_text", "text.json", text_levels),
+                (f"{CLIP_MODEL}_image", "image.json", image_levels),
+                (f"{CLIP_MODEL}_image_url", "image_url.json", image_levels),
+            ]
+            # The same loads with the JPEGs alone (with image_decode "gpu", all on the GPU).
+            plan += [
+                    (f"{CLIP_MODEL}_image", "image_jpeg.json", image_levels),
+                    (f"{CLIP_MODEL}_image_url", "image_url_jpeg.json", image_levels),
+                ]
+        results["runs"] = runs = []
+        for model, data_file, levels in plan:
+            runs += sweep(args, url, key, model, perf_dir / data_file, levels, sampler)
+            save(results, args, started)
+        results["server_log_tail"] = process.log_tail(40)
+    ceilings = results["ceilings"] = {}
+    if args.models in ("all", "text"):
+        onnx_path = repo / f"{TEXT_MODEL}_encode" / "1" / "model.onnx"
+        tokenizer = served_tokenizer(repo, TEXT_MODEL)
+        ceilings["text_ort"] = text_ceiling_gpu(onnx_path, tokenizer, sentences)
+        ceilings["text_torch_fp16"] = torch_text_rate(text_dir, sentences)
+    if args.models in ("all", "clip") and not args.skip_images:
+        ceilings["clip_text_ort"] = clip_text_ceiling(
+            repo / f"{CLIP_MODEL}_encode_text" / "1" / "model.onnx"
+        )
+        ceilings["image_tower_ort"] = image_tower_ceiling(
+            repo / f"{CLIP_MODEL}_encode_image" / "1" / "model.onnx"
+        )
+        ceilings["image_preprocess_cpu"] = preprocess_ceiling(repo, CLIP_MODEL, photos)
+        if clip_gpu_decode(manifest):
+            ceilings.update(in_process_image_gpu(repo, photos))
+    log(f"ceilings: {ceilings}")
+    results["failures"] = failures
+    log(f"results: {save(results, args, started)}")
+    for model, target in TARGETS.items():
+        best = max((r.get("qps", 0.0) for r in runs if r["model"] == model), default=0.0)
+        print(f"{model:30s} best {best:9.1f} QPS  target {target:6d}  "
+              f"{'met' if best >= target else 'NOT met'}")
+    for failure in failures:
+        print(f"FAILED: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

