@@ -11,7 +11,7 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +19,7 @@ import embed_runtime
 from embed_runtime.integrity import write_digests
 
 from .build_types import ModelDir
-from .families import family_builder, family_module_path
+from .families import family
 from .manifest import Manifest, ModelEntry
 from .repo_lock import repository_lock
 from .shared_models import shared_model_dirs
@@ -48,6 +48,11 @@ def _hash_files(paths: Iterable[Path], digest) -> None:
         digest.update(path.read_bytes())
 
 
+def family_builder(name: str) -> Callable:
+    """``build(entry, manifest, work)`` of family ``name`` (imported now: it pulls in torch)."""
+    return family(name).builder()
+
+
 def adapter_path(adapter: str) -> Path:
     """The ``model.py`` source of a step: ``embed_runtime/models/<adapter>.py``.
 
@@ -58,7 +63,7 @@ def adapter_path(adapter: str) -> Path:
     return RUNTIME / "models" / f"{adapter}.py"
 
 
-def code_fingerprint(family: str | None) -> str:
+def code_fingerprint(family_name: str | None) -> str:
     """Hash of the generator code that shapes a built model dir."""
     digest = hashlib.sha256()
     files = [
@@ -70,8 +75,8 @@ def code_fingerprint(family: str | None) -> str:
         GENERATOR / "render.py",
         GENERATOR / "shared_models.py",
     ]
-    if family:
-        files.append(family_module_path(family))
+    if family_name:
+        files += family(family_name).source_files()
     _hash_files(files, digest)
     return digest.hexdigest()
 

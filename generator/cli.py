@@ -19,6 +19,7 @@ from embed_runtime.stub_watch import health_path
 
 from .admin import ADMIN_HEADER, KEY_ENV, configured_admin_key
 from .build import RepositoryWriter, build_repository, entry_fingerprint, remove_entry
+from .families import FAMILIES
 from .manifest import ManifestError, load_serving_manifest
 from .manifest_edit import append_entry, remove_entry_text, restored_on_error
 from .shared_models import startup_models
@@ -50,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     add = sub.add_parser("add", help="append a model to the manifest and build it")
     add.add_argument("name")
     add.add_argument(
-        "--family", required=True, choices=["sentence-transformers", "open-clip", "cross-encoder"]
+        "--family", required=True, choices=list(FAMILIES)
     )
     add.add_argument("--source", help="HF id or local folder (sentence-transformers)")
     add.add_argument("--arch", help="open_clip architecture, e.g. ViT-B-32")
@@ -131,7 +132,7 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_tiny_clip(args) -> int:
-    from .families.open_clip_assets import TINY_ARCH, create_tiny_checkpoint  # noqa: PLC0415
+    from .fixtures.tiny_clip import TINY_ARCH, create_tiny_checkpoint  # noqa: PLC0415
 
     checkpoint = args.out_dir / "open_clip_pytorch_model.bin"
     if checkpoint.is_file() and (args.out_dir / f"{TINY_ARCH}.json").is_file():
@@ -143,7 +144,7 @@ def _cmd_tiny_clip(args) -> int:
 
 
 def _cmd_tiny_rerank(args) -> int:
-    from .families.tiny_rerank import create_tiny_cross_encoder  # noqa: PLC0415
+    from .fixtures.tiny_rerank import create_tiny_cross_encoder  # noqa: PLC0415
 
     if (args.out_dir / "modules.json").is_file():
         print(f"{args.out_dir} exists")
@@ -154,7 +155,7 @@ def _cmd_tiny_rerank(args) -> int:
 
 
 def _cmd_random_text(args) -> int:
-    from .families.random_text import create_random_text_model  # noqa: PLC0415
+    from .fixtures.random_text import create_random_text_model  # noqa: PLC0415
 
     if (args.out_dir / "modules.json").is_file():
         print(f"{args.out_dir} exists")

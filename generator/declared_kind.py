@@ -16,16 +16,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-# Per family: the declared model types it builds, and the module classes (the last part
-# of the dotted name in modules.json) of the pipelines it exports and checks exactly.
-SERVED_TYPES = {
-    "sentence-transformers": ("SentenceTransformer",),
-    "cross-encoder": ("CrossEncoder",),
-}
-SERVED_MODULES = {
-    "sentence-transformers": ("Transformer", "Pooling", "Dense", "Normalize"),
-    "cross-encoder": ("Transformer",),
-}
 # What an unsupported declaration is, in a user's words (for the refusal message).
 KNOWN_KINDS = {
     "SparseEncoder": "a sparse, SPLADE-style encoder",
@@ -38,10 +28,6 @@ KNOWN_KINDS = {
 # modules, a Transformer and a Dense projection, look like a dense pipeline's).
 PYLATE_KEYS = ("query_prefix", "document_prefix", "query_length", "document_length",
                "attend_to_expansion_tokens", "skiplist_words", "do_query_expansion")
-SERVED_TASKS = {
-    "sentence-transformers": (None, "feature-extraction"),
-    "cross-encoder": (None, "sequence-classification", "text-classification"),
-}
 MODULE_NOTES = {
     "SpladePooling": "sparse output (vocabulary-sized)",
     "MLMTransformer": "a masked-language-model head (sparse encoders)",
@@ -52,6 +38,19 @@ MODULE_NOTES = {
     "Asym": "per-task routing between sub-pipelines",
 }
 FILES = ("modules.json", "config_sentence_transformers.json", "sentence_bert_config.json")
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a family builds exactly (``Family.served``).
+
+    Declared model types, module classes (the last part of the dotted name in
+    ``modules.json``) and Transformer tasks (None: the folder declares none).
+    """
+
+    types: tuple[str, ...]
+    modules: tuple[str, ...]
+    tasks: tuple[str | None, ...]
 
 
 class UnsupportedModelError(ValueError):
@@ -139,17 +138,17 @@ def hub_declared_kind(repo_id: str) -> DeclaredKind:
     return kind
 
 
-def check_source(family: str, source: str, name: str) -> DeclaredKind:
+def check_source(family: str, served: Served, source: str, name: str) -> DeclaredKind:
     """:func:`check_served` on a local folder or a hub id (``source`` as the family resolved it)."""
     path = Path(source)
     kind = declared_kind(path) if path.is_dir() else hub_declared_kind(source)
-    check_served(family, kind, name)
+    check_served(family, served, kind, name)
     return kind
 
 
-def check_served(family: str, kind: DeclaredKind, name: str) -> None:
+def check_served(family: str, served: Served, kind: DeclaredKind, name: str) -> None:
     """Raise :class:`UnsupportedModelError` unless ``family`` builds ``kind`` exactly."""
-    served_types, served_modules = SERVED_TYPES[family], SERVED_MODULES[family]
+    served_types, served_modules = served.types, served.modules
     listed = ", ".join(kind.module_classes) or "none"
     if kind.model_type is not None and kind.model_type not in served_types:
         what = KNOWN_KINDS.get(kind.model_type, "a model kind")
@@ -172,8 +171,8 @@ def check_served(family: str, kind: DeclaredKind, name: str) -> None:
             f"{name}: the pipeline starts with {kind.module_classes[0]!r}; family "
             f"{family!r} needs a Transformer first (modules of this folder: {listed})"
         )
-    if kind.transformer_task not in SERVED_TASKS[family]:
-        tasks = " / ".join(t for t in SERVED_TASKS[family] if t)
+    if kind.transformer_task not in served.tasks:
+        tasks = " / ".join(t for t in served.tasks if t)
         raise UnsupportedModelError(
             f"{name}: its Transformer module runs the task {kind.transformer_task!r}; "
             f"family {family!r} serves {tasks} only"

@@ -38,9 +38,9 @@ from embed_runtime.errors import InvalidInputError, RequestError, UnavailableErr
 
 from .admin import ADMIN_HEADER, KEY_ENV, KEY_FILE_ENV, key_matches, presented_keys
 from .build import RepositoryWriter, remove_entry
-from .declared_kind import SERVED_TYPES, UnsupportedModelError, check_served, declared_kind
+from .declared_kind import UnsupportedModelError, check_served, declared_kind
+from .families import FAMILIES, family
 from .manifest import (
-    FAMILIES,
     RUNTIME_MANIFEST,
     ManagerSettings,
     Manifest,
@@ -104,14 +104,6 @@ class ManagerParams:
             raise ValueError(f"model_manager parameter {exc.args[0]!r} is missing") from exc
 
 
-def _default_name(request: dict[str, Any]) -> str:
-    if request["family"] == "open-clip":
-        base = "-".join(p for p in (request.get("arch"), request.get("pretrained")) if p)
-    else:
-        base = str(request.get("source", "")).rstrip("/").split("/")[-1]
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-.") or "model"
-
-
 def parse_request(raw: str | bytes) -> dict[str, Any]:
     """Validate a manager request; :class:`InvalidInputError` says what is wrong."""
     try:
@@ -140,7 +132,7 @@ def parse_request(raw: str | bytes) -> dict[str, Any]:
     unknown = sorted(set(options) - set(OPTION_KEYS))
     if unknown:
         raise InvalidInputError(f"unknown options {unknown}; allowed: {list(OPTION_KEYS)}")
-    request.setdefault("name", _default_name(request))
+    request.setdefault("name", family(request["family"]).default_name(request))
     return request
 
 
@@ -153,63 +145,6 @@ def _worker_error(stderr: str) -> str:
         if re.match(r"^[A-Za-z_.]+(Error|Exception)\b", line):
             return line[:800]
     return lines[-1][:800] if lines else "no output"
-
-
-def check_sentence_transformers_folder(folder: Path) -> None:
-    """Refuse a folder that would run code of its own when sentence-transformers loads it.
-
-    Every module of ``modules.json`` must be one of sentence-transformers' classes, and
-    ``config.json`` must not map to custom model code (``auto_map``).
-    """
-    modules_path = folder / "modules.json"
-    if not modules_path.is_file() and not (folder / "config.json").is_file():
-        raise InvalidInputError("source is not a sentence-transformers folder")
-    try:
-        modules = json.loads(modules_path.read_text()) if modules_path.is_file() else []
-        config_path = folder / "config.json"
-        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        raise InvalidInputError("source has an unreadable modules.json or config.json") from None
-    if not isinstance(modules, list) or not isinstance(config, dict):
-        raise InvalidInputError("source has a malformed modules.json or config.json")
-    for module in modules:
-        kind = module.get("type") if isinstance(module, dict) else None
-        if not isinstance(kind, str) or not kind.startswith("sentence_transformers."):
-            raise InvalidInputError(
-                f"modules.json names {kind!r}, not a sentence_transformers class: models with "
-                "custom code are not loaded at runtime (add them to the manifest instead)"
-            )
-    if "auto_map" in config:
-        raise InvalidInputError(
-            "config.json maps to custom model code (auto_map): models with custom code are "
-            "not loaded at runtime (add them to the manifest instead)"
-        )
-
-
-def check_cross_encoder_folder(folder: Path) -> None:
-    """Refuse a reranker folder with custom code, as sentence-transformers folders are.
-
-    Besides :func:`check_sentence_transformers_folder`, the activation named in
-    ``config_sentence_transformers.json`` must be one of torch's (anything else is code
-    of the model's own, which ``CrossEncoder`` would only run with ``trust_remote_code``).
-    """
-    check_sentence_transformers_folder(folder)
-    path = folder / "config_sentence_transformers.json"
-    try:
-        config = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        raise InvalidInputError(
-            "source has an unreadable config_sentence_transformers.json"
-        ) from None
-    activation = config.get("activation_fn") if isinstance(config, dict) else None
-    if activation is not None and not (
-        isinstance(activation, str) and activation.startswith("torch.")
-    ):
-        raise InvalidInputError(
-            f"config_sentence_transformers.json names the activation {activation!r}, not a "
-            "torch class: models with custom code are not loaded at runtime (add them to the "
-            "manifest instead)"
-        )
 
 
 class ModelManager:
@@ -313,14 +248,14 @@ class ModelManager:
                 raise InvalidInputError("source must be an absolute path on the server or a hub id")
             if source.startswith(("/", "~")):
                 out["source"] = self._allowed_path(source, "source", settings, want_dir=True)
-                if request["family"] == "cross-encoder":
-                    check_cross_encoder_folder(Path(out["source"]))
-                else:
-                    check_sentence_transformers_folder(Path(out["source"]))
-                if request["family"] in SERVED_TYPES:  # the kind the folder declares
+                declared = family(request["family"])
+                if declared.check_folder is None:
+                    raise InvalidInputError(f"family {declared.name!r} takes no source folder")
+                declared.check_folder(Path(out["source"]))  # no custom code
+                if declared.served is not None:  # the kind the folder declares
                     try:
-                        check_served(request["family"], declared_kind(Path(out["source"])),
-                                     request["name"])
+                        kind = declared_kind(Path(out["source"]))
+                        check_served(declared.name, declared.served, kind, request["name"])
                     except UnsupportedModelError as exc:
                         raise InvalidInputError(str(exc)) from None
             else:

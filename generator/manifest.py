@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FAMILIES = ("sentence-transformers", "open-clip", "cross-encoder")
+from .families import FAMILIES, family, owners_of
+
 DEVICES = ("cpu", "gpu")
 IMAGE_DECODERS = ("cpu", "gpu")
 ENCODER_BACKENDS = ("python-ort", "onnxruntime")
@@ -100,20 +101,12 @@ class ModelEntry:
     @property
     def model_dirs(self) -> tuple[str, ...]:
         """Every model dir the entry builds: its ensembles and their steps."""
-        if self.family == "open-clip":
-            steps = ("tokenize", "encode_text", "preprocess_image", "encode_image")
-        elif self.fused_tokenize:
-            steps = ("encode",)
-        else:
-            steps = ("tokenize", "encode")
-        return (*self.ensembles, *(f"{self.name}_{s}" for s in steps))
+        return family(self.family).model_dirs(self)
 
     @property
     def ensembles(self) -> tuple[str, ...]:
         """Names of the ensembles a user calls for this entry."""
-        if self.family == "open-clip":
-            return (f"{self.name}_text", f"{self.name}_image", f"{self.name}_image_url")
-        return (self.name,)
+        return family(self.family).ensemble_names(self)
 
 
 @dataclass(frozen=True)
@@ -251,45 +244,13 @@ def _parse_table(
     return {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
 
 
-def _check_prompts(where: str, entry: ModelEntry, errors: list[str]) -> None:
-    """``prompts`` / ``default_prompt_name`` / ``truncate_dim``: text models only."""
-    options = (entry.prompts, entry.default_prompt_name, entry.truncate_dim)
-    if entry.family != "sentence-transformers" and any(v is not None for v in options):
-        errors.append(f"{where}: prompts, default_prompt_name and truncate_dim need a text model")
-    if entry.prompts is not None and not all(
-        isinstance(v, str) and len(k) <= 64 and len(v) <= 1024 for k, v in entry.prompts.items()
-    ):
-        errors.append(f"{where}: prompts must map names (<= 64 chars) to strings (<= 1024)")
-    if entry.truncate_dim is not None:
-        if entry.truncate_dim < 1:
-            errors.append(f"{where}: truncate_dim must be >= 1")
-        if entry.encoder_backend != "python-ort":
-            errors.append(f"{where}: truncate_dim needs encoder_backend 'python-ort'")
-
-
-def _check_fused_tokenize(where: str, entry: ModelEntry, errors: list[str]) -> None:
-    """``fused_tokenize``: the Python ORT encoder of a sentence-transformers model only."""
-    if not entry.fused_tokenize:
-        return
-    if entry.family != "sentence-transformers":
-        errors.append(f"{where}: fused_tokenize needs family 'sentence-transformers'")
-    if entry.encoder_backend != "python-ort":
-        errors.append(
-            f"{where}: fused_tokenize needs encoder_backend 'python-ort' (the tokenizer runs "
-            "inside the Python encoder; Triton's native onnxruntime backend takes only "
-            "token tensors)"
-        )
-
-
-def _check_image_decode(where: str, entry: ModelEntry, errors: list[str]) -> None:
-    if entry.image_decode != "gpu":
-        return
-    if entry.family != "open-clip":
-        errors.append(f"{where}: image_decode applies to open-clip models only")
-    if entry.device != "gpu":
-        errors.append(f"{where}: image_decode 'gpu' needs device 'gpu'")
-    if entry.image_draft_decode:
-        errors.append(f"{where}: image_decode 'gpu' and image_draft_decode exclude each other")
+def _check_family_options(where: str, entry: ModelEntry, errors: list[str]) -> None:
+    """Keys only some families take, set on an entry of another family."""
+    own = family(entry.family).own_options
+    for option in sorted({o for f in FAMILIES.values() for o in f.own_options} - set(own)):
+        if getattr(entry, option) != _ENTRY_FIELDS[option].default:
+            owners = " or ".join(repr(f) for f in owners_of(option))
+            errors.append(f"{where}: {option} needs family {owners}")
 
 
 def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntry | None:
@@ -316,7 +277,7 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
     if not NAME_RE.match(entry.name):
         errors.append(f"{where}: name must match {NAME_RE.pattern}")
     choices = {
-        "family": FAMILIES,
+        "family": tuple(FAMILIES),
         "device": DEVICES,
         "encoder_backend": ENCODER_BACKENDS,
         "gpu_accelerator": GPU_ACCELERATORS,
@@ -341,16 +302,14 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
         errors.append(f"{where}: precision 'int8' (dynamic quantisation) needs device 'cpu'")
     if entry.precision == "fp16" and entry.device != "gpu":
         errors.append(f"{where}: precision 'fp16' needs device 'gpu'")
-    _check_prompts(where, entry, errors)
-    _check_fused_tokenize(where, entry, errors)
-    if entry.family in ("sentence-transformers", "cross-encoder") and not entry.source:
-        errors.append(f"{where}: {entry.family} models need 'source'")
-    _check_image_decode(where, entry, errors)
-    if entry.family == "open-clip":
-        if not entry.arch:
-            errors.append(f"{where}: open-clip models need 'arch'")
-        if entry.pretrained and entry.checkpoint:
-            errors.append(f"{where}: give either 'pretrained' or 'checkpoint', not both")
+    if entry.family not in FAMILIES:
+        return None  # "family must be one of" above
+    declared = family(entry.family)
+    for key in declared.required:
+        if not getattr(entry, key):
+            errors.append(f"{where}: {entry.family} models need {key!r}")
+    _check_family_options(where, entry, errors)
+    declared.check_entry(where, entry, errors)
     return entry
 
 

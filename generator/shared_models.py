@@ -1,4 +1,4 @@
-"""Models shared by every entry of a family (today: ``fetch_image`` for open-clip)."""
+"""Models shared by the entries of a family (``Family.shared``: ``fetch_image``) or by all."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import hashlib
 import sys
 
 from .build_types import ModelDir
+from .families import family
+from .families.open_clip import FETCH_IMAGE
 from .manifest import Manifest
 from .render import Batching, Instances, IOSpec, python_model
 
-FETCH_IMAGE = "fetch_image"
 MODEL_MANAGER = "model_manager"
 SHARED_MODELS = (FETCH_IMAGE, MODEL_MANAGER)
 
@@ -52,13 +53,13 @@ def shared_model_dirs(manifest: Manifest, code_fp: str) -> list[tuple[ModelDir, 
     """The shared model dirs ``manifest`` needs, each with its fingerprint.
 
     ``model_manager`` comes with every manifest read from a file (it needs the path);
-    ``fetch_image`` with any open-clip entry.
+    ``fetch_image`` with any entry whose family needs it (open-clip's URL ensemble).
     """
     out = []
     if manifest.path is not None:
         manager = model_manager_dir(manifest)
         out.append((manager, hashlib.sha256((manager.config + code_fp).encode()).hexdigest()))
-    clip = [e for e in manifest.models if e.family == "open-clip"]
+    clip = [e for e in manifest.models if FETCH_IMAGE in family(e.family).shared]
     if not clip:
         return out
     params = fetch_image_parameters(manifest)

@@ -1,23 +1,34 @@
-"""Model families: each module exports ``build(entry, manifest, work) -> list[ModelDir]``."""
+"""Model families: each declares itself once, in its own package; this is the registry.
+
+A family package ``generator/families/<family>/`` holds:
+
+- ``__init__.py``: ``FAMILY``, a :class:`Family`: the model dirs an entry builds (steps
+  and ensembles), the manifest checks of its entries, what a runtime load of a local
+  folder must pass, the model kinds it reproduces exactly, the shared models it needs.
+  Light (no torch, no ONNX): the manifest, the CLI, ``model_manager`` and the shared
+  models read it;
+- ``export.py``: ``build(entry, manifest, work) -> list[ModelDir]``, imported only by a
+  build (it pulls in torch and the model's library).
+
+Adding a family: its package, its templates if any, its tests, and one line in
+:data:`FAMILIES` below.
+"""
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from pathlib import Path
+from . import cross_encoder, open_clip, sentence_transformers
+from .spec import Family
 
-REGISTRY = {
-    "sentence-transformers": "generator.families.sentence_transformers",
-    "open-clip": "generator.families.open_clip",
-    "cross-encoder": "generator.families.cross_encoder",
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in (sentence_transformers.FAMILY, open_clip.FAMILY, cross_encoder.FAMILY)
 }
 
 
-def family_module_path(family: str) -> Path:
-    """Source file of a family module (part of the build fingerprint)."""
-    return Path(__file__).parent / (REGISTRY[family].rsplit(".", 1)[1] + ".py")
+def family(name: str) -> Family:
+    """The declaration of family ``name``; KeyError for an unknown one."""
+    return FAMILIES[name]
 
 
-def family_builder(family: str) -> Callable:
-    """The ``build`` function of ``family`` (imported lazily: it pulls in torch)."""
-    return importlib.import_module(REGISTRY[family]).build
+def owners_of(option: str) -> list[str]:
+    """The families that take a family-only manifest key."""
+    return [f.name for f in FAMILIES.values() if option in f.own_options]

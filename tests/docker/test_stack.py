@@ -80,7 +80,7 @@ def st_expected(texts) -> np.ndarray:
 
 @pytest.fixture(scope="session")
 def clip_reference():
-    from generator.families.open_clip_assets import load_open_clip
+    from generator.families.open_clip.assets import load_open_clip
 
     tiny = WORK / "tiny-clip"
     return load_open_clip(

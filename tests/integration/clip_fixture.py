@@ -13,7 +13,7 @@ CLIP_MODEL = "clip-tiny"
 
 def tiny_clip_entry(directory: Path) -> dict:
     """Save a tiny checkpoint under ``directory``; return its manifest entry."""
-    from generator.families.open_clip_assets import create_tiny_checkpoint
+    from generator.fixtures.tiny_clip import create_tiny_checkpoint
 
     checkpoint = directory / "open_clip_pytorch_model.bin"
     create_tiny_checkpoint(checkpoint, seed=0)

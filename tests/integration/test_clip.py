@@ -98,7 +98,7 @@ class ClipReference:
 
 @pytest.fixture(scope="session")
 def clip_reference(server) -> ClipReference:
-    from generator.families.open_clip_assets import load_open_clip
+    from generator.families.open_clip.assets import load_open_clip
 
     entry = server.manifest.get(CLIP_MODEL)
     return ClipReference(*load_open_clip(entry.arch, checkpoint=entry.checkpoint))

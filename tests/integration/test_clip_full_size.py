@@ -58,7 +58,7 @@ def _reference(checkpoint: str) -> tuple[np.ndarray, ...]:
     """Token ids, pixels (the sample images, then 2 of noise) and open_clip's embeddings."""
     import torch
 
-    from generator.families.open_clip_assets import load_open_clip
+    from generator.families.open_clip.assets import load_open_clip
 
     model, preprocess, tokenizer = load_open_clip("ViT-B-32", checkpoint=checkpoint)
     ids = tokenizer(TEXTS)

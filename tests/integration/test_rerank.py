@@ -1,7 +1,7 @@
 """The cross-encoder family served by a real Triton agrees with ``CrossEncoder.predict``.
 
 A server of this module's own serves a tiny random-initialised cross-encoder
-(``generator/families/tiny_rerank.py``, 64-token limit) as ``rr``: ``QUERY`` [N, 1] and
+(``generator/fixtures/tiny_rerank.py``, 64-token limit) as ``rr``: ``QUERY`` [N, 1] and
 ``TEXT`` [N, 1] -> ``SCORE`` [N, 1]. Requests mix short pairs with pairs far over the
 limit (truncated ``longest_first``); concurrent requests share ragged executions run in
 length-sorted chunks of 4 rows. Bad requests fail alone with INVALID_ARG.
@@ -24,7 +24,7 @@ from client import EmbeddingClientError
 from client.cli import main as client_main
 from generator.admin import KEY_ENV
 from generator.build import build_repository
-from generator.families.tiny_rerank import create_tiny_cross_encoder
+from generator.fixtures.tiny_rerank import create_tiny_cross_encoder
 from generator.manifest import parse_manifest
 from generator.shared_models import startup_models
 from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports

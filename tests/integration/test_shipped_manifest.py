@@ -164,7 +164,7 @@ def _check_rerank(shipped: Shipped, name: str, entry) -> None:
 
 
 def test_every_shipped_ensemble_answers_correctly(shipped, corpus, reference):
-    from generator.families.open_clip_assets import load_open_clip  # noqa: PLC0415
+    from generator.families.open_clip.assets import load_open_clip  # noqa: PLC0415
 
     served = {ensemble: entry for entry in shipped.manifest.models for ensemble in entry.ensembles}
     make_serve = {

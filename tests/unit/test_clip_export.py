@@ -18,15 +18,17 @@ from PIL import Image  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
 from embed_runtime.image import decode_image, preprocess_batch  # noqa: E402
-from generator.families import open_clip_assets  # noqa: E402
-from generator.families.open_clip_assets import (  # noqa: E402
-    TINY_ARCH,
-    create_tiny_checkpoint,
+from generator.families.open_clip import assets as open_clip_assets  # noqa: E402
+from generator.families.open_clip.assets import (  # noqa: E402
     export_towers,
     load_open_clip,
     preprocess_params_from_model,
-    tiny_model_config,
     write_tokenizer_json,
+)
+from generator.fixtures.tiny_clip import (  # noqa: E402
+    TINY_ARCH,
+    create_tiny_checkpoint,
+    tiny_model_config,
 )
 from generator.onnx_export import ExportValidationError  # noqa: E402
 

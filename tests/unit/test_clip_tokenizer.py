@@ -10,7 +10,7 @@ from open_clip.tokenizer import SimpleTokenizer  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
 from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams  # noqa: E402
-from generator.families.open_clip_assets import write_tokenizer_json  # noqa: E402
+from generator.families.open_clip.assets import write_tokenizer_json  # noqa: E402
 
 SUBJECTS = ["a dog", "Two cats", "an old man", "the Eiffel Tower", "a red car", "my friend's bike"]
 SCENES = ["on the beach", "at night.", "in the rain!", "near a river, at sunset", "(blurry)"]
@@ -202,7 +202,7 @@ CORPUS += [f"{a}, {b}" for a, b in zip(ENTITIES, ACCENTED, strict=False)] + [
     f"{a}{b}" for a, b in zip(NUMBERS, PUNCTUATION, strict=False)
 ]
 
-# The documented exceptions (module docstring of generator/families/open_clip_assets.py).
+# The documented exceptions (module docstring of generator/families/open_clip/assets.py).
 KNOWN_DIFFERENCES = [
     "cafÃ© mojibake",
     "&hearts; &#8364; &EACUTE; outside the entity set",

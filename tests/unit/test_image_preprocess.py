@@ -23,11 +23,11 @@ from embed_runtime.image import (
     preprocess_batch,
     preprocess_opened,
 )
-from generator.families.open_clip_assets import (  # noqa: E402
-    create_tiny_checkpoint,
+from generator.families.open_clip.assets import (  # noqa: E402
     load_open_clip,
     preprocess_params_from_model,
 )
+from generator.fixtures.tiny_clip import create_tiny_checkpoint  # noqa: E402
 
 RNG = np.random.default_rng(1234)
 TOLERANCE = 0.0

@@ -18,11 +18,11 @@ from generator.admin import (
     restriction_args,
 )
 from generator.build import RepositoryWriter
+from generator.families.sentence_transformers import check_sentence_transformers_folder
 from generator.lifecycle import (
     BuildFailedError,
     ManagerParams,
     ModelManager,
-    check_sentence_transformers_folder,
     parse_request,
 )
 from generator.manifest import RUNTIME_MANIFEST

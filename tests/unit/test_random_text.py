@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from generator.families.random_text import SHAPES, BertShape, create_random_text_model
+from generator.fixtures.random_text import SHAPES, BertShape, create_random_text_model
 
 TINY = BertShape(layers=2, hidden=32, heads=2, intermediate=64, max_positions=128,
                  max_seq_length=64)

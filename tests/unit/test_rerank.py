@@ -1,6 +1,6 @@
 """The cross-encoder family: pair decoding, pair tokenization and export parity.
 
-A tiny random-initialised cross-encoder (``generator/families/tiny_rerank.py``) is
+A tiny random-initialised cross-encoder (``generator/fixtures/tiny_rerank.py``) is
 exported by the family's ``build``; its pair tokenizer is compared with
 ``CrossEncoder.preprocess`` and its scores, run through the serving encoder (ragged
 requests, length-sorted chunks), with ``CrossEncoder.predict`` of an independent load.
@@ -19,9 +19,10 @@ from embed_runtime.errors import InvalidInputError
 from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
 from embed_runtime.pair_tokenizer import PairTokenizer, decode_pairs
 from embed_runtime.tokenizer import TokenizerParams, split_rows
-from generator.families import cross_encoder as family
-from generator.families.tiny_rerank import TINY_MAX_LENGTH, create_tiny_cross_encoder
-from generator.lifecycle import check_cross_encoder_folder, parse_request
+from generator.families.cross_encoder import export as family
+from generator.families.cross_encoder import check_cross_encoder_folder
+from generator.fixtures.tiny_rerank import TINY_MAX_LENGTH, create_tiny_cross_encoder
+from generator.lifecycle import parse_request
 from generator.manifest import RUNTIME_MANIFEST, Manifest, ModelEntry
 from generator.render import parse_config
 from tests.rerank_data import QUERY, rerank_pairs

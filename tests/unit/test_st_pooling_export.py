@@ -19,7 +19,7 @@ import pytest
 
 from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
 from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
-from generator.families import sentence_transformers as family
+from generator.families.sentence_transformers import export as family
 from generator.manifest import Manifest, ModelEntry
 from generator.render import parse_config
 from tests.st_factory import (

@@ -17,14 +17,15 @@ import numpy as np
 from embed_runtime.pair_tokenizer import PairTokenizer
 from embed_runtime.tokenizer import TokenizerParams
 
-from ..build_types import ModelDir
-from ..declared_kind import check_source
-from ..manifest import Manifest, ModelEntry
-from ..onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
-from ..precision import apply_precision
-from ..render import Instances, IOSpec, Step, ensemble, python_model
-from .common import encoder_dir, step_batching, tokenizer_parameters
-from .sentence_transformers import resolve_source, token_limits
+from ...build_types import ModelDir
+from ...declared_kind import check_source
+from ...manifest import Manifest, ModelEntry
+from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
+from ...precision import apply_precision
+from ...render import Instances, IOSpec, Step, ensemble, python_model
+from ..common import encoder_dir, step_batching, tokenizer_parameters
+from ..sentence_transformers.export import resolve_source, token_limits
+from . import FAMILY
 
 # Score parity gate of the exported graph against ``CrossEncoder.predict`` (max |diff|).
 SCORE_ATOL = 1e-5
@@ -48,7 +49,7 @@ def _load(entry: ModelEntry, manifest: Manifest):
     from sentence_transformers import CrossEncoder  # noqa: PLC0415
 
     source = resolve_source(entry, manifest)
-    check_source("cross-encoder", source, entry.name)  # before anything converts it
+    check_source(FAMILY.name, FAMILY.served, source, entry.name)  # before anything converts it
     kwargs = {"max_length": entry.max_seq_length} if entry.max_seq_length else {}
     model = CrossEncoder(
         source, device="cpu", model_kwargs={"attn_implementation": "eager"}, **kwargs

@@ -26,7 +26,6 @@ Unicode database tokenizes identically alone and in context. Known differences:
 from __future__ import annotations
 
 import html.entities
-import json
 import struct
 from pathlib import Path
 
@@ -34,7 +33,7 @@ import numpy as np
 
 from embed_runtime.image import PreprocessParams, preprocess
 
-from ..onnx_export import (
+from ...onnx_export import (
     ExportValidationError,
     GraphSpec,
     ParityReport,
@@ -42,9 +41,8 @@ from ..onnx_export import (
     export_module,
     validate_graph,
 )
-from ..precision import apply_precision
+from ...precision import apply_precision
 
-TINY_ARCH = "tiny-clip"
 VALIDATION_TEXTS = (
     "a photo of a cat",
     "A diagram of Triton batching requests from many clients into one execution.",
@@ -370,15 +368,6 @@ def export_towers(
     return reports
 
 
-def tiny_model_config() -> dict:
-    """A tiny ViT CLIP architecture (random init, for tests): D=64, 64x64 images."""
-    return {
-        "embed_dim": 64,
-        "vision_cfg": dict(image_size=64, layers=2, width=64, head_width=32, patch_size=16),
-        "text_cfg": dict(context_length=77, vocab_size=49408, width=64, heads=2, layers=2),
-    }
-
-
 def load_open_clip(arch: str, pretrained: str | None = None, checkpoint: str | None = None):
     """``(model, eval_preprocess, tokenizer)`` for a manifest entry.
 
@@ -395,30 +384,3 @@ def load_open_clip(arch: str, pretrained: str | None = None, checkpoint: str | N
         arch, pretrained=checkpoint or pretrained
     )
     return model.eval(), preprocess_val, open_clip.get_tokenizer(arch)
-
-
-def create_tiny_checkpoint(path: Path, seed: int = 0) -> dict:
-    """Save a random-init :func:`tiny_model_config` model's state_dict to ``path``.
-
-    Also writes ``tiny-clip.json`` (the architecture) and ``open_clip_config.json`` next to
-    it, so the weights load the way a user loads any architecture + local file::
-
-        open_clip.add_model_config(path.parent / "tiny-clip.json")
-        open_clip.create_model_and_transforms("tiny-clip", pretrained=str(path))
-
-    or ``load_open_clip(str(path.parent / "tiny-clip.json"), checkpoint=str(path))``, or
-    ``create_model_and_transforms(f"local-dir:{path.parent}")`` when the file is named
-    like ``open_clip_pytorch_model.bin``. Returns the model config.
-    """
-    import open_clip  # noqa: PLC0415
-    import torch  # noqa: PLC0415
-
-    cfg = tiny_model_config()
-    torch.manual_seed(seed)
-    model = open_clip.CLIP(**cfg)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), path)
-    (path.parent / f"{TINY_ARCH}.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    local = {"model_cfg": cfg, "preprocess_cfg": {"size": cfg["vision_cfg"]["image_size"]}}
-    (path.parent / "open_clip_config.json").write_text(json.dumps(local, indent=2) + "\n")
-    return cfg

@@ -18,13 +18,14 @@ import numpy as np
 
 from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
 
-from ..build_types import ModelDir
-from ..declared_kind import check_source
-from ..manifest import Manifest, ModelEntry, resolve_path
-from ..onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
-from ..precision import apply_precision
-from ..render import IOSpec
-from .common import chain_dir, encoder_dir, fused_encoder_dir, tokenize_dir
+from ...build_types import ModelDir
+from ...declared_kind import check_source
+from ...manifest import Manifest, ModelEntry, resolve_path
+from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
+from ...precision import apply_precision
+from ...render import IOSpec
+from ..common import chain_dir, encoder_dir, fused_encoder_dir, tokenize_dir
+from . import FAMILY
 
 VALIDATION_TEXTS = (
     "A man is eating food.",
@@ -64,7 +65,7 @@ def _load(entry: ModelEntry, manifest: Manifest):
     from sentence_transformers import SentenceTransformer  # noqa: PLC0415
 
     source = resolve_source(entry, manifest)
-    check_source("sentence-transformers", source, entry.name)  # before anything converts it
+    check_source(FAMILY.name, FAMILY.served, source, entry.name)  # before anything converts it
     model = SentenceTransformer(
         source, device="cpu", model_kwargs={"attn_implementation": "eager"}
     ).eval()

@@ -15,12 +15,12 @@ from pathlib import Path
 from embed_runtime.image_gpu import require_cuda_device
 from embed_runtime.tokenizer import TokenizerParams
 
-from ..build_types import ModelDir
-from ..manifest import Manifest, ModelEntry, resolve_path
-from ..render import Instances, IOSpec, python_model
-from ..shared_models import FETCH_IMAGE
-from .common import chain_dir, encoder_dir, step_batching, tokenize_dir
-from .open_clip_assets import (
+from ...build_types import ModelDir
+from ...manifest import Manifest, ModelEntry, resolve_path
+from ...render import Instances, IOSpec, python_model
+from ..common import chain_dir, encoder_dir, step_batching, tokenize_dir
+from . import FETCH_IMAGE
+from .assets import (
     embedding_dim,
     export_towers,
     image_graph_spec,

@@ -1,0 +1,71 @@
+"""Family ``cross-encoder``: rerankers (declaration; build: ``export``).
+
+An entry ``<name>`` builds ``<name>_tokenize`` (query and text tokenized as pairs),
+``<name>_encode`` and the ensemble ``<name>`` (``QUERY`` + ``TEXT`` -> ``SCORE``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from embed_runtime.errors import InvalidInputError
+
+from ...declared_kind import Served
+from ..sentence_transformers import check_sentence_transformers_folder, name_from_source
+from ..spec import Errors, Family
+
+if TYPE_CHECKING:
+    from ...manifest import ModelEntry
+
+
+def _steps(entry: ModelEntry) -> tuple[str, ...]:
+    return ("tokenize", "encode")
+
+
+def _check_entry(where: str, entry: ModelEntry, errors: Errors) -> None:
+    """Nothing beyond the generic checks (``source`` is required)."""
+
+
+def check_cross_encoder_folder(folder: Path) -> None:
+    """Refuse a reranker folder with custom code, as sentence-transformers folders are.
+
+    Besides :func:`check_sentence_transformers_folder`, the activation named in
+    ``config_sentence_transformers.json`` must be one of torch's (anything else is code
+    of the model's own, which ``CrossEncoder`` would only run with ``trust_remote_code``).
+    """
+    check_sentence_transformers_folder(folder)
+    path = folder / "config_sentence_transformers.json"
+    try:
+        config = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise InvalidInputError(
+            "source has an unreadable config_sentence_transformers.json"
+        ) from None
+    activation = config.get("activation_fn") if isinstance(config, dict) else None
+    if activation is not None and not (
+        isinstance(activation, str) and activation.startswith("torch.")
+    ):
+        raise InvalidInputError(
+            f"config_sentence_transformers.json names the activation {activation!r}, not a "
+            "torch class: models with custom code are not loaded at runtime (add them to the "
+            "manifest instead)"
+        )
+
+
+FAMILY = Family(
+    name="cross-encoder",
+    package=__name__,
+    steps=_steps,
+    ensembles=("",),
+    required=("source",),
+    check_entry=_check_entry,
+    check_folder=check_cross_encoder_folder,
+    default_name=name_from_source,
+    served=Served(
+        types=("CrossEncoder",),
+        modules=("Transformer",),
+        tasks=(None, "sequence-classification", "text-classification"),
+    ),
+)

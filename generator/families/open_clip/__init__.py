@@ -1,0 +1,54 @@
+"""Family ``open-clip``: CLIP text and image towers (declaration; build: ``export``).
+
+An entry ``<name>`` builds ``<name>_tokenize``, ``<name>_encode_text``,
+``<name>_preprocess_image`` and ``<name>_encode_image``, and the ensembles
+``<name>_text``, ``<name>_image`` and ``<name>_image_url`` (the last one through the
+shared ``fetch_image``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from ..spec import Errors, Family
+
+if TYPE_CHECKING:
+    from ...manifest import ModelEntry
+
+FETCH_IMAGE = "fetch_image"  # the shared model (shared_models.py) of the URL ensemble
+
+
+def _steps(entry: ModelEntry) -> tuple[str, ...]:
+    return ("tokenize", "encode_text", "preprocess_image", "encode_image")
+
+
+def _check_entry(where: str, entry: ModelEntry, errors: Errors) -> None:
+    if entry.pretrained and entry.checkpoint:
+        errors.append(f"{where}: give either 'pretrained' or 'checkpoint', not both")
+    if entry.image_decode == "gpu":
+        if entry.device != "gpu":
+            errors.append(f"{where}: image_decode 'gpu' needs device 'gpu'")
+        if entry.image_draft_decode:
+            errors.append(
+                f"{where}: image_decode 'gpu' and image_draft_decode exclude each other"
+            )
+
+
+def _default_name(request: dict[str, Any]) -> str:
+    base = "-".join(p for p in (request.get("arch"), request.get("pretrained")) if p)
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-.") or "model"
+
+
+FAMILY = Family(
+    name="open-clip",
+    package=__name__,
+    steps=_steps,
+    ensembles=("_text", "_image", "_image_url"),
+    required=("arch",),
+    check_entry=_check_entry,
+    check_folder=None,
+    default_name=_default_name,
+    own_options=("image_decode",),
+    shared=(FETCH_IMAGE,),
+)
