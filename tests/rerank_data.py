@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from client.corpus import LONG_TEXTS, SENTENCES
+from client.load.corpus import LONG_TEXTS, SENTENCES
 
 QUERY = "how does a cross-encoder rerank passages?"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from client.corpus import LONG_TEXTS, SENTENCES
+from client.load.corpus import LONG_TEXTS, SENTENCES
 
 HIDDEN = 32
 DENSE_OUT = 16

@@ -6,7 +6,7 @@ Asks the server (HTTP, standard library) for its loaded models through the stati
 and metadata endpoints (open to all; the repository index and model configs need the
 admin key), keeps the ensembles and reads each one's public input (``TEXT``, ``IMAGE``
 or ``IMAGE_URL``), writes the perf_analyzer ``--input-data`` files with
-:mod:`client.perf_data` into ``DIR``, and prints one ``<ensemble><TAB><data file>`` line
+:mod:`client.load.perf_data` into ``DIR``, and prints one ``<ensemble><TAB><data file>`` line
 per ensemble. ``IMAGE_URL`` ensembles get ``data:`` URIs of the same photos, so the URL
 path is measured without a web server or an ``allow_hosts`` change (the fetch itself is
 then local).
@@ -60,7 +60,7 @@ def data_uri_entries(images: Path) -> list[dict]:
 def write_data(out: Path, kinds: set[str]) -> dict[str, Path]:
     """Write the input-data files the ``kinds`` (public input names) need."""
     sys.path.insert(0, str(HERE.parent.parent))
-    from client.perf_data import write_perf_data  # noqa: PLC0415 - after the path is set
+    from client.load.perf_data import write_perf_data  # noqa: PLC0415 - after the path is set
 
     write_perf_data(out, "clip" if kinds & {"IMAGE", "IMAGE_URL"} else "text")
     if "IMAGE_URL" in kinds:

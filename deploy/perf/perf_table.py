@@ -199,7 +199,7 @@ def render_section(settings: dict[str, str], points: list[Point]) -> str:
         f"server, on {machine_line(settings)}. Each row is one perf_analyzer run:",
         f"    perf_analyzer -m <ensemble> --input-data <generated> --concurrency-range <c> {args}"
         " -H triton-grpc-protocol-x-admin-key:<key>",
-        "Input data from `client/perf_data.py` (the benchmark's sentences; generated "
+        "Input data from `client/load/perf_data.py` (the benchmark's sentences; generated "
         "JPEG/PNG/WebP photos; the same photos as `data:` URIs for `IMAGE_URL`). Latencies "
         "are client-side per request; a step's queue / compute is Triton's average per "
         'request from perf_analyzer\'s "Composing models" report (compute = input + '

@@ -23,7 +23,7 @@ import pytest
 from PIL import Image
 
 from client import EmbeddingClient, EmbeddingClientError
-from client.corpus import varied_sentences
+from client.load.corpus import varied_sentences
 from tests.integration.test_clip import (
     IMAGE_MAX_ABS,
     IMAGE_MAX_COS_GAP,

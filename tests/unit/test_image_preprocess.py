@@ -366,7 +366,7 @@ def test_params_from_model_resolve_open_clip_quirks():
 )
 def test_draft_decode_stays_close_to_open_clip_and_leaves_other_formats_exact(width, height, fmt):
     """The opt-in reduced-scale JPEG decode: measured deviation from open_clip, bounded."""
-    from client.workload import _photo  # noqa: PLC0415 - the benchmark's photo-like images
+    from client.load.workload import _photo  # noqa: PLC0415 - the benchmark's photo-like images
 
     buf = io.BytesIO()
     kwargs = {"quality": 88} if fmt == "JPEG" else {}
