@@ -22,13 +22,14 @@ os.environ["EMBED_ORT_CACHE_DIR"] = _WEIGHT_CACHE
 
 # node-id prefix -> why skipping it is acceptable
 ALLOWED_SKIPS: dict[str, str] = {
-    "tests/unit/test_ort_runner.py::test_cpu_only_onnxruntime_refuses_a_cuda_encoder": (
+    "tests/unit/embed_runtime/test_ort_encoder.py"
+    "::test_cpu_only_onnxruntime_refuses_a_cuda_encoder": (
         "runs only where onnxruntime is the CPU build (a GPU build has the CUDA provider)"
     ),
-    "tests/unit/test_deploy_files.py::test_docker_compose_1_29_merges": (
+    "tests/unit/deploy/test_deploy_files.py::test_docker_compose_1_29_merges": (
         "needs Debian's docker-compose 1.29 binary, which is not a project dependency"
     ),
-    "tests/unit/test_k8s_schemas.py::test_a_current_kubectl_renders_the_same_objects": (
+    "tests/unit/deploy/test_k8s_schemas.py::test_a_current_kubectl_renders_the_same_objects": (
         "compares with a current kubectl on PATH where the machine has one (not a dependency)"
     ),
 }

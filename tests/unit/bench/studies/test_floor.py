@@ -13,8 +13,8 @@ from bench.manifest import TEXT_MODEL
 from bench.studies.floor import FLOOR, add_floor
 from generator.render import parse_config
 from tests.unit import fake_pb_utils as pb
+from tests.unit.generator.test_render import GOLDEN  # the rendered configs, as built
 
-GOLDEN = Path(__file__).parents[2] / "golden"
 MODEL = Path(__file__).parents[4] / "bench" / "studies" / "floor_model" / "model.py"
 
 

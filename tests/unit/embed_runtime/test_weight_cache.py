@@ -18,7 +18,13 @@ from embed_runtime.weight_cache import (
     prune_cache,
     weight_cache_root,
 )
-from tests.unit.test_ort_runner import BASE, TABLE, _expected, _tokens, masked_mean_graph
+from tests.unit.embed_runtime.test_ort_encoder import (
+    BASE,
+    TABLE,
+    _expected,
+    _tokens,
+    masked_mean_graph,
+)
 
 
 @pytest.fixture

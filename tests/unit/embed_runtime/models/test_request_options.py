@@ -8,8 +8,14 @@ import shutil
 import numpy as np
 
 from tests.unit import fake_pb_utils as pb
-from tests.unit import test_adapters
-from tests.unit.test_adapters import TOKENIZE_PARAMS, _args, _encode_model, _error, load_adapter
+from tests.unit.embed_runtime.models import test_adapters
+from tests.unit.embed_runtime.models.test_adapters import (
+    TOKENIZE_PARAMS,
+    _args,
+    _encode_model,
+    _error,
+    load_adapter,
+)
 
 backend = test_adapters.backend
 tokenizer_json = test_adapters.tokenizer_json

@@ -140,7 +140,7 @@ def test_runtime_loads_refuse_reranker_folders_with_custom_code(exported, tmp_pa
 
 
 def test_model_manager_loads_a_cross_encoder_folder(exported, tmp_path, monkeypatch):
-    from tests.unit.test_lifecycle_security import _manager
+    from tests.unit.generator.test_lifecycle import _manager
 
     manager = _manager(tmp_path, roots=[exported.folder.parent])
     built: list[str] = []

@@ -25,7 +25,7 @@ from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
 from embed_runtime.weight_cache import cached_model
 from generator.build import RepositoryWriter
 from generator.build_types import ModelDir
-from tests.unit.test_ort_runner import BASE, _expected, _tokens, masked_mean_graph
+from tests.unit.embed_runtime.test_ort_encoder import BASE, _expected, _tokens, masked_mean_graph
 
 
 def flip(path: Path, offsets=(0.2, 0.5, 0.8), size: int = 4096) -> None:

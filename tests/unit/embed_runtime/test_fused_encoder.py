@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tests.unit import fake_pb_utils as pb
-from tests.unit import test_adapters
-from tests.unit.test_adapters import (
+from tests.unit.embed_runtime.models import test_adapters
+from tests.unit.embed_runtime.models.test_adapters import (
     BAD_TEXT_REQUESTS,
     ENCODE_PARAMS,
     REQUEST_TEXTS,

@@ -23,7 +23,7 @@ from embed_runtime.errors import InvalidInputError, RequestError, UnavailableErr
 from embed_runtime.image import PreprocessParams, decode_image, preprocess, preprocess_opened
 from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
 from tests.unit import fake_pb_utils as pb
-from tests.unit.test_ort_runner import dense_graph, masked_mean_graph
+from tests.unit.embed_runtime.test_ort_encoder import dense_graph, masked_mean_graph
 
 ADAPTERS = Path(embed_runtime.__file__).parent / "models"
 TOKEN_NAMES = ("input_ids", "attention_mask", "token_type_ids")
@@ -600,7 +600,7 @@ def gpu_preprocess_model(backend, tmp_path: Path, monkeypatch):
     import torch  # noqa: PLC0415
 
     from embed_runtime.image_gpu import GpuPreprocessor  # noqa: PLC0415
-    from tests.unit.test_image_gpu import pillow_decode  # noqa: PLC0415
+    from tests.unit.embed_runtime.test_image_gpu import pillow_decode  # noqa: PLC0415
 
     built = []
 

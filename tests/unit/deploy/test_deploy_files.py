@@ -36,7 +36,7 @@ from generator.onnx_export import GraphSpec, TensorSpec
 from generator.render import parse_config
 from generator.triton_local import prepare_backends, server_env, triton_binary
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 DOCKERFILE = ROOT / "Dockerfile.triton"
 COMPOSE = ROOT / "docker-compose.yml"
@@ -255,7 +255,7 @@ def test_dockerignore_keeps_what_copy_uses_and_drops_the_rest() -> None:
     for heavy in (".venv/bin/python", ".build/x", "model_repository/a/config.pbtxt", ".git/HEAD"):
         assert dockerignored(heavy), heavy
     assert dockerignored("generator/__pycache__/cli.cpython-311.pyc")
-    assert dockerignored("tests/unit/test_deploy_files.py")
+    assert dockerignored("tests/unit/deploy/test_deploy_files.py")
 
 
 # --- docker-compose.yml ------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Rendered ``config.pbtxt`` files: golden outputs, parse checks and render errors.
 
-Goldens live in ``tests/unit/golden``. After an intended change, regenerate them with
-``UPDATE_GOLDEN=1 pytest tests/unit/test_render.py`` and review the diff.
+Goldens live in ``tests/unit/generator/golden``. After an intended change, regenerate them with
+``UPDATE_GOLDEN=1 pytest tests/unit/generator/test_render.py`` and review the diff.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from generator.manifest import (
 )
 from generator.manifest_edit import append_entry, remove_entry_text
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 EXAMPLE = """\
 # Models served by a fresh start.

@@ -163,7 +163,7 @@ def test_served_kinds_pass(tmp_path: Path) -> None:
 
 def test_model_manager_refuses_a_runtime_load_of_a_sparse_folder(library_folders,
                                                                 tmp_path) -> None:
-    from tests.unit.test_lifecycle_security import _load, _manager
+    from tests.unit.generator.test_lifecycle import _load, _manager
 
     manager = _manager(tmp_path / "srv", roots=[library_folders["splade"].parent])
     with pytest.raises(InvalidInputError, match="declares model_type 'SparseEncoder'"):

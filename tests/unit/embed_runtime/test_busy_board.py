@@ -17,7 +17,7 @@ from embed_runtime.ort_encoder import (
     available_cores,
     shared_threads,
 )
-from tests.unit.test_ort_runner import BASE, _expected, _tokens, masked_mean_graph
+from tests.unit.embed_runtime.test_ort_encoder import BASE, _expected, _tokens, masked_mean_graph
 
 CTX = mp.get_context("spawn")
 
