@@ -2,7 +2,8 @@
 # `make test-docker`: the CPU Docker deployment end to end on this machine.
 #
 #   1. installs what is missing (Debian packages docker.io, docker-compose, debootstrap,
-#      prometheus for promtool) and starts dockerd if none answers (log: $WORK/dockerd.log);
+#      prometheus for promtool, haproxy for the rollout; no service is started) and starts
+#      dockerd if none answers (log: $WORK/dockerd.log);
 #   2. base image: pulls CPU_BASE (debian:bookworm-slim), or where no registry answers
 #      builds a stand-in with deploy/docker/make_base_image.sh (debootstrap) and says so;
 #   3. builds serving-cpu, generator-cpu and perf-cpu (timed; --network host); the NGC
@@ -14,7 +15,8 @@
 #      (real perf_analyzer 2.51), promtool on the Prometheus config;
 #   5. restarts the stack: nothing exported again, the same answers;
 #   5b. runs the rendered Kubernetes CPU Job and Deployment container specs with docker
-#      (tests/docker/test_k8s_container.py, docs/kubernetes.md);
+#      (tests/docker/test_k8s_container.py, docs/kubernetes.md), then a rolling update of
+#      two such pods behind HAProxy under HTTP and gRPC load (tests/docker/test_k8s_rollout.py);
 #   6. tears everything down: containers, networks, volumes, the images it tagged (unless
 #      DOCKER_TEST_KEEP_IMAGES=1), and dockerd if it started it.
 #
@@ -66,12 +68,21 @@ command -v dockerd >/dev/null || need_packages+=(docker.io)
 command -v docker-compose >/dev/null || need_packages+=(docker-compose)
 command -v debootstrap >/dev/null || need_packages+=(debootstrap)
 command -v promtool >/dev/null || need_packages+=(prometheus)
+command -v haproxy >/dev/null || need_packages+=(haproxy)
 if ((${#need_packages[@]})); then
     [[ $(id -u) -eq 0 ]] || { echo "error: install ${need_packages[*]} (needs root)" >&2; exit 1; }
     log "apt-get install ${need_packages[*]}"
     export DEBIAN_FRONTEND=noninteractive
+    # No package may start its service here (haproxy, nginx...): policy-rc.d answers 101.
+    policy=""
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+        policy=/usr/sbin/policy-rc.d
+    fi
     apt-get update -q >/dev/null
     apt-get install -y -q --no-install-recommends "${need_packages[@]}" >/dev/null
+    [[ -z $policy ]] || rm -f "$policy"
 fi
 
 cleanup() {
@@ -151,7 +162,7 @@ if timeout 20 docker pull nvcr.io/nvidia/tritonserver:26.05-py3-sdk >/dev/null 2
     build perf triton-embeddings-perf:local ngc && images+=(triton-embeddings-perf:local)
 else
     echo "nvcr.io does not answer: the NGC targets (serving, generator, perf) are not built" \
-        "here; tests/unit/test_deploy_files.py checks them statically" | tee -a "$timings"
+        "here; tests/unit/deploy/test_deploy_files.py checks them statically" | tee -a "$timings"
 fi
 
 # --- 4. the stack from nothing --------------------------------------------------------
@@ -224,9 +235,11 @@ t=$(now)
 k8s_rc=0
 EMBED_DOCKER_STACK=1 EMBED_DOCKER_K8S=1 EMBED_DOCKER_WORK=$work \
     EMBED_ADMIN_KEY_FILE=$EMBED_ADMIN_KEY_SECRET_FILE \
-    "$python" -m pytest tests/docker/test_k8s_container.py -q -p no:cacheprovider || k8s_rc=$?
+    "$python" -m pytest tests/docker/test_k8s_container.py tests/docker/test_k8s_rollout.py \
+    -q -s -p no:cacheprovider || k8s_rc=$?
 docker rm -f triton-embeddings-k8s-test-build triton-embeddings-k8s-test-server \
-    triton-embeddings-k8s-test-kserve >/dev/null 2>&1 || true
+    triton-embeddings-k8s-test-kserve triton-embeddings-k8s-test-rollout-{a,b,c,d} \
+    >/dev/null 2>&1 || true
 docker volume rm -f triton-embeddings-k8s-test_repository >/dev/null 2>&1 || true
 cat "$work/k8s.txt" >>"$timings" 2>/dev/null || true
 echo "k8s container checks $(($(now) - t)) s" | tee -a "$timings"

