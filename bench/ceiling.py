@@ -29,8 +29,8 @@ BATCH = 32
 
 def config_parameters(model_dir: Path) -> dict[str, str]:
     """The string ``parameters`` of ``model_dir/config.pbtxt``."""
-    from google.protobuf import text_format  # noqa: PLC0415
-    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
 
     config = text_format.Parse(
         (model_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
@@ -50,9 +50,9 @@ def make_session(
     served encoders load by default (``ort_weight_cache``), so sessions made side by side
     share one copy of the weights exactly as the server's instances do.
     """
-    import onnxruntime as ort  # noqa: PLC0415
+    import onnxruntime as ort
 
-    from embed_runtime.weight_cache import cached_model, graph_level  # noqa: PLC0415
+    from embed_runtime.weight_cache import cached_model, graph_level
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -93,7 +93,7 @@ def served_tokenizer(repo: Path, model: str):
 
     With ``fused_tokenize`` there is no such model: ``<model>_encode`` holds the tokenizer.
     """
-    from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams  # noqa: PLC0415
+    from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
 
     tok_dir = repo / f"{model}_tokenize"
     if not tok_dir.is_dir():
@@ -250,7 +250,7 @@ def image_ceiling(
 
 def _parallel_images(path: Path, cores: int, images: int) -> float:
     """Images/s with the images dealt out to ``cores`` single-threaded sessions at once."""
-    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+    from concurrent.futures import ThreadPoolExecutor
 
     sessions = [make_session(path, threads=1) for _ in range(cores)]
     graph_input = sessions[0].get_inputs()[0]

@@ -47,7 +47,7 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str | None]]) -> str:
 
 @cache
 def _environment():
-    import jinja2  # noqa: PLC0415
+    import jinja2
 
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),

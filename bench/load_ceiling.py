@@ -96,7 +96,7 @@ def _parallel_pass(
     tokenize and run their share at the same time, and the next group starts when both
     are done, so no more rows are in flight than in the group.
     """
-    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+    from concurrent.futures import ThreadPoolExecutor
 
     n = len(sessions)
 

@@ -85,13 +85,13 @@ class CpuMonitor:
 
     def start(self) -> None:
         """Mark the start of a window."""
-        import time  # noqa: PLC0415
+        import time
 
         self._start = (time.monotonic(), _total_busy_s(), _own_busy_s(self.root))
 
     def stop(self) -> CpuWindow:
         """End the window started by :meth:`start`."""
-        import time  # noqa: PLC0415
+        import time
 
         if self._start is None:
             raise RuntimeError("stop() before start()")

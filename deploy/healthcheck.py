@@ -37,7 +37,7 @@ DRAIN_SUFFIX = ".draining"  # as generator/supervisor.py writes it
 STALE_S = 30.0  # the watch writes every second: older means it stopped
 MAX_FAILED_RELOADS = 3
 # Wildcard listen addresses, and the loopback address that reaches each from inside.
-WILDCARDS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
+WILDCARDS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}  # noqa: S104 - a lookup
 
 
 def probe_host(triton_host: str) -> str:

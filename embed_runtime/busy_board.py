@@ -26,7 +26,7 @@ SLOTS = 64
 
 def board_path(model_name: str, version: str, server_pid: int | None = None) -> str:
     """The shared file of one model version of one server process."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()  # noqa: S108
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{model_name}-{version}")
     pid = os.getppid() if server_pid is None else server_pid
     return os.path.join(base, f"embed-busy-{pid}-{safe}")

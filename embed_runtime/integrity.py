@@ -25,7 +25,7 @@ class IntegrityError(RuntimeError):
 def file_digest(path: str) -> str:
     """SHA-256 (hex) of the file at ``path``."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:  # noqa: PTH123
+    with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(_BLOCK), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -35,7 +35,7 @@ def write_digests(folder: str, names: Iterable[str]) -> dict[str, str]:
     """Record the digest of each file ``names`` (relative to ``folder``); returns them."""
     digests = {name: file_digest(os.path.join(folder, name)) for name in sorted(names)}
     path = os.path.join(folder, DIGESTS_FILE)
-    with open(path, "w", encoding="utf-8") as handle:  # noqa: PTH123
+    with open(path, "w", encoding="utf-8") as handle:
         json.dump({"sha256": digests}, handle, indent=1, sort_keys=True)
     return digests
 
@@ -46,7 +46,7 @@ def recorded_digests(folder: str) -> dict[str, str] | None:
     if not os.path.isfile(path):
         return None
     try:
-        with open(path, encoding="utf-8") as handle:  # noqa: PTH123
+        with open(path, encoding="utf-8") as handle:
             recorded = json.load(handle)["sha256"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise IntegrityError(f"{path} is unreadable: {exc}") from None

@@ -101,7 +101,7 @@ def available_cores(cgroup_cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
     """
     cores = len(os.sched_getaffinity(0))
     try:
-        quota, period = open(cgroup_cpu_max).read().split()[:2]  # noqa: SIM115, PTH123
+        quota, period = open(cgroup_cpu_max).read().split()[:2]
     except (OSError, ValueError):
         return cores
     if quota == "max":

@@ -51,9 +51,9 @@ def stub_processes(server_pid: int, proc: str = "/proc") -> dict[str, tuple[str,
         if not entry.isdigit():
             continue
         try:
-            with open(os.path.join(proc, entry, "cmdline"), "rb") as handle:  # noqa: PTH123
+            with open(os.path.join(proc, entry, "cmdline"), "rb") as handle:
                 args = handle.read().split(b"\0")
-            with open(os.path.join(proc, entry, "stat"), encoding="utf-8") as handle:  # noqa: PTH123
+            with open(os.path.join(proc, entry, "stat"), encoding="utf-8") as handle:
                 state = handle.read().rsplit(")", 1)[-1].split()[0]
         except (OSError, IndexError):
             continue
@@ -149,7 +149,7 @@ class StubWatch:
             "failing_probes": self.failing_probes,
         }
         partial = f"{self.health_file}.{os.getpid()}.tmp"
-        with open(partial, "w", encoding="utf-8") as handle:  # noqa: PTH123
+        with open(partial, "w", encoding="utf-8") as handle:
             json.dump(state, handle)
         os.replace(partial, self.health_file)
 
@@ -205,9 +205,18 @@ def health_path(http_port: int | str, env: dict[str, str] | None = None) -> str:
 
 def server_http_url(server_pid: int, proc: str = "/proc") -> str:
     """``host:port`` of the server's HTTP endpoint, read from its command line."""
-    with open(os.path.join(proc, str(server_pid), "cmdline"), "rb") as handle:  # noqa: PTH123
+    with open(os.path.join(proc, str(server_pid), "cmdline"), "rb") as handle:
         args = [a.decode() for a in handle.read().split(b"\0") if a]
     values = dict(a[2:].split("=", 1) for a in args if a.startswith("--") and "=" in a)
-    host = values.get("http-address", "0.0.0.0")
-    host = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}.get(host, host)
-    return f"{host}:{values.get('http-port', '8000')}"
+    host = loopback_for(values.get("http-address", ""))
+    port = values.get("http-port", "8000")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# Wildcard listen addresses, and the loopback address that reaches each from the same host.
+_WILDCARDS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}  # noqa: S104 - a lookup
+
+
+def loopback_for(host: str) -> str:
+    """The address that reaches a server listening on ``host`` from the same machine."""
+    return _WILDCARDS.get(host, host)

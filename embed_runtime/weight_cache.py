@@ -58,7 +58,7 @@ def private_dir(path: str) -> str:
 def _cpu_flags() -> str:
     """The instruction-set flags the optimised graph and its packed weights depend on."""
     try:
-        with open("/proc/cpuinfo") as cpuinfo:  # noqa: PTH123
+        with open("/proc/cpuinfo") as cpuinfo:
             for line in cpuinfo:
                 if line.startswith(("flags", "Features")):
                     return line.split(":", 1)[1].strip()
@@ -72,7 +72,7 @@ def host_key(model_path: str, graph_optimization: str) -> str:
     import onnxruntime as ort  # noqa: PLC0415 - serve-time dependency
 
     digest = hashlib.sha256()
-    with open(model_path, "rb") as model:  # noqa: PTH123
+    with open(model_path, "rb") as model:
         for block in iter(lambda: model.read(1 << 20), b""):
             digest.update(block)
     folder = os.path.dirname(os.path.abspath(model_path))
@@ -127,7 +127,7 @@ def cached_model(
     if _intact(final, target, None):
         os.utime(final)  # last use, for prune_cache
         return target
-    with open(os.path.join(root, f"{key}.lock"), "a") as lock:  # noqa: PTH123
+    with open(os.path.join(root, f"{key}.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _intact(final, target, on_repair):  # written (or repaired) while this one waited
             os.utime(final)
@@ -175,7 +175,7 @@ def prune_cache(root: str, keep: str = "", days: float = CACHE_UNUSED_DAYS) -> l
             if "." in entry.name:  # the work folder of a write that never finished
                 shutil.rmtree(entry.path)
                 continue
-            with open(os.path.join(root, f"{entry.name}.lock"), "a") as lock:  # noqa: PTH123
+            with open(os.path.join(root, f"{entry.name}.lock"), "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 if os.stat(entry.path).st_mtime < cutoff:
                     shutil.rmtree(entry.path)

@@ -18,9 +18,9 @@ from pathlib import Path
 import embed_runtime
 from embed_runtime.integrity import write_digests
 
-from .build_types import ModelDir
 from .families import family
 from .manifest import Manifest, ModelEntry
+from .model_dir import ModelDir
 from .repo_lock import repository_lock
 from .shared_models import shared_model_dirs
 

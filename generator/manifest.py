@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embed_runtime.fetch import FetchPolicy
+
 from .families import FAMILIES, family, owners_of
 
 DEVICES = ("cpu", "gpu")
@@ -109,19 +111,26 @@ class ModelEntry:
         return family(self.family).ensemble_names(self)
 
 
+_FETCH_DEFAULTS = FetchPolicy()
+
+
 @dataclass(frozen=True)
 class FetchSettings:
-    """Settings of the shared ``fetch_image`` model."""
+    """Settings of the shared ``fetch_image`` model.
 
-    allow_hosts: tuple[str, ...] = ()
-    connect_timeout_s: float = 3.0
-    read_timeout_s: float = 10.0
-    max_bytes: int = 20 * 1024 * 1024
-    max_redirects: int = 3
+    The security limits default to :class:`~embed_runtime.fetch.FetchPolicy`'s own, so the
+    manifest and the model that enforces them cannot drift apart.
+    """
+
+    allow_hosts: tuple[str, ...] = _FETCH_DEFAULTS.allow_hosts
+    connect_timeout_s: float = _FETCH_DEFAULTS.connect_timeout_s
+    read_timeout_s: float = _FETCH_DEFAULTS.read_timeout_s
+    max_bytes: int = _FETCH_DEFAULTS.max_bytes
+    max_redirects: int = _FETCH_DEFAULTS.max_redirects
     max_concurrency: int = 32
     instances: int = 1
-    allowed_ports: tuple[int, ...] = ()
-    max_batch_bytes: int = 128 * 1024 * 1024
+    allowed_ports: tuple[int, ...] = _FETCH_DEFAULTS.allowed_ports
+    max_batch_bytes: int = _FETCH_DEFAULTS.max_batch_bytes
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import hashlib
 import sys
 
-from .build_types import ModelDir
 from .families import family
 from .families.open_clip import FETCH_IMAGE
 from .manifest import Manifest
+from .model_dir import ModelDir
 from .render import Batching, Instances, IOSpec, python_model
 
 MODEL_MANAGER = "model_manager"

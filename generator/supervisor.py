@@ -221,7 +221,7 @@ class Supervisor:
 
     def _write_marker(self, signum: int) -> None:
         partial = f"{self.marker}.{os.getpid()}.tmp"
-        with open(partial, "w", encoding="utf-8") as handle:  # noqa: PTH123
+        with open(partial, "w", encoding="utf-8") as handle:
             json.dump({"pid": os.getpid(), "since": time.time(),
                        "signal": signal.Signals(signum).name}, handle)
         os.replace(partial, self.marker)

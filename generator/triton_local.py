@@ -21,6 +21,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from embed_runtime.stub_watch import loopback_for
+
 from .admin import restriction_args
 
 PY_TAG = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -65,7 +67,7 @@ class TritonLaunch:
 
 def local_http_url(launch: TritonLaunch) -> str:
     """``host:port`` that reaches ``launch``'s HTTP endpoint from the same machine."""
-    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(launch.host, launch.host)
+    host = loopback_for(launch.host)
     return f"[{host}]:{launch.ports.http}" if ":" in host else f"{host}:{launch.ports.http}"
 
 
@@ -241,7 +243,7 @@ class TritonProcess:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"tritonserver exited early:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - local
+                with urllib.request.urlopen(url, timeout=2) as resp:
                     if resp.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):

@@ -121,7 +121,7 @@ class Texts:
 
     def __init__(self, sentences: Sequence[str]):
         """Encode every sentence as a ``TEXT`` tensor of shape ``[1, 1]``."""
-        import tritonclient.grpc as grpcclient  # noqa: PLC0415
+        import tritonclient.grpc as grpcclient
 
         self.sentences = list(sentences)
         self.inputs = []
@@ -134,7 +134,7 @@ class Texts:
 
 def reference(url: str, texts: Texts) -> np.ndarray:
     """Every sentence's vector from ``url``, one request at a time (the unloaded answer)."""
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
     try:
@@ -157,7 +157,7 @@ def open_loop(
     ``async_infer`` (never waiting for an answer); answers are timed by the callback.
     Returns every shot and the wall time from the first plan to the last send.
     """
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    import tritonclient.grpc as grpcclient
 
     rng = np.random.default_rng(seed)
     count = max(int(rate * seconds), 1)

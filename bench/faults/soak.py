@@ -104,7 +104,7 @@ class RerankSender:
 
     def __init__(self, url: str):
         """Connect over gRPC."""
-        from client import EmbeddingClient  # noqa: PLC0415
+        from client import EmbeddingClient
 
         self._client = EmbeddingClient(url, protocol="grpc")
 
@@ -261,11 +261,11 @@ def growth(samples: list[dict], seconds: float) -> dict[str, Any]:
 def plot(samples: list[dict], result: dict, path: Path) -> str:
     """Total and per-process RSS over time into ``path``; returns what was written."""
     try:
-        import matplotlib  # noqa: PLC0415
+        import matplotlib
     except ImportError:
         return "no plot: matplotlib is not installed (make bench installs it)"
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     t = [s["t"] / 60 for s in samples]
     names = sorted({n for s in samples for n in s["procs"]})

@@ -39,8 +39,8 @@ DECODER_OPTIONS = {"default": "", "fancy_upsampling": ":fancy_upsampling=1"}
 
 def parity_photos() -> dict[str, bytes]:
     """Encoded photographs for the parity table (name -> file bytes)."""
-    from PIL import Image  # noqa: PLC0415
-    from skimage import data  # noqa: PLC0415
+    from PIL import Image
+    from skimage import data
 
     photos: dict[str, bytes] = {}
 
@@ -92,13 +92,13 @@ def _embed(session, pixels: np.ndarray) -> np.ndarray:
 
 def image_parity(onnx_path: Path, params, photos: dict[str, bytes]) -> dict:
     """Exact CPU path vs GPU path (each decoder option) vs draft decode, per photo."""
-    import dataclasses  # noqa: PLC0415
+    import dataclasses
 
-    import torch  # noqa: PLC0415
+    import torch
 
-    from bench.ceiling import make_session  # noqa: PLC0415
-    from embed_runtime.image import open_image, preprocess_opened  # noqa: PLC0415
-    from embed_runtime.image_gpu import (  # noqa: PLC0415
+    from bench.ceiling import make_session
+    from embed_runtime.image import open_image, preprocess_opened
+    from embed_runtime.image_gpu import (
         GpuPreprocessor,
         gpu_eligible,
         nvimgcodec_decoder,
@@ -148,10 +148,10 @@ def image_parity(onnx_path: Path, params, photos: dict[str, bytes]) -> dict:
 def served_image_parity(grpc_url: str, model: str, photos: dict[str, bytes],
                         onnx_path: Path, params) -> dict:
     """The served ``<model>`` (GPU decode) against the exact CPU path embedded in-process."""
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    import tritonclient.grpc as grpcclient
 
-    from bench.ceiling import make_session  # noqa: PLC0415
-    from embed_runtime.image import open_image, preprocess_opened  # noqa: PLC0415
+    from bench.ceiling import make_session
+    from embed_runtime.image import open_image, preprocess_opened
 
     client = grpcclient.InferenceServerClient(grpc_url)
     served = []
@@ -168,10 +168,10 @@ def served_image_parity(grpc_url: str, model: str, photos: dict[str, bytes],
 def gpu_preprocess_rate(params, photos: dict[str, bytes], seconds: float = 5.0,
                         batch: int = 64, options: str | None = None) -> dict:
     """Images/s of the GPU path in one process, batches of ``batch`` of ``photos``."""
-    import torch  # noqa: PLC0415
+    import torch
 
-    from embed_runtime.image import open_image  # noqa: PLC0415
-    from embed_runtime.image_gpu import GpuPreprocessor, nvimgcodec_decoder  # noqa: PLC0415
+    from embed_runtime.image import open_image
+    from embed_runtime.image_gpu import GpuPreprocessor, nvimgcodec_decoder
 
     device = torch.device("cuda", 0)
     pool = ThreadPoolExecutor(2)
@@ -208,7 +208,7 @@ def corrupt_jpegs(photo: bytes) -> dict[str, bytes]:
 
 def served_safety(grpc_url: str, model: str, good: list[bytes], bad: dict[str, bytes]) -> dict:
     """Bad JPEGs sent at the same time as good ones: what each request got back."""
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    import tritonclient.grpc as grpcclient
 
     def send(data: bytes) -> str:
         client = grpcclient.InferenceServerClient(grpc_url)
@@ -254,7 +254,7 @@ def clip_gpu_decode(manifest) -> bool:
 
 def write_jpeg_only(perf_dir: Path, base_url: str) -> None:
     """``image_jpeg.json`` / ``image_url_jpeg.json``: the load's photos, JPEGs only."""
-    from client.load.perf_data import image_entries, url_entries  # noqa: PLC0415
+    from client.load.perf_data import image_entries, url_entries
 
     names = sorted(p.name for p in (perf_dir / "images").glob("*.jpg"))
     datas = [(perf_dir / "images" / n).read_bytes() for n in names]
@@ -265,8 +265,8 @@ def write_jpeg_only(perf_dir: Path, base_url: str) -> None:
 
 def _clip_image(repo: Path):
     """(preprocess params, image tower ONNX path) of the served CLIP model."""
-    from bench.ceiling import config_parameters  # noqa: PLC0415
-    from embed_runtime.image import PreprocessParams  # noqa: PLC0415
+    from bench.ceiling import config_parameters
+    from embed_runtime.image import PreprocessParams
 
     params = PreprocessParams.from_parameters(
         config_parameters(repo / f"{CLIP_MODEL}_preprocess_image")
@@ -321,11 +321,11 @@ def in_process_image_gpu(repo: Path, photos: dict[str, bytes]) -> dict:
 
 def probe() -> dict:
     """One photo through nvImageCodec and the GPU path, against Pillow (a smoke check)."""
-    import torch  # noqa: PLC0415
-    from PIL import Image  # noqa: PLC0415
+    import torch
+    from PIL import Image
 
-    from embed_runtime.image import PreprocessParams, open_image, preprocess_opened  # noqa: PLC0415
-    from embed_runtime.image_gpu import GpuPreprocessor, nvimgcodec_decoder  # noqa: PLC0415
+    from embed_runtime.image import PreprocessParams, open_image, preprocess_opened
+    from embed_runtime.image_gpu import GpuPreprocessor, nvimgcodec_decoder
 
     data = parity_photos()["astronaut_q90.jpg"]
     decode = nvimgcodec_decoder(0, True)

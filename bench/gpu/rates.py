@@ -18,7 +18,7 @@ import numpy as np
 
 def text_ceiling_gpu(onnx_path: Path, tokenizer, sentences: list[str]) -> dict:
     """ORT CUDA over the tokenized sentences in length-sorted batches (best batch size)."""
-    from bench.ceiling import make_session  # noqa: PLC0415
+    from bench.ceiling import make_session
 
     session = make_session(onnx_path, "gpu")
     names = {i.name for i in session.get_inputs()}
@@ -45,8 +45,8 @@ def text_ceiling_gpu(onnx_path: Path, tokenizer, sentences: list[str]) -> dict:
 
 def torch_text_rate(text_dir: Path, sentences: list[str]) -> dict:
     """sentence-transformers on the same GPU in fp16, batch 256: the PyTorch way."""
-    import torch  # noqa: PLC0415
-    from sentence_transformers import SentenceTransformer  # noqa: PLC0415
+    import torch
+    from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(str(text_dir), device="cuda").half()
     model.encode(sentences[:512], batch_size=256)
@@ -59,7 +59,7 @@ def torch_text_rate(text_dir: Path, sentences: list[str]) -> dict:
 
 def clip_text_ceiling(onnx_path: Path, batch: int = 256, runs: int = 20) -> dict:
     """ORT CUDA over the CLIP text tower: fixed 77-token rows, ``batch`` per run."""
-    from bench.ceiling import make_session  # noqa: PLC0415
+    from bench.ceiling import make_session
 
     session = make_session(onnx_path, "gpu")
     feed = {}
@@ -78,7 +78,7 @@ def clip_text_ceiling(onnx_path: Path, batch: int = 256, runs: int = 20) -> dict
 
 def image_tower_ceiling(onnx_path: Path, batch: int = 256, runs: int = 10) -> dict:
     """ORT CUDA over the image tower on ready pixels, ``batch`` images per run."""
-    from bench.ceiling import make_session  # noqa: PLC0415
+    from bench.ceiling import make_session
 
     session = make_session(onnx_path, "gpu")
     graph_input = session.get_inputs()[0]
@@ -93,7 +93,7 @@ def image_tower_ceiling(onnx_path: Path, batch: int = 256, runs: int = 10) -> di
 
 
 def _preprocess_share(job) -> int:
-    from embed_runtime.image import PreprocessParams, decode_image, preprocess_opened  # noqa: PLC0415
+    from embed_runtime.image import PreprocessParams, decode_image, preprocess_opened
 
     parameters, images, rounds = job
     params = PreprocessParams.from_parameters(parameters)
@@ -107,7 +107,7 @@ def preprocess_ceiling(
     repo: Path, model: str, photos: dict[str, bytes], rounds: int = 8
 ) -> dict:
     """Images/s of ``<model>_preprocess_image``'s decode + preprocess, a process per core."""
-    from bench.ceiling import config_parameters  # noqa: PLC0415
+    from bench.ceiling import config_parameters
 
     parameters = config_parameters(repo / f"{model}_preprocess_image")
     cores = os.cpu_count() or 1

@@ -101,7 +101,7 @@ def nvidia_smi(*query: str) -> list[list[str]]:
 
 def gpu_facts() -> dict:
     """The GPU, its driver, and the ONNX Runtime build that will drive it."""
-    import onnxruntime as ort  # noqa: PLC0415
+    import onnxruntime as ort
 
     name, driver, memory = nvidia_smi("--query-gpu=name,driver_version,memory.total")[0]
     return {
@@ -164,9 +164,9 @@ def manifest_data(text_dir: Path, precision: str, overrides: list[str]) -> dict:
     Serving knobs come from ``deploy/models.toml``; then ``precision`` and ``overrides``
     (``text.KEY=VALUE`` / ``clip.KEY=VALUE``).
     """
-    import tomllib  # noqa: PLC0415
+    import tomllib
 
-    from bench.manifest import parse_overrides  # noqa: PLC0415
+    from bench.manifest import parse_overrides
 
     shipped = tomllib.loads(GPU_MANIFEST.read_text())
     families = {e["family"]: e for e in shipped["models"]}
@@ -190,7 +190,7 @@ def manifest_data(text_dir: Path, precision: str, overrides: list[str]) -> dict:
 
 def serve_folder(folder: Path, port: int) -> subprocess.Popen:
     """``python -m http.server`` for the URL loads, in a process of its own (no GIL shared)."""
-    import socket  # noqa: PLC0415
+    import socket
 
     # http.server's own CLI keeps a listen backlog of 5: under hundreds of concurrent
     # fetches the kernel drops connections and the fetches time out on connect.
@@ -231,8 +231,8 @@ def encoder_stubs_on_gpu(models: Sequence[str]) -> dict[str, int]:
 
 def text_parity(grpc_url: str, text_dir: Path, sentences: list[str], precision: str) -> dict:
     """Served embeddings against ``SentenceTransformer.encode`` on the same GPU (fp32)."""
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415
-    from sentence_transformers import SentenceTransformer  # noqa: PLC0415
+    import tritonclient.grpc as grpcclient
+    from sentence_transformers import SentenceTransformer
 
     client = grpcclient.InferenceServerClient(grpc_url)
     served = []
@@ -315,24 +315,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the GPU benchmark; returns the exit code (1 when a check failed)."""
     args = parse_args(argv)
     if args.report:
-        from bench.gpu.report import write_gpu_section  # noqa: PLC0415
+        from bench.gpu.report import write_gpu_section
 
         saved = [json.loads(path.read_text()) for path in args.report]
         print(write_gpu_section(saved, ROOT / "docs"))
         return 0
     if args.probe:
-        from bench.gpu.images import probe  # noqa: PLC0415
+        from bench.gpu.images import probe
 
         print(json.dumps(probe()))
         return 0
-    from bench.ceiling import served_tokenizer  # noqa: PLC0415
-    from client.load.perf_data import write_perf_data  # noqa: PLC0415
-    from client.load.workload import generated_images, text_pool  # noqa: PLC0415
-    from generator.admin import KEY_ENV  # noqa: PLC0415
-    from generator.build import build_repository  # noqa: PLC0415
-    from generator.families.random_text import create_random_text_model  # noqa: PLC0415
-    from generator.manifest import parse_manifest  # noqa: PLC0415
-    from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports  # noqa: PLC0415
+    from bench.ceiling import served_tokenizer
+    from client.load.perf_data import write_perf_data
+    from client.load.workload import generated_images, text_pool
+    from generator.admin import KEY_ENV
+    from generator.build import build_repository
+    from generator.families.random_text import create_random_text_model
+    from generator.manifest import parse_manifest
+    from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 
     started = time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime())
     args.out.mkdir(parents=True, exist_ok=True)

@@ -18,10 +18,10 @@ def infinity_onnx_folder(model_path: str, out: Path) -> Path:
     """``out``: the model folder with ``model.onnx`` (``last_hidden_state``); reused if there."""
     if (out / "model.onnx").is_file():
         return out
-    import torch  # noqa: PLC0415
-    from transformers import AutoModel  # noqa: PLC0415
+    import torch
+    from transformers import AutoModel
 
-    from generator.onnx_export import GraphSpec, TensorSpec, export_module  # noqa: PLC0415
+    from generator.onnx_export import GraphSpec, TensorSpec, export_module
 
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -37,7 +37,7 @@ class PeerProcess:
         """Start the process; returns at once."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+            self.process = subprocess.Popen(
                 self.command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -55,7 +55,7 @@ class PeerProcess:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited early:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - loopback
+                with urllib.request.urlopen(url, timeout=2) as resp:
                     if resp.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):

@@ -65,9 +65,9 @@ def _uvicorn(app: str, port: int) -> list[str]:
 
 
 def _fastapi_versions() -> str:
-    import fastapi  # noqa: PLC0415
-    import sentence_transformers  # noqa: PLC0415
-    import uvicorn  # noqa: PLC0415
+    import fastapi
+    import sentence_transformers
+    import uvicorn
 
     return (
         f"fastapi {fastapi.__version__}, uvicorn {uvicorn.__version__}, "
@@ -112,7 +112,7 @@ def fastapi_ce_peer(root: Path, model_path: str, port: int, log_dir: Path) -> Pe
 
 
 def _run(cmd: list[str], log, timeout_s: float) -> None:
-    subprocess.run(  # noqa: S603 - fixed argv
+    subprocess.run(
         cmd, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=timeout_s
     )
 
@@ -135,7 +135,7 @@ def ensure_infinity(venv: Path, log_path: Path, install: bool = True) -> tuple[P
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
             return None, f"pip install {spec} failed ({exc}); see {log_path}"
     try:
-        version = subprocess.run(  # noqa: S603 - fixed argv
+        version = subprocess.run(
             [
                 str(venv / "bin" / "python"),
                 "-c",

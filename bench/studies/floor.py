@@ -65,10 +65,10 @@ def add_floor(repo: Path) -> None:
 
 def stub_code_p50(repo: Path, sentences: list[str]) -> float:
     """p50 ms of the fused encoder's own code on one sentence at a time, in-process."""
-    import numpy as np  # noqa: PLC0415
+    import numpy as np
 
-    from embed_runtime.fused_encoder import TextEncoder  # noqa: PLC0415
-    from embed_runtime.ort_encoder import EncoderParams, OrtEncoder  # noqa: PLC0415
+    from embed_runtime.fused_encoder import TextEncoder
+    from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
 
     folder = repo / f"{TEXT_MODEL}_encode"
     raw = config_parameters(folder)

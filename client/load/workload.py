@@ -137,7 +137,7 @@ class _ImageHandler(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         """Stay quiet: thousands of requests per run."""
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server API
+    def do_GET(self) -> None:
         """Send ``/img/<name>`` or 404."""
         body = self.images.get(self.path[5:]) if self.path.startswith("/img/") else None
         status, ctype = (200, _content_type(self.path)) if body else (404, "text/plain")

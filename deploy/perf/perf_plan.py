@@ -29,7 +29,7 @@ MIME = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png", ".webp
 
 def _get(url: str, body: dict | None = None) -> object:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method="POST" if data else "GET")
+    request = urllib.request.Request(url, data=data, method="POST" if data else "GET")  # noqa: S310
     with urllib.request.urlopen(request, timeout=30) as resp:  # noqa: S310 - the server's URL
         return json.loads(resp.read())
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from embed_runtime.ort_encoder import AUTO_THREADS
 from embed_runtime.tokenizer import TokenizerParams
 
-from ..build_types import ModelDir
 from ..manifest import ModelEntry
+from ..model_dir import ModelDir
 from ..onnx_export import GraphSpec
 from ..render import (
     Accelerator,

@@ -32,7 +32,7 @@ REFUSAL = "model_manager needs the server's admin key in the X-Admin-Key header"
 def _run(module: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -m module args``, with no admin key or server address from this shell."""
     base = {k: v for k, v in os.environ.items() if k not in (KEY_ENV, KEY_FILE_ENV, "TRITON_URL")}
-    return subprocess.run(  # noqa: S603 - this interpreter, fixed arguments
+    return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=ROOT,
         env={**base, **(env or {})},

@@ -16,13 +16,13 @@ from tritonclient.utils import InferenceServerException
 
 from client import EmbeddingClientError
 from client.load.corpus import varied_sentences
+from tests.http_servers import ImageServer, closed_port
 from tests.integration.clip_fixture import (
     CLIP_MODEL,
     decompression_bomb,
     mirrored,
     sample_images,
 )
-from tests.integration.image_server import ImageServer, closed_port
 
 pytestmark = pytest.mark.integration
 IMAGES = sample_images()

@@ -73,7 +73,7 @@ def _serve(base: Path, name: str, extra_env: dict[str, str], wrapper: bool = Fal
     cmd += ["--work-dir", str(base / "work")]
     start = time.monotonic()
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(  # noqa: S603 - fixed interpreter and arguments
+        proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
@@ -91,7 +91,7 @@ def _serve(base: Path, name: str, extra_env: dict[str, str], wrapper: bool = Fal
         assert embedding.shape == (1, 384)
         assert abs(float(np.linalg.norm(embedding[0])) - 1.0) < 1e-4
         healthy = _healthcheck(http)
-        stop = subprocess.Popen(  # noqa: S603
+        stop = subprocess.Popen(
             [sys.executable, "-m", "generator", "stop", "--pid-file", str(pid_file)],
             cwd=ROOT,
             stdout=subprocess.PIPE,

@@ -13,8 +13,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from generator.shared_models import FETCH_IMAGE
+from tests.http_servers import ImageServer
 from tests.integration.clip_fixture import CLIP_MODEL, sample_images
-from tests.integration.image_server import ImageServer
 
 URL_ENSEMBLE = f"{CLIP_MODEL}_image_url"
 

@@ -62,10 +62,10 @@ def probed(tmp_path_factory, extra_models):
 
 
 def _api(port: int, path: str, body: dict | None = None) -> dict:
-    request = urllib.request.Request(  # noqa: S310 - loopback
+    request = urllib.request.Request(
         f"http://127.0.0.1:{port}{path}", data=None if body is None else json.dumps(body).encode(),
         headers={"X-Admin-Key": ADMIN_KEY}, method="GET" if body is None else "POST")
-    with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
+    with urllib.request.urlopen(request, timeout=60) as response:
         data = response.read()
     return json.loads(data) if data else {}
 

@@ -73,13 +73,13 @@ def live_metrics(server) -> dict[str, set[str]]:
     with server.client("http") as client:
         client.embed_texts(TEXT_MODEL, ["warm the per-model counters"])
     url = f"http://127.0.0.1:{server.ports.metrics}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - local server
+    with urllib.request.urlopen(url, timeout=10) as resp:
         return parse_exposition(resp.read().decode())
 
 
 def test_live_scrape_has_per_model_metrics_for_every_served_step(server, live_metrics) -> None:
     url = f"http://127.0.0.1:{server.ports.metrics}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - local server
+    with urllib.request.urlopen(url, timeout=10) as resp:
         text = resp.read().decode()
     labelled = set(re.findall(r'^nv_inference_request_success\{model="([^"]+)"', text, re.M))
     assert set(server.manifest.get(TEXT_MODEL).model_dirs) <= labelled

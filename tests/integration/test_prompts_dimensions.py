@@ -56,7 +56,7 @@ NODEFAULT_DIM = 128  # pm_nodefault's manifest truncate_dim
 
 
 def _reference(folder, **kwargs):
-    from sentence_transformers import SentenceTransformer  # noqa: PLC0415
+    from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(str(folder), device="cpu", **kwargs).eval()
 

@@ -50,7 +50,7 @@ def http(server, method: str, path: str, body: object = None, headers=None) -> t
         f"http://{server.http_url}{path}", data=data, method=method, headers=headers or {}
     )
     try:
-        with urllib.request.urlopen(request, timeout=60) as resp:  # noqa: S310 - loopback
+        with urllib.request.urlopen(request, timeout=60) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()

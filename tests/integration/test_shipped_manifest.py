@@ -62,7 +62,7 @@ def _shipped_manifest(tmp_path_factory) -> Manifest:
         ("tiny-clip", ".build/tiny-clip"),
         ("tiny-rerank", ".build/tiny-rerank"),
     ):
-        done = subprocess.run(  # noqa: S603 - this interpreter, the Makefile's commands
+        done = subprocess.run(
             [sys.executable, "-m", "generator", command, folder],
             cwd=base,
             capture_output=True,
@@ -127,7 +127,7 @@ def _check_text(shipped: Shipped, name: str, corpus: list[str], reference) -> No
 
 
 def _check_clip(shipped: Shipped, ensemble: str, entry, reference) -> None:
-    import torch  # noqa: PLC0415
+    import torch
 
     model, preprocess, tokenizer = reference
     dim = json.loads(resolve_path(shipped.manifest, entry.arch).read_text())["embed_dim"]
@@ -152,7 +152,7 @@ def _check_clip(shipped: Shipped, ensemble: str, entry, reference) -> None:
 
 
 def _check_rerank(shipped: Shipped, name: str, entry) -> None:
-    from sentence_transformers import CrossEncoder  # noqa: PLC0415
+    from sentence_transformers import CrossEncoder
 
     reference = CrossEncoder(str(resolve_path(shipped.manifest, entry.source)), device="cpu")
     query = "what does Triton serve?"
@@ -164,7 +164,7 @@ def _check_rerank(shipped: Shipped, name: str, entry) -> None:
 
 
 def test_every_shipped_ensemble_answers_correctly(shipped, corpus, reference):
-    from generator.families.open_clip.assets import load_open_clip  # noqa: PLC0415
+    from generator.families.open_clip.assets import load_open_clip
 
     served = {ensemble: entry for entry in shipped.manifest.models for ensemble in entry.ensembles}
     make_serve = {

@@ -49,7 +49,7 @@ def _serve_in_small_shm(server, size_mib: int, work: Path) -> tuple[subprocess.P
               + " ".join(f"'{a}'" for a in serve))
     log = work / "serve.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script], cwd=ROOT, env=env,  # noqa: S603, S607
+        proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script], cwd=ROOT, env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, http, log
 
@@ -64,7 +64,7 @@ def _wait_ready(proc, http: int, log: Path, timeout_s: float = 240) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2) as r:  # noqa: S310
+            with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2) as r:
                 if r.status == 200:
                     return True
         except OSError:

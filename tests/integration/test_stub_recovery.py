@@ -50,7 +50,7 @@ def _stub_pids(server_pid: int, model: str) -> dict[str, int]:
         if not entry.isdigit():
             continue
         try:
-            args = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")  # noqa: PTH123, SIM115
+            args = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
         except OSError:
             continue
         if len(args) > 8 and args[5] == str(server_pid).encode() and (
@@ -63,7 +63,7 @@ def _stub_pids(server_pid: int, model: str) -> dict[str, int]:
 def _watch_reloads(health_file: str) -> int:
     """How many reloads the server's stub watch has finished (its health file)."""
     try:
-        with open(health_file, encoding="utf-8") as handle:  # noqa: PTH123
+        with open(health_file, encoding="utf-8") as handle:
             return int(json.load(handle).get("reloads", 0))
     except (OSError, ValueError):
         return 0
@@ -85,7 +85,7 @@ def _run(server, call, check, model: str) -> tuple[Load, float, dict]:
                     error = ""
                     if not check(answer):
                         load.wrong.append(f"wrong answer at {sent:.2f}")
-                except Exception as exc:  # noqa: BLE001 - every failure is recorded
+                except Exception as exc:
                     error = str(exc)[:300] or type(exc).__name__
                 load.results.append((sent, time.monotonic(), error))
 
@@ -198,7 +198,7 @@ def test_a_killed_image_stub_is_replaced_and_no_answer_is_wrong(
 
 @pytest.fixture(scope="module")
 def image_server():
-    from tests.integration.image_server import ImageServer
+    from tests.http_servers import ImageServer
 
     with ImageServer({"photo.jpg": sample_images()["photo.jpg"]}) as srv:
         yield srv

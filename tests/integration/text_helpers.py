@@ -143,7 +143,7 @@ def concurrent_round(server, payloads: Sequence[str | bytes], model: str = TEXT_
             tc.is_server_live()
             barrier.wait()
             results[i] = infer_raw(tc, protocol, text_tensor([payloads[i]]), model=model)[0]
-        except Exception as exc:  # noqa: BLE001 - handed to the caller to assert on
+        except Exception as exc:
             results[i] = exc
         finally:
             tc.close()

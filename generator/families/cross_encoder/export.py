@@ -17,9 +17,9 @@ import numpy as np
 from embed_runtime.pair_tokenizer import PairTokenizer
 from embed_runtime.tokenizer import TokenizerParams
 
-from ...build_types import ModelDir
 from ...declared_kind import check_source
 from ...manifest import Manifest, ModelEntry
+from ...model_dir import ModelDir
 from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ...precision import apply_precision
 from ...render import Instances, IOSpec, Step, ensemble, python_model

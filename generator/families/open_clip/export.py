@@ -15,8 +15,8 @@ from pathlib import Path
 from embed_runtime.image_gpu import require_cuda_device
 from embed_runtime.tokenizer import TokenizerParams
 
-from ...build_types import ModelDir
 from ...manifest import Manifest, ModelEntry, resolve_path
+from ...model_dir import ModelDir
 from ...render import Instances, IOSpec, python_model
 from ..common import chain_dir, encoder_dir, step_batching, tokenize_dir
 from . import FETCH_IMAGE

@@ -18,9 +18,9 @@ import numpy as np
 
 from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
 
-from ...build_types import ModelDir
 from ...declared_kind import check_source
 from ...manifest import Manifest, ModelEntry, resolve_path
+from ...model_dir import ModelDir
 from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ...precision import apply_precision
 from ...render import IOSpec

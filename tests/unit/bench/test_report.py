@@ -10,8 +10,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from bench import docs_text  # noqa: E402
-from bench.summary import Summary  # noqa: E402
+from bench import docs_text
+from bench.summary import Summary
 
 SYSTEMS = ("triton-grpc", "fastapi", "infinity")
 

@@ -9,8 +9,6 @@ parsed with Triton's ModelConfig protobuf.
 
 from __future__ import annotations
 
-import contextlib
-import http.server
 import importlib.util
 import json
 import os
@@ -19,7 +17,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import threading
 import tomllib
 import urllib.request
 from pathlib import Path
@@ -35,6 +32,7 @@ from generator.manifest import ManifestError, ModelEntry, load_manifest, parse_m
 from generator.onnx_export import GraphSpec, TensorSpec
 from generator.render import parse_config
 from generator.triton_local import prepare_backends, server_env, triton_binary
+from tests.http_servers import LocalServer, QuietHandler
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
@@ -631,7 +629,7 @@ PROMETHEUS_SCHEMA = {
 
 
 def test_prometheus_scrapes_the_triton_service_metrics_port(compose) -> None:
-    import jsonschema  # noqa: PLC0415 - installed with check-jsonschema
+    import jsonschema
 
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     jsonschema.validate(config, PROMETHEUS_SCHEMA)
@@ -741,30 +739,16 @@ def test_healthcheck_fails_when_nothing_listens(healthcheck, monkeypatch) -> Non
     assert healthcheck.main() == 1
 
 
-class _Recorder(http.server.BaseHTTPRequestHandler):
+class _Recorder(QuietHandler):
     """Answers every GET with 200 and records the request line's target."""
 
-    def do_GET(self) -> None:  # noqa: N802 - the handler API's name
+    def do_GET(self) -> None:
         self.server.seen.append(self.path)
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *_args) -> None:
-        """Quiet."""
+        self.reply(200, ctype=None)
 
 
-@contextlib.contextmanager
-def _recording_server():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    server.seen = []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
+def _recording_server() -> LocalServer:
+    return LocalServer(_Recorder)
 
 
 def test_healthcheck_ignores_proxy_variables(healthcheck, monkeypatch) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import collections
 import dataclasses
 import importlib.util
 import io
@@ -16,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote
 
@@ -29,6 +27,8 @@ from embed_runtime import fetch
 from embed_runtime.errors import INTERNAL, INVALID_ARG, UNAVAILABLE, RequestError
 from embed_runtime.fetch import ByteBudget, FetchPolicy, fetch_url
 from embed_runtime.fetch_pool import FetchPool
+from tests.http_servers import FakeDns, LocalServer, QuietHandler
+from tests.http_servers import closed_port as free_port
 from tests.unit import fake_pb_utils as pb
 
 SMALL_CAP = 1000
@@ -44,34 +44,10 @@ def _png() -> bytes:
 PNG = _png()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+class _Handler(QuietHandler):
+    """The fetch tests' routes: every way a server can answer (or not)."""
 
-    def log_message(self, *args) -> None:
-        pass
-
-    def _reply(
-        self,
-        status: int,
-        body: bytes = b"",
-        ctype: str | None = "image/png",
-        length: int | None = -1,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        self.send_response(status)
-        if ctype:
-            self.send_header("Content-Type", ctype)
-        if length is not None:
-            self.send_header("Content-Length", str(len(body) if length < 0 else length))
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _redirect(self, location: str, status: int = 302) -> None:
-        self._reply(status, ctype=None, headers={"Location": location})
-
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         path = self.path.partition("?")[0]
         self.server.hits[self.path] += 1
         base = f"http://127.0.0.1:{self.server.server_port}"
@@ -100,13 +76,13 @@ class _Handler(BaseHTTPRequestHandler):
             "/to-file": "file:///etc/passwd",
         }
         if path in simple:
-            self._reply(*simple[path])
+            self.reply(*simple[path])
         elif path in redirects:
-            self._redirect(redirects[path])
+            self.redirect(redirects[path])
         elif path == "/see-other":
-            self._redirect("/image.png", status=303)
+            self.redirect("/image.png", status=303)
         elif path.startswith("/to-port/"):
-            self._redirect(f"http://127.0.0.1:{path.rsplit('/', 1)[1]}/image.png")
+            self.redirect(f"http://127.0.0.1:{path.rsplit('/', 1)[1]}/image.png")
         elif path.startswith("/reason/"):
             self.send_response(int(path.rsplit("/", 1)[1]), "Secret upstream detail 10.9.8.7")
             self.send_header("Content-Length", "0")
@@ -118,29 +94,29 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/close":
             self.close_connection = True
         elif path == "/redirect-no-location":
-            self._reply(302, ctype=None)
+            self.reply(302, ctype=None)
         elif path.startswith("/chain/"):
             left = int(path.rsplit("/", 1)[1])
             if left:
-                self._redirect(f"/chain/{left - 1}")
+                self.redirect(f"/chain/{left - 1}")
             else:
-                self._reply(200, PNG)
+                self.reply(200, PNG)
         elif path == "/claims-huge":
-            self._reply(200, PNG, length=10**9)
+            self.reply(200, PNG, length=10**9)
         elif path == "/no-length-big":
-            self._reply(200, b"x" * (SMALL_CAP * 5), length=None)
+            self.reply(200, b"x" * (SMALL_CAP * 5), length=None)
         elif path == "/chunked-big":
             chunk = b"x" * 100
             body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(50)) + b"0\r\n\r\n"
-            self._reply(200, body, length=None, headers={"Transfer-Encoding": "chunked"})
+            self.reply(200, body, length=None, headers={"Transfer-Encoding": "chunked"})
         elif path == "/short":
-            self._reply(200, PNG[:10], length=len(PNG))
+            self.reply(200, PNG[:10], length=len(PNG))
         elif path == "/echo":
             body = f"{self.headers['Host']}|{self.headers['User-Agent']}".encode()
-            self._reply(200, body, ctype="application/octet-stream")
+            self.reply(200, body, ctype="application/octet-stream")
         elif path == "/slow":
             time.sleep(0.3)
-            self._reply(200, PNG)
+            self.reply(200, PNG)
         elif path == "/hang":
             self.server.release.wait(5)
         elif path == "/drip":
@@ -154,30 +130,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(b"x")
                 self.wfile.flush()
         else:
-            self._reply(404, b"unknown", "text/plain")
-
-
-class _Server(ThreadingHTTPServer):
-    request_queue_size = 64
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.hits: collections.Counter[str] = collections.Counter()
-        self.release = threading.Event()
-
-    def handle_error(self, request, client_address) -> None:
-        pass
+            self.reply(404, b"unknown", "text/plain")
 
 
 @pytest.fixture(scope="module")
 def server():
-    srv = _Server()
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.release.set()
-    srv.shutdown()
-    srv.server_close()
+    with LocalServer(_Handler) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -187,38 +146,12 @@ def base(server) -> str:
 
 @pytest.fixture
 def closed_port() -> int:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
-
-
-class _FakeDns:
-    """``getaddrinfo`` answering ``first`` on a name's first lookup and ``later`` after."""
-
-    def __init__(self) -> None:
-        self.first: dict[str, list[str]] = {}
-        self.later: dict[str, list[str]] = {}
-        self.calls: collections.Counter[str] = collections.Counter()
-        self._real = socket.getaddrinfo
-
-    def getaddrinfo(self, host, port, *args, **kwargs):
-        if host not in self.first:
-            return self._real(host, port, *args, **kwargs)
-        self.calls[host] += 1
-        ips = self.first[host] if self.calls[host] == 1 else self.later.get(host, self.first[host])
-        return [
-            (socket.AF_INET6, socket.SOCK_STREAM, 6, "", (ip, port, 0, 0))
-            if ":" in ip
-            else (socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))
-            for ip in ips
-        ]
+    return free_port()
 
 
 @pytest.fixture
-def fake_dns(monkeypatch) -> _FakeDns:
-    dns = _FakeDns()
+def fake_dns(monkeypatch) -> FakeDns:
+    dns = FakeDns()
     monkeypatch.setattr(fetch.socket, "getaddrinfo", dns.getaddrinfo)
     return dns
 
@@ -688,15 +621,12 @@ def tls_server(tmp_path_factory):
         check=True,
         capture_output=True,
     )
-    srv = _Server()
+    srv = LocalServer(_Handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     srv.socket = context.wrap_socket(srv.socket, server_side=True)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv, cert
-    srv.release.set()
-    srv.shutdown()
-    srv.server_close()
+    with srv:
+        yield srv, cert
 
 
 def test_fetch_verifies_tls_certificate_for_original_host(tls_server, fake_dns, monkeypatch):

@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import open_clip
 import pytest
-from open_clip.transform import PreprocessCfg, image_transform_v2  # noqa: E402
+from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image, ImageOps, features
 
 from embed_runtime.errors import InvalidInputError
@@ -23,11 +23,11 @@ from embed_runtime.image import (
     preprocess_batch,
     preprocess_opened,
 )
-from generator.families.open_clip.assets import (  # noqa: E402
+from generator.families.open_clip.assets import (
     load_open_clip,
     preprocess_params_from_model,
 )
-from generator.fixtures.tiny_clip import create_tiny_checkpoint  # noqa: E402
+from generator.fixtures.tiny_clip import create_tiny_checkpoint
 
 RNG = np.random.default_rng(1234)
 TOLERANCE = 0.0
@@ -366,7 +366,7 @@ def test_params_from_model_resolve_open_clip_quirks():
 )
 def test_draft_decode_stays_close_to_open_clip_and_leaves_other_formats_exact(width, height, fmt):
     """The opt-in reduced-scale JPEG decode: measured deviation from open_clip, bounded."""
-    from client.load.workload import _photo  # noqa: PLC0415 - the benchmark's photo-like images
+    from client.load.workload import _photo
 
     buf = io.BytesIO()
     kwargs = {"quality": 88} if fmt == "JPEG" else {}

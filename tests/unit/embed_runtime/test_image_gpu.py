@@ -221,7 +221,7 @@ def test_serving_constructor_fails_loudly_without_cuda() -> None:
 
 
 def test_manifest_takes_image_decode_only_where_it_can_run() -> None:
-    from generator.manifest import ManifestError, parse_manifest  # noqa: PLC0415
+    from generator.manifest import ManifestError, parse_manifest
 
     clip = {"name": "clip", "family": "open-clip", "arch": "ViT-B-32", "device": "gpu",
             "image_decode": "gpu"}
@@ -241,8 +241,8 @@ def test_manifest_takes_image_decode_only_where_it_can_run() -> None:
 
 @pytest.mark.skipif(bool(visible_gpus()), reason="checks the refusal on a host without a GPU")
 def test_build_refuses_gpu_decode_on_a_host_without_a_gpu_before_exporting(tmp_path) -> None:
-    from generator.families.open_clip import export as open_clip  # noqa: PLC0415
-    from generator.manifest import parse_manifest  # noqa: PLC0415
+    from generator.families.open_clip import export as open_clip
+    from generator.manifest import parse_manifest
 
     clip = {"name": "clip", "family": "open-clip", "arch": "no-such-arch", "device": "gpu",
             "image_decode": "gpu"}
@@ -252,7 +252,7 @@ def test_build_refuses_gpu_decode_on_a_host_without_a_gpu_before_exporting(tmp_p
 
 
 def test_manifest_image_apply_exif_is_off_unless_asked() -> None:
-    from generator.manifest import parse_manifest  # noqa: PLC0415
+    from generator.manifest import parse_manifest
 
     clip = {"name": "clip", "family": "open-clip", "arch": "ViT-B-32"}
     assert parse_manifest({"models": [clip]}, Path(".")).models[0].image_apply_exif is False

@@ -24,7 +24,7 @@ from embed_runtime.integrity import (
 from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
 from embed_runtime.weight_cache import cached_model
 from generator.build import RepositoryWriter
-from generator.build_types import ModelDir
+from generator.model_dir import ModelDir
 from tests.unit.embed_runtime.test_ort_encoder import BASE, _expected, _tokens, masked_mean_graph
 
 

@@ -78,7 +78,7 @@ def test_dimensions_refused_where_the_model_cannot_truncate():
 @pytest.mark.parametrize("normalize", [True, False])
 def test_truncate_matches_sentence_transformers(normalize):
     """sentence-transformers truncates the pipeline output, then normalises if asked."""
-    from sentence_transformers.util import truncate_embeddings  # noqa: PLC0415
+    from sentence_transformers.util import truncate_embeddings
 
     rng = np.random.default_rng(0)
     raw = rng.normal(size=(5, 32)).astype(np.float32)
@@ -133,7 +133,7 @@ def _entry(**extra) -> dict:
 
 
 def test_manifest_takes_prompts_default_and_truncate_dim(tmp_path):
-    from generator.manifest import parse_manifest  # noqa: PLC0415
+    from generator.manifest import parse_manifest
 
     entry = parse_manifest(
         {
@@ -157,15 +157,15 @@ def test_manifest_takes_prompts_default_and_truncate_dim(tmp_path):
     ],
 )
 def test_manifest_refuses_bad_prompt_options(tmp_path, extra):
-    from generator.manifest import ManifestError, parse_manifest  # noqa: PLC0415
+    from generator.manifest import ManifestError, parse_manifest
 
     with pytest.raises(ManifestError):
         parse_manifest({"models": [_entry(**extra)]}, tmp_path)
 
 
 def test_runtime_manifest_round_trips_prompts(tmp_path):
-    from generator.manifest import load_manifest  # noqa: PLC0415
-    from generator.manifest_edit import append_entry  # noqa: PLC0415
+    from generator.manifest import load_manifest
+    from generator.manifest_edit import append_entry
 
     path = tmp_path / "runtime-models.toml"
     path.write_text("", encoding="utf-8")
@@ -175,7 +175,7 @@ def test_runtime_manifest_round_trips_prompts(tmp_path):
 
 
 def test_cli_passes_prompt_name_and_dimensions():
-    from client.cli import parse_args  # noqa: PLC0415
+    from client.cli import parse_args
 
     args = parse_args(
         ["embed", "--model", "m", "--prompt-name", "query", "--dimensions", "128", "x"]
@@ -187,9 +187,9 @@ def test_cli_passes_prompt_name_and_dimensions():
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_embed_texts_sends_options_as_request_parameters(monkeypatch, protocol):
-    import inspect  # noqa: PLC0415
+    import inspect
 
-    from client import EmbeddingClient  # noqa: PLC0415
+    from client import EmbeddingClient
 
     sent = []
 

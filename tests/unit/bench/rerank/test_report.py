@@ -9,10 +9,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
-from bench import docs_text  # noqa: E402
-from bench.rerank.report import BEGIN, END, RerankSummary, write_rerank_section  # noqa: E402
-from bench.summary import Summary  # noqa: E402
-from tests.unit.bench.test_report import _results  # noqa: E402
+from bench import docs_text
+from bench.rerank.report import BEGIN, END, RerankSummary, write_rerank_section
+from bench.summary import Summary
+from tests.unit.bench.test_report import _results
 
 
 def _run(repeat: int, system: str, rate: float) -> dict:

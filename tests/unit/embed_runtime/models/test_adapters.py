@@ -597,10 +597,10 @@ def _jpeg(width: int, height: int) -> bytes:
 @pytest.fixture
 def gpu_preprocess_model(backend, tmp_path: Path, monkeypatch):
     """The adapter with ``image_decode = gpu`` on torch's CPU device, Pillow as the decoder."""
-    import torch  # noqa: PLC0415
+    import torch
 
-    from embed_runtime.image_gpu import GpuPreprocessor  # noqa: PLC0415
-    from tests.unit.embed_runtime.test_image_gpu import pillow_decode  # noqa: PLC0415
+    from embed_runtime.image_gpu import GpuPreprocessor
+    from tests.unit.embed_runtime.test_image_gpu import pillow_decode
 
     built = []
 
@@ -637,7 +637,7 @@ def test_preprocess_image_gpu_decode_serves_each_request_and_isolates_bad_images
 
 
 def test_preprocess_image_gpu_decode_refuses_to_load_without_cuda(backend, tmp_path) -> None:
-    import torch  # noqa: PLC0415
+    import torch
 
     if torch.cuda.is_available():
         pytest.skip("this host has CUDA")

@@ -6,11 +6,11 @@ import itertools
 
 import numpy as np
 import pytest
-from open_clip.tokenizer import SimpleTokenizer  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
+from open_clip.tokenizer import SimpleTokenizer
+from tokenizers import Tokenizer
 
-from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams  # noqa: E402
-from generator.families.open_clip.assets import write_tokenizer_json  # noqa: E402
+from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
+from generator.families.open_clip.assets import write_tokenizer_json
 
 SUBJECTS = ["a dog", "Two cats", "an old man", "the Eiffel Tower", "a red car", "my friend's bike"]
 SCENES = ["on the beach", "at night.", "in the rain!", "near a river, at sunset", "(blurry)"]
