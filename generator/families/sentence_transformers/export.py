@@ -123,6 +123,44 @@ def graph_input_names(model) -> list[str]:
     return names
 
 
+# How far the graph fed the server's way may be from the library's own encode.
+SERVED_PADDING_ATOL = 1e-4
+
+
+def _check_served_padding(
+    model, entry: ModelEntry, onnx_path: Path, tokenizer_json: Path, params, input_names
+) -> None:
+    """The graph, fed the way the server feeds it, must give ``SentenceTransformer.encode``.
+
+    The library pads as its tokenizer says (on the left for Qwen3-style decoders) and the
+    graph check above uses that padding; the server pads every chunk on the right to its
+    own longest row. So the validation texts, of very different lengths, are tokenized by
+    the serving tokenizer into one right-padded batch, run through the exported graph and
+    compared with what the library returns for them.
+    """
+    import onnxruntime as ort  # noqa: PLC0415 - a build-time check of the exported graph
+
+    texts = list(VALIDATION_TEXTS)
+    arrays = BatchTokenizer(str(tokenizer_json), params).encode(texts)
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    got = session.run(["EMBEDDING"], {n: arrays[n] for n in input_names})[0]
+    truncate_dim, model.truncate_dim = model.truncate_dim, None  # the graph's full width
+    try:  # no prompt: the tokenizer above adds none either
+        want = model.encode(
+            texts, prompt="", convert_to_numpy=True, normalize_embeddings=entry.normalize
+        )
+    finally:
+        model.truncate_dim = truncate_dim
+    worst = float(np.abs(got - want).max())
+    if worst > SERVED_PADDING_ATOL:
+        raise RuntimeError(
+            f"{entry.name}: fed the way the server pads (on the right, per chunk) the graph "
+            f"differs from SentenceTransformer.encode by {worst:.2e} (max abs, allowed "
+            f"{SERVED_PADDING_ATOL:g}): this model's output depends on padding the server "
+            "does not reproduce, so it is not served"
+        )
+
+
 def _check_tokenizer(model, path: Path, params: TokenizerParams) -> list[str]:
     runtime = BatchTokenizer(str(path), params)
     failures = []
@@ -230,6 +268,7 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
         enc = model.preprocess(list(batch))
         cases.append({n: enc[n].numpy().astype(np.int64) for n in input_names})
     validate_graph(onnx_path, spec, encoder, cases)
+    _check_served_padding(model, entry, onnx_path, tokenizer_json, tok_params, input_names)
     apply_precision(onnx_path, entry.graph_precision, spec, encoder, cases)
 
     tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"

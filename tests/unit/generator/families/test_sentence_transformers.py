@@ -157,3 +157,23 @@ def test_embedding_width_and_normalisation_follow_the_pipeline(exported):
         np.testing.assert_allclose(norms, 1.0, atol=1e-5)
     else:
         assert np.abs(norms - 1.0).min() > 1e-2, "raw pooled vectors are not unit length"
+
+
+def test_build_refuses_a_model_whose_output_depends_on_padding_the_server_does_not_do(
+    tmp_path,
+) -> None:
+    """Negative control of the served-padding check: a BERT (absolute positions) whose
+    tokenizer pads on the left gives the library other vectors for short texts in a batch
+    than the server, which pads every chunk on the right; the build must refuse it."""
+    variant = next(v for v in VARIANTS if v.pooling == "mean")
+    folder = build_tiny_model(variant, tmp_path / "model")
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["padding_side"] = "left"
+    config_path.write_text(json.dumps(config))
+    assert load_reference(folder).tokenizer.padding_side == "left"
+    entry = ModelEntry(**manifest_entry(variant, folder))
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(RuntimeError, match="depends on padding the server does not reproduce"):
+        family.build(entry, Manifest(models=(entry,), base_dir=tmp_path), work)
