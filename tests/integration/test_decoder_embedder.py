@@ -12,19 +12,14 @@ prompt left out differ from the prompted reference far beyond the tolerance.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from generator.admin import KEY_ENV
-from generator.build import build_repository
 from generator.manifest import parse_manifest
-from generator.shared_models import startup_models
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
-from tests.integration.conftest import ADMIN_KEY, Server
+from tests.integration.conftest import serve
 from tests.st_factory import TOKENIZER_FILES, parity_texts, tokenizer_dir
 
 pytestmark = pytest.mark.integration
@@ -98,17 +93,8 @@ def decoder(tmp_path_factory):
         "max_queue_delay_us": 20000,
     }
     manifest = parse_manifest({"models": [entry]}, base)
-    repo = base / "model_repository"
-    build_repository(manifest, repo, log=lambda _msg: None)
-    ports = TritonPorts(*free_ports(3))
-    launch = TritonLaunch(repo, ports, load_models=startup_models(manifest), admin_key=ADMIN_KEY)
-    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY})
-    process.start()
-    try:
-        process.wait_ready(timeout_s=float(os.environ.get("TRITON_START_TIMEOUT", 240)))
-        yield Server(ports, manifest, repo, process), texts, expected
-    finally:
-        process.stop()
+    with serve(manifest, base) as server:
+        yield server, texts, expected
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

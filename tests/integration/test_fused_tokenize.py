@@ -10,7 +10,6 @@ request refused alone with its reason while good ones in the same execution succ
 
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,13 +19,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from generator.admin import KEY_ENV
-from generator.build import build_repository
 from generator.manifest import parse_manifest
 from generator.render import parse_config
-from generator.shared_models import startup_models
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
-from tests.integration.conftest import ADMIN_KEY, Server
+from tests.integration.conftest import Server, serve
 from tests.integration.text_helpers import (
     INVALID,
     assert_parity,
@@ -68,17 +63,8 @@ def fused_server(tmp_path_factory) -> Server:
         "max_request_text_bytes": 131072,
     }
     manifest = parse_manifest({"models": [entry]}, base)
-    repo = base / "model_repository"
-    build_repository(manifest, repo, log=lambda _msg: None)
-    ports = TritonPorts(*free_ports(3))
-    launch = TritonLaunch(repo, ports, load_models=startup_models(manifest), admin_key=ADMIN_KEY)
-    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY})
-    process.start()
-    try:
-        process.wait_ready(timeout_s=float(os.environ.get("TRITON_START_TIMEOUT", 240)))
-        yield Server(ports, manifest, repo, process)
-    finally:
-        process.stop()
+    with serve(manifest, base) as server:
+        yield server
 
 
 def test_fused_repository_has_a_one_step_ensemble_and_no_tokenize_model(fused_server):

@@ -9,19 +9,14 @@ to their own longest row: every pooling mode must ignore that padding.
 
 from __future__ import annotations
 
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from generator.admin import KEY_ENV
-from generator.build import build_repository
 from generator.manifest import parse_manifest
-from generator.shared_models import startup_models
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
-from tests.integration.conftest import ADMIN_KEY, Server
+from tests.integration.conftest import Server, serve
 from tests.st_factory import (
     VARIANTS,
     build_tiny_model,
@@ -60,17 +55,8 @@ def pooling_setup(tmp_path_factory) -> tuple[Server, dict[str, np.ndarray], list
             )
         )
     manifest = parse_manifest({"models": entries}, base)
-    repo = base / "model_repository"
-    build_repository(manifest, repo, log=lambda _msg: None)
-    ports = TritonPorts(*free_ports(3))
-    launch = TritonLaunch(repo, ports, load_models=startup_models(manifest), admin_key=ADMIN_KEY)
-    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY})
-    process.start()
-    try:
-        process.wait_ready(timeout_s=float(os.environ.get("TRITON_START_TIMEOUT", 240)))
-        yield Server(ports, manifest, repo, process), expected, texts
-    finally:
-        process.stop()
+    with serve(manifest, base) as server:
+        yield server, expected, texts
 
 
 def _stats_after(client, model: str, before, requests: int, timeout_s: float = 10.0):

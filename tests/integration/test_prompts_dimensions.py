@@ -11,7 +11,6 @@ parameters (an ensemble forwards them to its steps), so one execution may mix th
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import threading
@@ -25,12 +24,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from generator.admin import KEY_ENV
-from generator.build import build_repository
 from generator.manifest import parse_manifest
-from generator.shared_models import startup_models
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
-from tests.integration.conftest import ADMIN_KEY, Server
+from tests.integration.conftest import ADMIN_KEY, serve
 from tests.integration.test_perf_analyzer import KEY_HEADER, perf_analyzer
 from tests.integration.text_helpers import (
     INVALID,
@@ -85,21 +80,12 @@ def setup(tmp_path_factory):
         },
     ]
     manifest = parse_manifest({"models": entries}, base)
-    repo = base / "model_repository"
-    build_repository(manifest, repo, log=lambda _msg: None)
     references = {
         "pm": _reference(source),
         "pm_nodefault": _reference(plain, prompts=PROMPTS, truncate_dim=NODEFAULT_DIM),
     }
-    ports = TritonPorts(*free_ports(3))
-    launch = TritonLaunch(repo, ports, load_models=startup_models(manifest), admin_key=ADMIN_KEY)
-    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY})
-    process.start()
-    try:
-        process.wait_ready(timeout_s=float(os.environ.get("TRITON_START_TIMEOUT", 240)))
-        yield Server(ports, manifest, repo, process), references
-    finally:
-        process.stop()
+    with serve(manifest, base) as server:
+        yield server, references
 
 
 def _want(reference, prompt_name=None, dimensions=None) -> np.ndarray:

@@ -10,7 +10,6 @@ length-sorted chunks of 4 rows. Bad requests fail alone with INVALID_ARG.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 
@@ -22,13 +21,9 @@ from tritonclient.utils import InferenceServerException
 
 from client import EmbeddingClientError
 from client.cli import main as client_main
-from generator.admin import KEY_ENV
-from generator.build import build_repository
 from generator.fixtures.tiny_rerank import create_tiny_cross_encoder
 from generator.manifest import parse_manifest
-from generator.shared_models import startup_models
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
-from tests.integration.conftest import ADMIN_KEY, Server
+from tests.integration.conftest import serve
 from tests.rerank_data import QUERY, rerank_pairs
 
 pytestmark = pytest.mark.integration
@@ -62,18 +57,9 @@ def rerank_setup(tmp_path_factory):
         "max_request_text_bytes": MAX_REQUEST_TEXT_BYTES,
     }
     manifest = parse_manifest({"models": [entry]}, base)
-    repo = base / "model_repository"
-    build_repository(manifest, repo, log=lambda _msg: None)
     reference = CrossEncoder(str(folder), device="cpu")
-    ports = TritonPorts(*free_ports(3))
-    launch = TritonLaunch(repo, ports, load_models=startup_models(manifest), admin_key=ADMIN_KEY)
-    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY})
-    process.start()
-    try:
-        process.wait_ready(timeout_s=float(os.environ.get("TRITON_START_TIMEOUT", 240)))
-        yield Server(ports, manifest, repo, process), reference
-    finally:
-        process.stop()
+    with serve(manifest, base) as server:
+        yield server, reference
 
 
 def _tensor(rows) -> np.ndarray:
