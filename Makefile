@@ -35,7 +35,7 @@ $(TINY_RERANK): | $(STAMP)
 	$(PY) -m generator tiny-rerank .build/tiny-rerank
 
 serve: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)
-	$(PY) -m generator serve
+	$(PY) -m generator serve --local-admin-key
 
 build: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)
 	$(PY) -m generator build
@@ -68,8 +68,8 @@ perf-analyzer: $(STAMP)
 
 # perf_analyzer sweep of every ensemble a running `make serve` has (deploy/perf/run_perf.sh:
 # the client's generated data, concurrency 1-32, gRPC), then its table into docs/benchmarks.md.
-# perf_analyzer reads model configs, an admin API: give it the same EMBED_ADMIN_KEY or
-# EMBED_ADMIN_KEY_FILE as `make serve`. PERF_CONCURRENCY, PERF_MEASUREMENT_MS, PERF_MODELS...
+# perf_analyzer reads model configs, an admin API: it takes EMBED_ADMIN_KEY or
+# EMBED_ADMIN_KEY_FILE, else the local key `make serve` made (.build/admin-key). PERF_CONCURRENCY, PERF_MEASUREMENT_MS, PERF_MODELS...
 # (see run_perf.sh) narrow it; PERF_HOST and TRITON_HTTP_PORT / TRITON_GRPC_PORT find the server.
 # A window counts as stable when the last 3 agree within PERF_STABILITY %: 25 (and up to 20
 # windows) lets a shared CPU machine settle; perf_analyzer's own 10 suits a quiet host.
@@ -84,7 +84,8 @@ perf: perf-analyzer
 	TRITON_GRPC_URL=$(PERF_HOST):$${TRITON_GRPC_PORT:-8001} \
 	PERF_ANALYZER=$(PERF_ANALYZER) PERF_RESULTS=$(PERF_RESULTS) PYTHON=$(PY) \
 	PERF_STABILITY=$(PERF_STABILITY) PERF_MAX_TRIALS=$(PERF_MAX_TRIALS) \
-	PERF_COMMAND="make perf" deploy/perf/run_perf.sh
+	PERF_COMMAND="make perf" PERF_LOCAL_KEY=$${EMBED_LOCAL_ADMIN_KEY_FILE:-$(CURDIR)/.build/admin-key} \
+	deploy/perf/run_perf.sh
 	$(PY) deploy/perf/perf_table.py $(PERF_RESULTS) --doc $(PERF_DOC)
 
 # The CPU Docker deployment end to end (deploy/docker/test_docker.sh, needs root): installs

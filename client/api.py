@@ -13,8 +13,10 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,6 +49,11 @@ DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 ADMIN_HEADER = "X-Admin-Key"
 ADMIN_KEY_ENV = "EMBED_ADMIN_KEY"
 ADMIN_KEY_FILE_ENV = "EMBED_ADMIN_KEY_FILE"
+# The key `make serve` makes when it is given none (generator.admin.local_key_path: the
+# same file), read only for a server on this machine.
+LOCAL_KEY_FILE_ENV = "EMBED_LOCAL_ADMIN_KEY_FILE"
+LOCAL_KEY_FILE = Path(__file__).resolve().parents[1] / ".build" / "admin-key"
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]", "::1")
 # gRPC metadata is lower case; Triton's gRPC API restriction reads the key under this prefix.
 GRPC_RESTRICTED_PREFIX = "triton-grpc-protocol-"
 _BATCH_LIMIT = re.compile(r"batch-size must be <= (\d+)")
@@ -65,6 +72,26 @@ def admin_key_from_env(environ: Mapping[str, str] | None = None) -> str | None:
         except OSError as exc:
             raise EmbeddingClientError(f"cannot read {ADMIN_KEY_FILE_ENV}={path}: {exc}") from exc
     return None
+
+
+def local_admin_key(url: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The local key of ``make serve`` when ``url`` is on this machine and the file is there.
+
+    The file must be this user's and private (mode 0600), as ``make serve`` writes it; a
+    key for a server elsewhere is never taken from it.
+    """
+    env = os.environ if environ is None else environ
+    host = url.rsplit(":", 1)[0] if url.count(":") == 1 or url.startswith("[") else url
+    if host not in LOOPBACK_HOSTS:
+        return None
+    path = Path(env.get(LOCAL_KEY_FILE_ENV) or LOCAL_KEY_FILE)
+    try:
+        info = path.lstat()
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            return None
+        return path.read_text(encoding="utf-8").rstrip("\r\n") or None
+    except OSError:
+        return None
 
 
 def admin_headers(key: str | None, protocol: str) -> dict[str, str]:
@@ -107,9 +134,10 @@ class EmbeddingClient(LifecycleMixin, RerankMixin):
 
         ``url`` defaults to ``localhost:8000`` for HTTP and ``localhost:8001`` for gRPC.
         ``timeout_s`` bounds each call (HTTP: connection and network timeouts; gRPC:
-        the deadline of each call). ``admin_key`` (default: ``$EMBED_ADMIN_KEY`` or the
-        file ``$EMBED_ADMIN_KEY_FILE``) is sent as ``X-Admin-Key`` with the calls that
-        need it: the repository index, model configs and ``model_manager``.
+        the deadline of each call). ``admin_key`` (default: ``$EMBED_ADMIN_KEY``, the file
+        ``$EMBED_ADMIN_KEY_FILE``, or for a server on this machine the local key file of
+        ``make serve``; ``""``: none) is sent as ``X-Admin-Key`` with the calls that need
+        it: the repository index, model configs and ``model_manager``.
         """
         if protocol not in DEFAULT_PORTS:
             raise EmbeddingClientError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
@@ -119,7 +147,10 @@ class EmbeddingClient(LifecycleMixin, RerankMixin):
         self.protocol = protocol
         self.timeout_s = timeout_s
         self.max_request_bytes = max_request_bytes
-        self._admin = {"headers": admin_headers(admin_key or admin_key_from_env(), protocol)}
+        if admin_key is None:  # "" is an explicit "no key"
+            admin_key = admin_key_from_env() or local_admin_key(self.url)
+        key = admin_key
+        self._admin = {"headers": admin_headers(key, protocol)}
         self._max_batch: dict[str, int] = {}
         self._closed = False
         self._tc = importlib.import_module(f"tritonclient.{protocol}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hmac
 import os
 import secrets
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -61,6 +62,47 @@ def configured_admin_key(env: Mapping[str, str] | None = None) -> str | None:
     if not value.isprintable() or any(c in value for c in ",:="):
         raise AdminKeyError(f"the key from {where} must be printable and hold no ',', ':' or '='")
     return value
+
+
+# `make serve` without a key: one made for this checkout, readable by its owner only, that
+# the client, its CLI and `make perf` on the same machine find by themselves. Containers
+# never use it (the entrypoint does not pass --local-admin-key): they need an explicit key.
+LOCAL_KEY_FILE_ENV = "EMBED_LOCAL_ADMIN_KEY_FILE"
+LOCAL_KEY_FILE = Path(__file__).resolve().parents[1] / ".build" / "admin-key"
+
+
+def local_key_path(env: Mapping[str, str] | None = None) -> Path:
+    """Where the local key lives: ``$EMBED_LOCAL_ADMIN_KEY_FILE``, else ``.build/admin-key``."""
+    env = os.environ if env is None else env
+    return Path(env.get(LOCAL_KEY_FILE_ENV) or LOCAL_KEY_FILE)
+
+
+def local_admin_key(path: Path) -> str:
+    """The key in ``path``, created (mode 0600) with a random key if it is not there.
+
+    An existing file must be a regular file of this user that no one else can read or
+    write (anything else could plant or read the key): otherwise :class:`AdminKeyError`.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise AdminKeyError(
+                f"{path} must be a regular file of uid {os.getuid()} with mode 0600 (it holds "
+                "the local admin key); remove it to get a new one"
+            ) from None
+        key = configured_admin_key({KEY_FILE_ENV: str(path)})
+        if key is None:
+            raise AdminKeyError(f"{path} is empty; remove it to get a new key") from None
+        return key
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return local_admin_key(path)
+    key = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(key + "\n")
+    return key
 
 
 def server_admin_key(env: Mapping[str, str] | None = None) -> str:

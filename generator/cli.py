@@ -17,7 +17,14 @@ from pathlib import Path
 
 from embed_runtime.stub_watch import health_path
 
-from .admin import ADMIN_HEADER, KEY_ENV, configured_admin_key
+from .admin import (
+    ADMIN_HEADER,
+    KEY_ENV,
+    KEY_FILE_ENV,
+    configured_admin_key,
+    local_admin_key,
+    local_key_path,
+)
 from .build import RepositoryWriter, build_repository, entry_fingerprint, remove_entry
 from .families import FAMILIES
 from .manifest import ManifestError, load_serving_manifest
@@ -78,6 +85,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-build", action="store_true")
     serve.add_argument("--pid-file", type=Path, default=DEFAULT_PID)
     serve.add_argument("--work-dir", type=Path, default=Path(".build"))
+    serve.add_argument(
+        "--local-admin-key",
+        action="store_true",
+        help="without EMBED_ADMIN_KEY(_FILE): use (or create, mode 0600) the local key file "
+        "that clients on this machine read by default (make serve; never in containers)",
+    )
     stop = sub.add_parser("stop", help="stop the server started by serve")
     stop.add_argument("--pid-file", type=Path, default=DEFAULT_PID)
     return parser
@@ -172,6 +185,11 @@ def _cmd_serve(args) -> int:
         build_repository(manifest, args.repo)
     names = startup_models(manifest)
     key = configured_admin_key()
+    local_key = None
+    if key is None and args.local_admin_key:
+        local_key = local_key_path()
+        key = local_admin_key(local_key)
+        os.environ[KEY_FILE_ENV] = str(local_key)  # model_manager's operator key, as given
     launch = TritonLaunch(
         args.repo.resolve(),
         TritonPorts.from_env(),
@@ -183,11 +201,15 @@ def _cmd_serve(args) -> int:
     cmd = server_command(launch, backends)
     args.pid_file.parent.mkdir(parents=True, exist_ok=True)
     args.pid_file.write_text(str(os.getpid()))
-    admin = (
-        f"need the {ADMIN_HEADER} header ({KEY_ENV})"
-        if key
-        else f"locked (no {KEY_ENV}: model_manager refuses every action)"
-    )
+    if local_key is not None:
+        admin = (
+            f"need the {ADMIN_HEADER} header: the local key in {local_key} (mode 0600), which "
+            "the client, its CLI and make perf on this machine read by themselves"
+        )
+    elif key:
+        admin = f"need the {ADMIN_HEADER} header ({KEY_ENV})"
+    else:
+        admin = f"locked (no {KEY_ENV}: model_manager refuses every action)"
     print(
         f"starting tritonserver on {launch.host}: HTTP {launch.ports.http}, "
         f"gRPC {launch.ports.grpc}, metrics {launch.ports.metrics}; admin APIs {admin}; "

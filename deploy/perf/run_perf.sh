@@ -25,6 +25,8 @@
 #   PERF_COMMAND        (this script)  how the run was started, recorded in run.env
 #   EMBED_ADMIN_KEY / EMBED_ADMIN_KEY_FILE  the server's admin key (required): perf_analyzer
 #                       reads each model's config, an admin-only API (docs/security.md)
+#   PERF_LOCAL_KEY      (empty)        `make perf`: the local key file of `make serve`, read
+#                       when neither of the above is set and the server is on this machine
 set -euo pipefail
 
 http_url=${TRITON_HTTP_URL:-triton:8000}
@@ -46,6 +48,15 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 admin_key=${EMBED_ADMIN_KEY:-}
 if [[ -z $admin_key && -n ${EMBED_ADMIN_KEY_FILE:-} ]]; then
     admin_key=$(<"$EMBED_ADMIN_KEY_FILE")
+fi
+local_key=${PERF_LOCAL_KEY:-}
+if [[ -z $admin_key && -n $local_key && -r $local_key ]]; then
+    case ${grpc_url%:*} in
+    127.0.0.1 | localhost | "[::1]")
+        admin_key=$(<"$local_key")
+        echo "admin key: the local key of make serve ($local_key)"
+        ;;
+    esac
 fi
 if [[ -z $admin_key ]]; then
     echo "error: set EMBED_ADMIN_KEY or EMBED_ADMIN_KEY_FILE to the server's admin key:" \
