@@ -1,0 +1,166 @@
+"""LangChain integrations over :class:`~client.EmbeddingClient` (extra ``frameworks``).
+
+    from client.langchain import TritonEmbeddings, TritonReranker
+
+    embeddings = TritonEmbeddings(model="all-MiniLM-L6-v2", url="localhost:8001",
+                                  protocol="grpc", query_prompt_name="query")
+    vectors = embeddings.embed_documents(texts)       # list[list[float]], one per text
+    query = embeddings.embed_query("what is triton?")
+
+    reranker = TritonReranker(model="rerank-tiny", top_n=3)   # a document compressor
+    best = reranker.compress_documents(documents, "what is triton?")
+
+Long lists are sent in requests of at most the model's ``max_batch_size`` (the client
+splits them). Errors are the client's :class:`~client.EmbeddingClientError`, raised to
+the caller as LangChain does with any embedding error. The async methods run the same
+calls in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.callbacks import Callbacks
+from langchain_core.documents import Document
+from langchain_core.documents.compressor import BaseDocumentCompressor
+from langchain_core.embeddings import Embeddings
+from pydantic import ConfigDict, PrivateAttr
+
+from .api import EmbeddingClient
+
+
+class _Connection:
+    """A client per thread for one integration object, created on first use.
+
+    tritonclient's HTTP client runs on gevent and may only be used from the thread that
+    made it, and the frameworks' async methods run calls in worker threads.
+    """
+
+    def __init__(self, url: str | None, protocol: str, timeout_s: float, admin_key: str | None):
+        self._args = (url, protocol, timeout_s)
+        self._admin_key = admin_key
+        self._local = threading.local()
+        self._clients: list[EmbeddingClient] = []
+        self._lock = threading.Lock()
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            url, protocol, timeout_s = self._args
+            client = EmbeddingClient(url, protocol, timeout_s, admin_key=self._admin_key)
+            self._local.client = client
+            with self._lock:
+                self._clients.append(client)
+        return getattr(client, method)(*args, **kwargs)
+
+    def close(self) -> None:
+        """Close every client made so far (a later call opens a new one)."""
+        with self._lock:
+            clients, self._clients = self._clients, []
+        self._local = threading.local()
+        for client in clients:
+            with contextlib.suppress(Exception):  # one of another thread may refuse
+                client.close()
+
+
+class TritonEmbeddings(Embeddings):
+    """A text ensemble of the server as LangChain ``Embeddings`` (CLIP: ``<name>_text``).
+
+    ``query_prompt_name`` / ``document_prompt_name`` pick the model's prompts for
+    queries and documents (None: the model's default); ``dimensions`` keeps the first k
+    values (Matryoshka models).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        url: str | None = None,
+        protocol: str = "http",
+        *,
+        query_prompt_name: str | None = None,
+        document_prompt_name: str | None = None,
+        dimensions: int | None = None,
+        timeout_s: float = 60.0,
+        admin_key: str | None = None,
+    ):
+        self.model = model
+        self.query_prompt_name = query_prompt_name
+        self.document_prompt_name = document_prompt_name
+        self.dimensions = dimensions
+        self._connection = _Connection(url, protocol, timeout_s, admin_key)
+
+    def _embed(self, texts: Sequence[str], prompt_name: str | None) -> list[list[float]]:
+        if not texts:
+            return []
+        vectors = self._connection.call(
+            "embed_texts",
+            self.model,
+            list(texts),
+            prompt_name=prompt_name,
+            dimensions=self.dimensions,
+        )
+        return vectors.astype(float).tolist()
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        """One vector per text, with the documents' prompt."""
+        return self._embed(texts, self.document_prompt_name)
+
+    def embed_query(self, text: str) -> list[float]:
+        """The vector of one query, with the queries' prompt."""
+        return self._embed([text], self.query_prompt_name)[0]
+
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        """:meth:`embed_documents` in a worker thread."""
+        return await asyncio.to_thread(self.embed_documents, texts)
+
+    async def aembed_query(self, text: str) -> list[float]:
+        """:meth:`embed_query` in a worker thread."""
+        return await asyncio.to_thread(self.embed_query, text)
+
+    def close(self) -> None:
+        """Close the connection (a later call opens a new one)."""
+        self._connection.close()
+
+
+class TritonReranker(BaseDocumentCompressor):
+    """A cross-encoder ensemble of the server as a LangChain document compressor.
+
+    Keeps the ``top_n`` documents by score (all when None), best first, each with its
+    score in ``metadata["relevance_score"]``.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    model: str
+    url: str | None = None
+    protocol: str = "http"
+    top_n: int | None = 3
+    timeout_s: float = 60.0
+    admin_key: str | None = None
+    _connection: _Connection | None = PrivateAttr(default=None)
+
+    def _conn(self) -> _Connection:
+        if self._connection is None:
+            self._connection = _Connection(self.url, self.protocol, self.timeout_s, self.admin_key)
+        return self._connection
+
+    def compress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
+    ) -> Sequence[Document]:
+        """The documents ranked against ``query`` by the server's reranker."""
+        if not documents:
+            return []
+        texts = [doc.page_content for doc in documents]
+        ranked = self._conn().call("rank", self.model, query, texts, k=self.top_n)
+        return [
+            Document(
+                page_content=documents[r.index].page_content,
+                metadata={**documents[r.index].metadata, "relevance_score": r.score},
+                id=documents[r.index].id,
+            )
+            for r in ranked
+        ]

@@ -1,0 +1,154 @@
+"""LangChain and LlamaIndex on the real server: the packages from PyPI, the integrations
+of ``client/langchain.py`` and ``client/llama_index.py``.
+
+Each must give what the plain client gives (float32 vectors turned into the frameworks'
+float lists, so equal to 1e-7), send long lists in requests no larger than the model's
+``max_batch_size`` (1,000 texts; Triton's own request count says how many went), and
+raise the client's error the way the frameworks pass errors on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from io import BytesIO
+
+import numpy as np
+import pytest
+from langchain_core.documents import Document
+from llama_index.core.embeddings import BaseEmbedding, MultiModalEmbedding
+
+from client import EmbeddingClientError
+from client.langchain import TritonEmbeddings, TritonReranker
+from client.llama_index import TritonEmbedding, TritonMultiModalEmbedding
+from client.load.corpus import varied_sentences
+from generator.fixtures.tiny_rerank import create_tiny_cross_encoder
+from generator.manifest import parse_manifest
+from tests.integration.clip_fixture import CLIP_MODEL, sample_images
+from tests.integration.conftest import MAX_BATCH, TEXT_MODEL, serve
+
+pytestmark = pytest.mark.integration
+
+EXACT = 1e-7
+
+
+def _success_count(server, model: str) -> int:
+    with server.client() as client:
+        (stats,) = client.model_statistics(model)
+    return stats.success_count
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_langchain_embeddings_equal_the_plain_client(server, protocol) -> None:
+    url = server.http_url if protocol == "http" else server.grpc_url
+    texts = varied_sentences(24)
+    embeddings = TritonEmbeddings(TEXT_MODEL, url, protocol)
+    documents = embeddings.embed_documents(texts)
+    query = embeddings.embed_query(texts[0])
+    with server.client(protocol) as client:
+        want = client.embed_texts(TEXT_MODEL, texts)
+    assert isinstance(documents, list) and isinstance(documents[0], list)
+    assert isinstance(documents[0][0], float)
+    assert np.abs(np.asarray(documents) - want).max() <= EXACT
+    assert np.abs(np.asarray(query) - want[0]).max() <= EXACT
+    async_docs = asyncio.run(embeddings.aembed_documents(texts[:3]))
+    async_query = asyncio.run(embeddings.aembed_query(texts[1]))
+    assert np.abs(np.asarray(async_docs) - want[:3]).max() <= EXACT
+    assert np.abs(np.asarray(async_query) - want[1]).max() <= EXACT
+    embeddings.close()
+
+
+def test_langchain_sends_1000_texts_in_requests_of_at_most_max_batch_size(server) -> None:
+    texts = varied_sentences(1000)
+    before = _success_count(server, TEXT_MODEL)
+    vectors = TritonEmbeddings(TEXT_MODEL, server.http_url).embed_documents(texts)
+    sent = _success_count(server, TEXT_MODEL) - before
+    assert len(vectors) == 1000 and len(vectors[0]) == 384
+    assert sent == math.ceil(1000 / MAX_BATCH), f"{sent} requests for 1000 texts"
+    with server.client() as client:
+        want = client.embed_texts(TEXT_MODEL, texts[-5:])
+    assert np.abs(np.asarray(vectors[-5:]) - want).max() <= EXACT
+
+
+def test_langchain_errors_surface_as_the_clients_error(server) -> None:
+    with pytest.raises(EmbeddingClientError, match="no-such-model"):
+        TritonEmbeddings("no-such-model", server.http_url).embed_query("x")
+    with pytest.raises(EmbeddingClientError, match="empty"):
+        TritonEmbeddings(TEXT_MODEL, server.http_url).embed_documents(["fine", ""])
+    assert TritonEmbeddings(TEXT_MODEL, server.http_url).embed_documents([]) == []
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_llama_index_embedding_equals_the_plain_client(server, protocol) -> None:
+    url = server.http_url if protocol == "http" else server.grpc_url
+    texts = varied_sentences(40)
+    model = TritonEmbedding(model_name=TEXT_MODEL, url=url, protocol=protocol,
+                            embed_batch_size=16)
+    assert isinstance(model, BaseEmbedding)
+    batch = model.get_text_embedding_batch(texts)
+    query = model.get_query_embedding(texts[2])
+    with server.client(protocol) as client:
+        want = client.embed_texts(TEXT_MODEL, texts)
+    assert np.abs(np.asarray(batch) - want).max() <= EXACT
+    assert np.abs(np.asarray(query) - want[2]).max() <= EXACT
+    async_batch = asyncio.run(model.aget_text_embedding_batch(texts[:5]))
+    async_query = asyncio.run(model.aget_query_embedding(texts[3]))
+    assert np.abs(np.asarray(async_batch) - want[:5]).max() <= EXACT
+    assert np.abs(np.asarray(async_query) - want[3]).max() <= EXACT
+
+
+def test_llama_index_errors_surface_as_the_clients_error(server) -> None:
+    model = TritonEmbedding(model_name="no-such-model", url=server.http_url)
+    with pytest.raises(EmbeddingClientError, match="no-such-model"):
+        model.get_query_embedding("x")
+
+
+def test_llama_index_multimodal_embeds_clip_texts_and_images(server, image_server) -> None:
+    images = sample_images()
+    names = sorted(images)[:3]
+    model = TritonMultiModalEmbedding(model_name=CLIP_MODEL, url=server.http_url)
+    assert isinstance(model, MultiModalEmbedding)
+    by_bytes = [model.get_image_embedding(BytesIO(images[n])) for n in names]
+    by_url = model.get_image_embedding_batch([image_server.url(f"/img/{n}") for n in names])
+    text = model.get_text_embedding("a photo of a cat")
+    with server.client() as client:
+        want_images = client.embed_images(CLIP_MODEL, [images[n] for n in names])
+        want_text = client.embed_texts(f"{CLIP_MODEL}_text", ["a photo of a cat"])[0]
+    assert np.abs(np.asarray(by_bytes) - want_images).max() <= EXACT
+    assert np.abs(np.asarray(by_url) - want_images).max() <= EXACT
+    assert np.abs(np.asarray(text) - want_text).max() <= EXACT
+
+
+@pytest.fixture(scope="module")
+def image_server():
+    from tests.http_servers import ImageServer
+
+    with ImageServer(sample_images()) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def reranker_server(tmp_path_factory):
+    base = tmp_path_factory.mktemp("frameworks-rerank")
+    folder = create_tiny_cross_encoder(base / "rr")
+    entry = {"name": "rr", "family": "cross-encoder", "source": str(folder)}
+    with serve(parse_manifest({"models": [entry]}, base), base) as server:
+        yield server
+
+
+def test_langchain_reranker_keeps_the_best_documents_with_their_scores(reranker_server) -> None:
+    query = "what is triton?"
+    texts = varied_sentences(8)
+    documents = [Document(page_content=t, metadata={"row": i}) for i, t in enumerate(texts)]
+    compressor = TritonReranker(model="rr", url=reranker_server.http_url, top_n=3)
+    kept = compressor.compress_documents(documents, query)
+    with reranker_server.client() as client:
+        scores = client.rerank("rr", query, texts)
+    best = np.argsort(-scores, kind="stable")[:3]
+    assert [d.metadata["row"] for d in kept] == best.tolist()
+    for doc in kept:
+        assert abs(doc.metadata["relevance_score"] - scores[doc.metadata["row"]]) <= EXACT
+        assert doc.page_content == texts[doc.metadata["row"]]
+    assert compressor.compress_documents([], query) == []
+    everything = TritonReranker(model="rr", url=reranker_server.http_url, top_n=None)
+    assert len(everything.compress_documents(documents, query)) == len(documents)
