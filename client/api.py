@@ -197,18 +197,18 @@ class EmbeddingClient(LifecycleMixin, RerankMixin):
         *,
         prompt_name: str | None = None,
         dimensions: int | None = None,
+        truncate: bool | None = None,
     ) -> np.ndarray:
         """Embed ``texts`` with the text ensemble ``model`` (CLIP: ``<name>_text``).
 
         ``prompt_name`` picks one of the model's prompts (else its default, if any);
         ``dimensions`` k keeps the first k values (Matryoshka), renormalised when the
-        model normalises. Both travel as request parameters.
+        model normalises; ``truncate=False`` refuses a text longer than the model's limit
+        instead of cutting it (the default cuts, as sentence-transformers does). They
+        travel as request parameters.
         """
-        parameters = {
-            key: value
-            for key, value in (("prompt_name", prompt_name), ("dimensions", dimensions))
-            if value is not None
-        }
+        options = (("prompt_name", prompt_name), ("dimensions", dimensions), ("truncate", truncate))
+        parameters = {key: value for key, value in options if value is not None}
         return self._embed(model, TEXT_INPUT, encode_texts(texts), parameters)
 
     def embed_images(self, model: str, images: Sequence[ImageItem]) -> np.ndarray:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -108,6 +109,7 @@ class BatchTokenizer:
 
         self.params = params
         self.tokenizer = Tokenizer.from_file(tokenizer_path)
+        self._counting = None  # the same tokenizer without truncation, made on first use
         self.tokenizer.enable_truncation(max_length=params.max_length)
         pad_kwargs = {"pad_id": params.pad_id}
         if params.pad_to_max_length:
@@ -121,6 +123,51 @@ class BatchTokenizer:
         return encodings_to_arrays(
             self.tokenizer.encode_batch(list(texts)), self.params.output_names
         )
+
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        """Tokens of each text before truncation, special tokens included."""
+        if self._counting is None:
+            self._counting = untruncated(self.tokenizer)
+        if self.params.lowercase:
+            texts = [t.lower() for t in texts]
+        return [len(e.ids) for e in self._counting.encode_batch(list(texts))]
+
+    def refuse_overlong(self, texts: Sequence[str], parameters: Mapping[str, Any]) -> None:
+        """With the request parameter ``truncate`` false, a text over the limit is refused.
+
+        Raises :class:`InvalidInputError` naming the first such row, its token count and
+        the limit; with ``truncate`` true or absent the texts are cut as
+        sentence-transformers cuts them.
+        """
+        if truncation_allowed(parameters):
+            return
+        limit = self.params.max_length
+        for row, count in enumerate(self.token_counts(texts)):
+            if count > limit:
+                raise InvalidInputError(
+                    f"TEXT row {row} has {count} tokens, over the model's limit of {limit} "
+                    "(truncate=false; a prompt and special tokens count)"
+                )
+
+
+def untruncated(tokenizer):
+    """A copy of ``tokenizer`` without truncation or padding."""
+    from tokenizers import Tokenizer  # noqa: PLC0415 - serve-time dependency
+
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_truncation()
+    copy.no_padding()
+    return copy
+
+
+def truncation_allowed(parameters: Mapping[str, Any]) -> bool:
+    """The request parameter ``truncate`` (default true); anything but a bool is refused."""
+    value = parameters.get("truncate", True)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"parameter truncate must be true or false, got {value!r}")
+    return value
 
 
 _FIELDS = {

@@ -32,7 +32,10 @@ class TritonPythonModel:
         rows = input_array(pb_utils, request, "TEXT")
         caps = self.params.max_text_bytes, self.params.max_request_bytes
         texts = decode_texts(rows, "TEXT", *caps)
-        return prompted_texts(texts, request_parameters(request.parameters()), self.params)
+        parameters = request_parameters(request.parameters())
+        texts = prompted_texts(texts, parameters, self.params)
+        self.tokenizer.refuse_overlong(texts, parameters)
+        return texts
 
     def execute(self, requests):
         """Validate every request, tokenize all valid rows at once, slice back."""

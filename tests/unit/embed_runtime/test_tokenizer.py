@@ -270,3 +270,49 @@ def test_split_rows_after_tokenizing_matches_tokenizing_each_request_alone(
         alone = tok.encode(request)
         for name in NAMES:
             np.testing.assert_array_equal(part[name], alone[name])
+
+
+# --- truncate=false: refuse instead of cutting ---------------------------------------
+
+
+def _words(n: int) -> str:
+    """A text of ``n`` tokens besides [CLS] and [SEP] (each " a" is one WordPiece)."""
+    return " ".join(["a"] * n)
+
+
+def test_token_counts_are_before_truncation_with_special_tokens(tokenizer_path) -> None:
+    tok = BatchTokenizer(tokenizer_path, _params(max_length=16))
+    assert tok.token_counts([_words(14), _words(15), _words(100), ""]) == [16, 17, 102, 2]
+    assert tok.encode([_words(100)])["input_ids"].shape == (1, 16)  # encode still cuts
+
+
+@pytest.mark.parametrize("flag", [False, "false", "FALSE"])
+def test_truncate_false_refuses_the_first_row_over_the_limit(tokenizer_path, flag) -> None:
+    tok = BatchTokenizer(tokenizer_path, _params(max_length=16))
+    tok.refuse_overlong([_words(14)], {"truncate": flag})  # exactly the limit: fine
+    with pytest.raises(InvalidInputError) as one_over:
+        tok.refuse_overlong([_words(3), _words(15)], {"truncate": flag})
+    assert one_over.value.code == INVALID_ARG
+    expected = "TEXT row 1 has 17 tokens, over the model's limit of 16"
+    assert one_over.value.message.startswith(expected)
+    with pytest.raises(InvalidInputError, match="row 0 has 502 tokens"):
+        tok.refuse_overlong([_words(500)], {"truncate": flag})
+
+
+@pytest.mark.parametrize("parameters", [{}, {"truncate": True}, {"truncate": "true"}])
+def test_truncate_true_or_absent_lets_the_tokenizer_cut(tokenizer_path, parameters) -> None:
+    BatchTokenizer(tokenizer_path, _params(max_length=16)).refuse_overlong(
+        [_words(500)], parameters
+    )
+
+
+@pytest.mark.parametrize("value", [0, 1, "no", None, [False]])
+def test_truncate_must_be_a_bool(tokenizer_path, value) -> None:
+    tok = BatchTokenizer(tokenizer_path, _params(max_length=16))
+    with pytest.raises(InvalidInputError, match="truncate must be true or false"):
+        tok.refuse_overlong(["x"], {"truncate": value})
+
+
+def test_lowercasing_models_count_the_lowercased_text(tokenizer_path) -> None:
+    tok = BatchTokenizer(tokenizer_path, _params(max_length=16, lowercase=True))
+    assert tok.token_counts(["HELLO WORLD"]) == tok.token_counts(["hello world"])
