@@ -26,7 +26,7 @@ ALLOWED_SKIPS: dict[str, str] = {
     "::test_cpu_only_onnxruntime_refuses_a_cuda_encoder": (
         "runs only where onnxruntime is the CPU build (a GPU build has the CUDA provider)"
     ),
-    "tests/unit/deploy/test_deploy_files.py::test_docker_compose_1_29_merges": (
+    "tests/unit/deploy/test_compose.py::test_docker_compose_1_29_merges": (
         "needs Debian's docker-compose 1.29 binary, which is not a project dependency"
     ),
     "tests/unit/deploy/test_k8s_schemas.py::test_a_current_kubectl_renders_the_same_objects": (

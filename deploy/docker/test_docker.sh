@@ -162,7 +162,7 @@ if timeout 20 docker pull nvcr.io/nvidia/tritonserver:26.05-py3-sdk >/dev/null 2
     build perf triton-embeddings-perf:local ngc && images+=(triton-embeddings-perf:local)
 else
     echo "nvcr.io does not answer: the NGC targets (serving, generator, perf) are not built" \
-        "here; tests/unit/deploy/test_deploy_files.py checks them statically" | tee -a "$timings"
+        "here; tests/unit/deploy/test_dockerfile.py checks them statically" | tee -a "$timings"
 fi
 
 # --- 4. the stack from nothing --------------------------------------------------------
