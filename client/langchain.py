@@ -19,7 +19,6 @@ calls in a worker thread.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -34,37 +33,42 @@ from .api import EmbeddingClient
 
 
 class _Connection:
-    """A client per thread for one integration object, created on first use.
+    """The integration object's client, kept for the thread that made it.
 
-    tritonclient's HTTP client runs on gevent and may only be used from the thread that
-    made it, and the frameworks' async methods run calls in worker threads.
+    tritonclient's HTTP client runs on gevent and may only be used, and closed, in the
+    thread that made it. The first thread to call keeps a client; calls from any other
+    thread (the frameworks' async methods run in worker threads) open a client, use it
+    and close it there.
     """
 
     def __init__(self, url: str | None, protocol: str, timeout_s: float, admin_key: str | None):
         self._args = (url, protocol, timeout_s)
         self._admin_key = admin_key
-        self._local = threading.local()
-        self._clients: list[EmbeddingClient] = []
+        self._client: EmbeddingClient | None = None
+        self._owner: int | None = None
         self._lock = threading.Lock()
 
+    def _new(self) -> EmbeddingClient:
+        url, protocol, timeout_s = self._args
+        return EmbeddingClient(url, protocol, timeout_s, admin_key=self._admin_key)
+
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        client = getattr(self._local, "client", None)
-        if client is None:
-            url, protocol, timeout_s = self._args
-            client = EmbeddingClient(url, protocol, timeout_s, admin_key=self._admin_key)
-            self._local.client = client
-            with self._lock:
-                self._clients.append(client)
-        return getattr(client, method)(*args, **kwargs)
+        me = threading.get_ident()
+        with self._lock:
+            if self._owner is None:
+                self._owner, self._client = me, self._new()
+            mine = self._owner == me
+        if mine:
+            return getattr(self._client, method)(*args, **kwargs)
+        with self._new() as client:
+            return getattr(client, method)(*args, **kwargs)
 
     def close(self) -> None:
-        """Close every client made so far (a later call opens a new one)."""
+        """Close the kept client (from the thread that made it); a later call opens one."""
         with self._lock:
-            clients, self._clients = self._clients, []
-        self._local = threading.local()
-        for client in clients:
-            with contextlib.suppress(Exception):  # one of another thread may refuse
-                client.close()
+            client, self._client, self._owner = self._client, None, None
+        if client is not None:
+            client.close()
 
 
 class TritonEmbeddings(Embeddings):
