@@ -36,6 +36,12 @@ class _TritonFields:
     timeout_s: float = Field(default=60.0, description="seconds per call")
     admin_key: str | None = Field(default=None, exclude=True, repr=False)
 
+    def _conn(self) -> _Connection:
+        """The client of this object (``_connection``, a private attribute of each class)."""
+        if self._connection is None:
+            self._connection = _Connection(self.url, self.protocol, self.timeout_s, self.admin_key)
+        return self._connection
+
 
 class TritonEmbedding(_TritonFields, BaseEmbedding):
     """A text ensemble of the server as a LlamaIndex embedding model."""
@@ -50,11 +56,6 @@ class TritonEmbedding(_TritonFields, BaseEmbedding):
     def class_name(cls) -> str:
         """The name LlamaIndex stores with the settings."""
         return "TritonEmbedding"
-
-    def _conn(self) -> _Connection:
-        if self._connection is None:
-            self._connection = _Connection(self.url, self.protocol, self.timeout_s, self.admin_key)
-        return self._connection
 
     def _embed(self, texts: list[str], prompt_name: str | None) -> list[list[float]]:
         if not texts:
@@ -94,11 +95,6 @@ class TritonMultiModalEmbedding(_TritonFields, MultiModalEmbedding):
     def class_name(cls) -> str:
         """The name LlamaIndex stores with the settings."""
         return "TritonMultiModalEmbedding"
-
-    def _conn(self) -> _Connection:
-        if self._connection is None:
-            self._connection = _Connection(self.url, self.protocol, self.timeout_s, self.admin_key)
-        return self._connection
 
     def _texts(self, texts: list[str]) -> list[list[float]]:
         if not texts:
