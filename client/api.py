@@ -45,6 +45,7 @@ from .rerank import RerankMixin
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 TEXT_INPUT = "TEXT"
 OUTPUT = "EMBEDDING"
+COUNT_OUTPUT = "TOKEN_COUNT"  # optional: each row's token count
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 ADMIN_HEADER = "X-Admin-Key"
 ADMIN_KEY_ENV = "EMBED_ADMIN_KEY"
@@ -72,6 +73,12 @@ def admin_key_from_env(environ: Mapping[str, str] | None = None) -> str | None:
         except OSError as exc:
             raise EmbeddingClientError(f"cannot read {ADMIN_KEY_FILE_ENV}={path}: {exc}") from exc
     return None
+
+
+def _text_options(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The request parameters of a text call: its options that were given."""
+    names = ("prompt_name", "dimensions", "truncate")
+    return {name: arguments[name] for name in names if arguments.get(name) is not None}
 
 
 def local_admin_key(url: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -207,9 +214,24 @@ class EmbeddingClient(LifecycleMixin, RerankMixin):
         instead of cutting it (the default cuts, as sentence-transformers does). They
         travel as request parameters.
         """
-        options = (("prompt_name", prompt_name), ("dimensions", dimensions), ("truncate", truncate))
-        parameters = {key: value for key, value in options if value is not None}
-        return self._embed(model, TEXT_INPUT, encode_texts(texts), parameters)
+        return self._embed(model, TEXT_INPUT, encode_texts(texts), _text_options(locals()))
+
+    def embed_texts_with_counts(
+        self,
+        model: str,
+        texts: Sequence[str],
+        *,
+        prompt_name: str | None = None,
+        dimensions: int | None = None,
+        truncate: bool | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`embed_texts` plus each text's token count (INT32 [N]).
+
+        The tokens the encoder saw, prompt and special tokens included, after truncation:
+        what to meter usage by. Text models with the python-ort encoder answer it.
+        """
+        parameters = _text_options(locals())
+        return self._embed(model, TEXT_INPUT, encode_texts(texts), parameters, counts=True)
 
     def embed_images(self, model: str, images: Sequence[ImageItem]) -> np.ndarray:
         """Embed images with the CLIP model ``model``.
@@ -229,26 +251,41 @@ class EmbeddingClient(LifecycleMixin, RerankMixin):
         return reassemble(len(images), parts)
 
     def _embed(
-        self, model: str, input_name: str, items: list[bytes], parameters: dict | None = None
-    ) -> np.ndarray:
+        self,
+        model: str,
+        input_name: str,
+        items: list[bytes],
+        parameters: dict | None = None,
+        counts: bool = False,
+    ) -> Any:
+        """Embeddings of ``items`` (and, with ``counts``, each row's ``TOKEN_COUNT``)."""
         if not items:
-            return np.zeros((0, 0), dtype=np.float32)
+            empty = np.zeros((0, 0), dtype=np.float32)
+            return (empty, np.zeros(0, dtype=np.int32)) if counts else empty
         sizes = [len(item) for item in items]
         try:
             slices = split_batches(sizes, self._max_batch_size(model), self.max_request_bytes)
-            chunks = [self._infer(model, input_name, items[s], parameters) for s in slices]
+            chunks = [self._infer(model, input_name, items[s], parameters, counts) for s in slices]
         except EmbeddingClientError as exc:
             limit = _BATCH_LIMIT.search(exc.message)
             if limit is None or self._max_batch.get(model) != 0:
                 raise
             # The config is admin-only without a key: learn the limit from Triton's refusal.
             self._max_batch[model] = int(limit.group(1))
-            return self._embed(model, input_name, items, parameters)
-        return np.concatenate(chunks, axis=0)
+            return self._embed(model, input_name, items, parameters, counts)
+        if not counts:
+            return np.concatenate(chunks, axis=0)
+        embeddings = np.concatenate([e for e, _ in chunks], axis=0)
+        return embeddings, np.concatenate([c for _, c in chunks], axis=0)
 
     def _infer(
-        self, model: str, input_name: str, items: list[bytes], parameters: dict | None = None
-    ) -> np.ndarray:
+        self,
+        model: str,
+        input_name: str,
+        items: list[bytes],
+        parameters: dict | None = None,
+        counts: bool = False,
+    ) -> Any:
         data = bytes_tensor(items)
         infer_input = self._tc.InferInput(input_name, list(data.shape), "BYTES")
         with self._errors(model):
@@ -257,7 +294,10 @@ class EmbeddingClient(LifecycleMixin, RerankMixin):
             result = self._client.infer(
                 model,
                 [infer_input],
-                outputs=[self._tc.InferRequestedOutput(OUTPUT)],
+                outputs=[
+                    self._tc.InferRequestedOutput(name)
+                    for name in ((OUTPUT, COUNT_OUTPUT) if counts else (OUTPUT,))
+                ],
                 **extra,
                 **self._call,
             )
@@ -267,7 +307,14 @@ class EmbeddingClient(LifecycleMixin, RerankMixin):
             raise EmbeddingClientError(
                 f"expected {OUTPUT} of shape [{len(items)}, D], got {shape}", model=model
             )
-        return embedding.astype(np.float32, copy=False)
+        embedding = embedding.astype(np.float32, copy=False)
+        if not counts:
+            return embedding
+        tokens = result.as_numpy(COUNT_OUTPUT)
+        if tokens is None or tokens.shape[0] != len(items):
+            expected = f"expected {COUNT_OUTPUT} of {len(items)} rows"
+            raise EmbeddingClientError(expected, model=model)
+        return embedding, tokens.reshape(-1).astype(np.int32)
 
     def _max_batch_size(self, model: str) -> int:
         """The model's ``max_batch_size`` from its config; 0 (unknown) without the admin key."""

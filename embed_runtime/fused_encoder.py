@@ -35,6 +35,9 @@ class TextRequest:
     dimensions: int
 
 
+COUNT_OUTPUT = "TOKEN_COUNT"  # the optional output of each row's token count
+
+
 class TextEncoder:
     """A tokenizer in front of an :class:`OrtEncoder`, both built once per instance."""
 
@@ -61,15 +64,25 @@ class TextEncoder:
         full, default = self.params.max_dimensions, self.params.default_dimensions
         return TextRequest(texts, resolve_dimensions(parameters, full, default))
 
-    def embed(self, requests: Sequence[TextRequest]) -> list[np.ndarray]:
-        """Tokenize every row at once, run them sorted by length, one array per request."""
+    def embed(self, requests: Sequence[TextRequest]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Tokenize every row at once, run them sorted by length.
+
+        One ``(embeddings, token counts)`` pair per request.
+        """
         texts = [t for r in requests for t in r.texts]
         tokens = self.tokenizer.encode(texts)
         (merged,) = self.encoder.encode_tokens([tokens])
-        counts = [len(r.texts) for r in requests]
+        rows_per_request = [len(r.texts) for r in requests]
+        tokens_per_row = split_counts(token_counts(tokens["attention_mask"]), rows_per_request)
         out = []
-        for request, rows in zip(requests, split_counts(merged, counts), strict=True):
+        parts = zip(requests, split_counts(merged, rows_per_request), tokens_per_row, strict=True)
+        for request, rows, counts in parts:
             if request.dimensions:
                 rows = truncate(rows, request.dimensions, self.params.normalize)
-            out.append(np.ascontiguousarray(rows))
+            out.append((np.ascontiguousarray(rows), counts))
         return out
+
+
+def token_counts(attention_mask: np.ndarray) -> np.ndarray:
+    """Tokens of each row (``TOKEN_COUNT``, INT32 [rows, 1]) from its attention mask."""
+    return attention_mask.sum(axis=1, dtype=np.int32).reshape(-1, 1)

@@ -23,7 +23,7 @@ from embed_runtime.ort_encoder import (
     shared_threads,
 )
 from embed_runtime.request_options import request_parameters, resolve_dimensions, truncate
-from embed_runtime.fused_encoder import TextEncoder, is_fused
+from embed_runtime.fused_encoder import COUNT_OUTPUT, TextEncoder, is_fused, token_counts
 
 
 class TritonPythonModel:
@@ -51,6 +51,8 @@ class TritonPythonModel:
         self.text = None
         if is_fused(raw):  # TEXT in: this stub does the tokenizer step's work too
             self.text = TextEncoder.from_parameters(raw, model_dir, self.encoder)
+        # TOKEN_COUNT, when the config declares it: each row's tokens (its attention mask)
+        self.counts = any(o["name"] == COUNT_OUTPUT for o in config.get("output", []))
         providers = self.encoder.session.get_providers()
         threads = self.params.intra_op_threads or "default"
         if self.encoder.shared_session is not None:
@@ -82,13 +84,24 @@ class TritonPythonModel:
         run = self.encoder.encode_tokens if self.params.ragged else self.encoder.encode_dense
         outputs = run([inputs for inputs, _ in items])
         pairs = zip(outputs, items, strict=True)
-        return [truncate(o, k, self.params.normalize) if k else o for o, (_, k) in pairs]
+        embeddings = [truncate(o, k, self.params.normalize) if k else o for o, (_, k) in pairs]
+        if not self.counts:
+            return embeddings
+        masks = [inputs["attention_mask"] for inputs, _ in items]
+        return list(zip(embeddings, map(token_counts, masks), strict=True))
+
+    def _run_text(self, items):
+        out = self.text.embed(items)
+        return out if self.counts else [embeddings for embeddings, _ in out]
 
     def execute(self, requests):
         """Embed all valid requests in one sorted, chunked pass."""
-        read, run = (self._read_text, self.text.embed) if self.text else (self._read, self._run)
-        name, log = self.params.output_name, self.logger.log_error
-        return embed_requests(pb_utils, requests, read, run, name, log)
+        if self.text:
+            read, run = self._read_text, self._run_text
+        else:
+            read, run = self._read, self._run
+        names = [self.params.output_name, *([COUNT_OUTPUT] if self.counts else [])]
+        return embed_requests(pb_utils, requests, read, run, names, self.logger.log_error)
 
     def finalize(self):
         """Release the ONNX Runtime session(s) and this instance's busy-board slot."""

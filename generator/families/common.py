@@ -23,6 +23,10 @@ from ..render import (
     python_model,
 )
 
+# The optional per-row token count of text ensembles (python-ort encoders that take an
+# attention mask): the tokens the encoder saw, prompt and special tokens included.
+TOKEN_COUNT = IOSpec("TOKEN_COUNT", "TYPE_INT32", (1,))
+
 # Where TensorRT keeps its engines inside the Docker image (docker-compose.yml mounts a
 # volume there, so engines survive a restart instead of being rebuilt for minutes).
 TRT_ENGINE_CACHE_DIR = "/var/cache/triton-embeddings/tensorrt"
@@ -124,12 +128,14 @@ def encoder_dir(
     ragged: bool,
     limits: dict[str, int] | None = None,
     max_dimensions: int = 0,
+    token_count: bool = False,
 ) -> ModelDir:
     """An encoder: the Python ORT runner, or Triton's native ``onnxruntime`` backend.
 
     ``limits`` (``vocab_size``, ``type_vocab_size``, ``max_width``) bound what a direct
     call may send the Python runner's token inputs. ``max_dimensions`` D > 0 lets the
     Python runner truncate to a request's ``dimensions`` (the output is then ``[-1]``).
+    ``token_count`` adds the Python runner's ``TOKEN_COUNT`` output.
     """
     batching, instances = _encoder_scheduling(entry)
     outputs = [IOSpec.from_tensor(t) for t in spec.outputs]
@@ -148,6 +154,8 @@ def encoder_dir(
     parameters = _python_encoder_parameters(entry, spec, ragged, limits, max_dimensions)
     if max_dimensions:
         outputs = [IOSpec(o.name, o.data_type, (-1,)) for o in outputs]
+    if token_count:
+        outputs.append(TOKEN_COUNT)
     inputs = [IOSpec.from_tensor(t, ragged=ragged) for t in spec.inputs]
     config = python_model(
         name, entry.max_batch_size, inputs, outputs, parameters, batching, instances
@@ -203,7 +211,8 @@ def fused_encoder_dir(
 
     It reads the tokenizer's parameters beside its own and tokenizes each execution's
     rows in its own stub, so a request crosses one Python model instead of two.
-    ``TEXT`` is a fixed [1] input: requests batch without ragged inputs.
+    ``TEXT`` is a fixed [1] input: requests batch without ragged inputs. It also answers
+    ``TOKEN_COUNT``.
     """
     dims = tok_params.max_dimensions
     parameters = {
@@ -217,7 +226,7 @@ def fused_encoder_dir(
         name,
         entry.max_batch_size,
         [IOSpec("TEXT", "TYPE_STRING", (1,))],
-        [IOSpec(output.name, output.triton_dtype, (-1,) if dims else output.dims)],
+        [IOSpec(output.name, output.triton_dtype, (-1,) if dims else output.dims), TOKEN_COUNT],
         parameters,
         *_encoder_scheduling(entry),
     )
@@ -231,17 +240,18 @@ def chain_dir(
     public_input: IOSpec,
     dim: int,
     steps: Sequence[tuple[str, Sequence[str], Sequence[str]]],
+    extra_outputs: Sequence[IOSpec] = (),
 ) -> ModelDir:
     """An ensemble running ``steps`` (model, input names, output names) one after another.
 
     Tensor names are shared between steps: a step's outputs feed the next step's inputs
-    of the same name; the last step must output ``EMBEDDING``.
+    of the same name; the last step must output ``EMBEDDING`` (and ``extra_outputs``).
     """
     config = ensemble(
         name,
         entry.max_batch_size,
         [public_input],
-        [IOSpec("EMBEDDING", "TYPE_FP32", (dim,))],
+        [IOSpec("EMBEDDING", "TYPE_FP32", (dim,)), *extra_outputs],
         [
             Step(model, tuple((n, n) for n in ins), tuple((n, n) for n in outs))
             for model, ins, outs in steps

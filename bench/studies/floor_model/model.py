@@ -17,8 +17,10 @@ class TritonPythonModel:
 
     def initialize(self, args):
         """Read the embedding width from the copied encoder config."""
-        parameters = json.loads(args["model_config"]).get("parameters", {})
+        config = json.loads(args["model_config"])
+        parameters = config.get("parameters", {})
         self.width = int(parameters.get("max_dimensions", {}).get("string_value", "384"))
+        self.counts = any(o["name"] == "TOKEN_COUNT" for o in config.get("output", []))
 
     def execute(self, requests):
         """One response per request, read as the encoder reads it."""
@@ -26,5 +28,9 @@ class TritonPythonModel:
         for request in requests:
             rows = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
             zeros = np.zeros((len(rows), self.width), dtype=np.float32)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("EMBEDDING", zeros)]))
+            tensors = [pb_utils.Tensor("EMBEDDING", zeros)]
+            if self.counts:  # the encoder's second output, when its config has it
+                counts = np.zeros((len(rows), 1), dtype=np.int32)
+                tensors.append(pb_utils.Tensor("TOKEN_COUNT", counts))
+            responses.append(pb_utils.InferenceResponse(tensors))
         return responses

@@ -24,7 +24,7 @@ from ...model_dir import ModelDir
 from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ...precision import apply_precision
 from ...render import IOSpec
-from ..common import chain_dir, encoder_dir, fused_encoder_dir, tokenize_dir
+from ..common import TOKEN_COUNT, chain_dir, encoder_dir, fused_encoder_dir, tokenize_dir
 from . import FAMILY
 
 VALIDATION_TEXTS = (
@@ -275,12 +275,17 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     text = IOSpec("TEXT", "TYPE_STRING", (1,))
     out_dim = -1 if truncatable else dim
     if entry.fused_tokenize:
+        outs = ["EMBEDDING", TOKEN_COUNT.name]
         return [
             fused_encoder_dir(
                 entry, encode, onnx_path, spec, tokenizer_json, tok_params, token_limits(model)
             ),
-            chain_dir(entry, entry.name, text, out_dim, [(encode, ["TEXT"], ["EMBEDDING"])]),
+            chain_dir(entry, entry.name, text, out_dim, [(encode, ["TEXT"], outs)], [TOKEN_COUNT]),
         ]
+    # The Python runner counts the tokens each row had (its attention mask); Triton's
+    # native onnxruntime backend can only return what the graph does.
+    counts = entry.encoder_backend == "python-ort" and "attention_mask" in input_names
+    outs = ["EMBEDDING", TOKEN_COUNT.name] if counts else ["EMBEDDING"]
     return [
         tokenize_dir(entry, tokenize, tokenizer_json, tok_params, -1),
         encoder_dir(
@@ -291,12 +296,14 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
             ragged=True,
             limits=token_limits(model),
             max_dimensions=truncatable,
+            token_count=counts,
         ),
         chain_dir(
             entry,
             entry.name,
             text,
             out_dim,
-            [(tokenize, ["TEXT"], input_names), (encode, input_names, ["EMBEDDING"])],
+            [(tokenize, ["TEXT"], input_names), (encode, input_names, outs)],
+            [TOKEN_COUNT] if counts else [],
         ),
     ]

@@ -14,7 +14,13 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from embed_runtime.tokenizer import TokenizerParams
-from generator.families.common import chain_dir, encoder_dir, fused_encoder_dir, tokenize_dir
+from generator.families.common import (
+    TOKEN_COUNT,
+    chain_dir,
+    encoder_dir,
+    fused_encoder_dir,
+    tokenize_dir,
+)
 from generator.manifest import ModelEntry
 from generator.onnx_export import GraphSpec, TensorSpec
 from generator.render import (
@@ -189,7 +195,8 @@ def test_fused_encoder_takes_text_and_carries_tokenizer_and_encoder_parameters(
         "mini",
         IOSpec("TEXT", "TYPE_STRING", (1,)),
         -1,
-        [("mini_encode", ["TEXT"], ["EMBEDDING"])],
+        [("mini_encode", ["TEXT"], ["EMBEDDING", "TOKEN_COUNT"])],
+        [TOKEN_COUNT],
     )
     _check_golden("st_encode_fused", enc.config)
     _check_golden("st_ensemble_fused", chain.config)
@@ -199,7 +206,11 @@ def test_fused_encoder_takes_text_and_carries_tokenizer_and_encoder_parameters(
         ("TEXT", model_config_pb2.TYPE_STRING, [1])
     ]
     assert not config.input[0].allow_ragged_batch
-    assert [(o.name, list(o.dims)) for o in config.output] == [("EMBEDDING", [-1])]
+    outputs = [(o.name, o.data_type, list(o.dims)) for o in config.output]
+    assert outputs == [
+        ("EMBEDDING", model_config_pb2.TYPE_FP32, [-1]),
+        ("TOKEN_COUNT", model_config_pb2.TYPE_INT32, [1]),
+    ]
     values = {k: v.string_value for k, v in config.parameters.items()}
     assert values["fused_tokenize"] == "true"
     assert values["input_names"] == ",".join(TOKEN_NAMES)  # the graph's inputs
@@ -214,7 +225,7 @@ def test_fused_encoder_takes_text_and_carries_tokenizer_and_encoder_parameters(
     (step,) = parse_config(chain.config).ensemble_scheduling.step
     assert step.model_name == "mini_encode"
     assert dict(step.input_map) == {"TEXT": "TEXT"}
-    assert dict(step.output_map) == {"EMBEDDING": "EMBEDDING"}
+    assert dict(step.output_map) == {"EMBEDDING": "EMBEDDING", "TOKEN_COUNT": "TOKEN_COUNT"}
 
 
 def test_native_onnxruntime_gpu_encoder_config_parses(tmp_path: Path) -> None:

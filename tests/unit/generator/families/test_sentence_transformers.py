@@ -146,8 +146,10 @@ def test_serving_runtime_matches_sentence_transformers(exported):
 def test_embedding_width_and_normalisation_follow_the_pipeline(exported):
     variant = exported.variant
     encode_config = parse_config(exported.encode_config)
-    # The Python runner may truncate (``dimensions``): output [-1], the width a parameter.
-    assert [list(o.dims) for o in encode_config.output] == [[-1]]
+    # The Python runner may truncate (``dimensions``): output [-1], the width a parameter;
+    # it also counts each row's tokens.
+    outputs = [(o.name, list(o.dims)) for o in encode_config.output]
+    assert outputs == [("EMBEDDING", [-1]), ("TOKEN_COUNT", [1])]
     assert encode_config.parameters["max_dimensions"].string_value == str(variant.dim)
     inputs = _reference_tokens(exported, exported.texts[:8])
     got = exported.session.run(["EMBEDDING"], inputs)[0]
