@@ -14,7 +14,12 @@ from .request_options import apply_prompt, parse_prompts, resolve_dimensions, re
 
 @dataclass(frozen=True)
 class TokenizerParams:
-    """How ``tokenizer.json`` is applied at serve time."""
+    """How ``tokenizer.json`` is applied at serve time.
+
+    ``max_length`` 0 sets no truncation: the file's own, if it has one, applies (as a
+    sentence-transformers ``StaticEmbedding`` keeps it); the byte caps then bound a row.
+    ``add_special_tokens`` false leaves out the post-processor's ``[CLS]`` / ``[SEP]``.
+    """
 
     max_length: int
     pad_to_max_length: bool
@@ -26,6 +31,7 @@ class TokenizerParams:
     prompts: tuple[tuple[str, str], ...] = ()
     default_prompt_name: str = ""
     max_dimensions: int = 0
+    add_special_tokens: bool = True
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> TokenizerParams:
@@ -42,6 +48,7 @@ class TokenizerParams:
                 prompts=tuple(parse_prompts(params.get("prompts", "{}")).items()),
                 default_prompt_name=params.get("default_prompt_name", ""),
                 max_dimensions=int(params.get("max_dimensions", "0")),
+                add_special_tokens=params.get("add_special_tokens", "true").lower() == "true",
             )
         except KeyError as exc:
             raise ValueError(f"tokenizer config parameter {exc.args[0]!r} is missing") from exc
@@ -110,19 +117,34 @@ class BatchTokenizer:
         self.params = params
         self.tokenizer = Tokenizer.from_file(tokenizer_path)
         self._counting = None  # the same tokenizer without truncation, made on first use
-        self.tokenizer.enable_truncation(max_length=params.max_length)
+        if params.max_length:
+            self.tokenizer.enable_truncation(max_length=params.max_length)
+        elif params.pad_to_max_length:
+            raise ValueError("pad_to_max_length needs a max_length")
         pad_kwargs = {"pad_id": params.pad_id}
         if params.pad_to_max_length:
             pad_kwargs["length"] = params.max_length
         self.tokenizer.enable_padding(**pad_kwargs)
 
     def encode(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        """Tokenize all texts in one call; arrays are [len(texts), longest] int64."""
+        """Tokenize all texts in one call; arrays are [len(texts), longest] int64.
+
+        Raises :class:`InvalidInputError` for a text that yields no token at all (only
+        possible without special tokens: every character dropped by the normaliser,
+        e.g. a NUL character or a lone combining accent), naming its row in ``texts``.
+        """
         if self.params.lowercase:
             texts = [t.lower() for t in texts]
-        return encodings_to_arrays(
-            self.tokenizer.encode_batch(list(texts)), self.params.output_names
-        )
+        special = self.params.add_special_tokens
+        encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=special)
+        if not special:
+            empty = [i for i, e in enumerate(encodings) if not any(e.attention_mask)]
+            if empty:
+                raise InvalidInputError(
+                    f"TEXT row {empty[0]} has no tokens (the tokenizer drops all of its "
+                    "characters); its embedding would be all zeros"
+                )
+        return encodings_to_arrays(encodings, self.params.output_names)
 
     def token_counts(self, texts: Sequence[str]) -> list[int]:
         """Tokens of each text before truncation, special tokens included."""
@@ -130,7 +152,9 @@ class BatchTokenizer:
             self._counting = untruncated(self.tokenizer)
         if self.params.lowercase:
             texts = [t.lower() for t in texts]
-        return [len(e.ids) for e in self._counting.encode_batch(list(texts))]
+        special = self.params.add_special_tokens
+        encodings = self._counting.encode_batch(list(texts), add_special_tokens=special)
+        return [len(e.ids) for e in encodings]
 
     def refuse_overlong(self, texts: Sequence[str], parameters: Mapping[str, Any]) -> None:
         """With the request parameter ``truncate`` false, a text over the limit is refused.
@@ -141,7 +165,10 @@ class BatchTokenizer:
         """
         if truncation_allowed(parameters):
             return
-        limit = self.params.max_length
+        # Ours, else the tokenizer file's own (static models); none: the byte caps alone.
+        limit = self.params.max_length or (self.tokenizer.truncation or {}).get("max_length", 0)
+        if not limit:
+            return
         for row, count in enumerate(self.token_counts(texts)):
             if count > limit:
                 raise InvalidInputError(

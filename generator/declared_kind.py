@@ -45,12 +45,16 @@ class Served:
     """What a family builds exactly (``Family.served``).
 
     Declared model types, module classes (the last part of the dotted name in
-    ``modules.json``) and Transformer tasks (None: the folder declares none).
+    ``modules.json``) of pipelines that start with a Transformer, and Transformer tasks
+    (None: the folder declares none). ``pipelines`` lists further whole pipelines served
+    as they are (module classes in order, e.g. ``("StaticEmbedding", "Normalize")``); a
+    pipeline that starts like one of them but differs is refused.
     """
 
     types: tuple[str, ...]
     modules: tuple[str, ...]
     tasks: tuple[str | None, ...]
+    pipelines: tuple[tuple[str, ...], ...] = ()
 
 
 class UnsupportedModelError(ValueError):
@@ -157,6 +161,8 @@ def check_served(family: str, served: Served, kind: DeclaredKind, name: str) -> 
             f"{listed}); family {family!r} builds {' / '.join(served_types)} models only, so "
             "it is refused rather than served as a different model"
         )
+    if _whole_pipeline_served(served, kind, family, name, listed):
+        return
     for dotted, cls in zip(kind.modules, kind.module_classes, strict=True):
         if not dotted.startswith("sentence_transformers.") or cls not in served_modules:
             note = MODULE_NOTES.get(cls)
@@ -177,3 +183,26 @@ def check_served(family: str, served: Served, kind: DeclaredKind, name: str) -> 
             f"{name}: its Transformer module runs the task {kind.transformer_task!r}; "
             f"family {family!r} serves {tasks} only"
         )
+
+
+def _whole_pipeline_served(
+    served: Served, kind: DeclaredKind, family: str, name: str, listed: str
+) -> bool:
+    """Whether ``kind`` is one of ``served.pipelines``.
+
+    Refuses a pipeline that only starts like one (a StaticEmbedding, then a Dense).
+    """
+    classes = kind.module_classes
+    library = all(m.startswith("sentence_transformers.") for m in kind.modules)
+    if library and classes in served.pipelines:
+        return True
+    heads = {p[0] for p in served.pipelines}
+    if classes and classes[0] in heads and kind.modules[0].startswith("sentence_transformers."):
+        note = MODULE_NOTES.get(classes[0])
+        allowed = " or ".join(f"[{', '.join(p)}]" for p in served.pipelines if p[0] == classes[0])
+        raise UnsupportedModelError(
+            f"{name}: the pipeline [{listed}] is not supported by family {family!r}, which "
+            f"serves {classes[0]}" + (f" ({note})" if note else "")
+            + f" only as the whole pipeline {allowed}"
+        )
+    return False

@@ -80,11 +80,14 @@ class ParityReport:
 
 
 def export_module(module, spec: GraphSpec, sample: dict[str, object], path: Path) -> None:
-    """Export ``module`` (called with the inputs positionally) to ``path`` atomically."""
+    """Export ``module`` (called with the inputs positionally) to ``path`` atomically.
+
+    ``sample`` maps input names to tensors or numpy arrays.
+    """
     import torch  # noqa: PLC0415 - generator-only dependency
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    args = tuple(sample[name] for name in spec.input_names)
+    args = tuple(torch.as_tensor(sample[name]) for name in spec.input_names)
     dynamic_axes = {t.name: t.dynamic_axes() for t in (*spec.inputs, *spec.outputs)}
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, suffix=".onnx.tmp")
     os.close(fd)

@@ -4,6 +4,8 @@ Built offline: a seeded 2-layer BERT (hidden 32) whose tokenizer files are those
 bundled all-MiniLM-L6-v2, assembled from sentence-transformers' own Transformer,
 Pooling, Dense and Normalize modules and saved with ``SentenceTransformer.save``, so the
 saved folder has the ``modules.json`` / ``1_Pooling/config.json`` a real model has.
+Static models (:data:`STATIC_VARIANTS`) are a seeded ``StaticEmbedding`` over the same
+tokenizer, with or without its 128-token truncation and a Normalize module.
 """
 
 from __future__ import annotations
@@ -153,3 +155,68 @@ def parity(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
         np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12
     )
     return float(cos.min()), float(np.abs(a - b).max())
+
+
+STATIC_DIM = 16
+
+
+@dataclass(frozen=True)
+class StaticVariant:
+    """A tiny StaticEmbedding model (model2vec-style: the mean of token rows).
+
+    ``truncate`` keeps the MiniLM ``tokenizer.json``'s own 128-token truncation, which
+    StaticEmbedding keeps too; without it a text's every token counts.
+    """
+
+    name: str
+    normalize_module: bool = False
+    manifest_normalize: bool = False
+    truncate: bool = True
+    seed: int = 0
+
+    @property
+    def dim(self) -> int:
+        """Width of the sentence embedding."""
+        return STATIC_DIM
+
+
+STATIC_VARIANTS = (
+    StaticVariant("static-normalize", normalize_module=True, seed=11),
+    StaticVariant("static-raw", truncate=False, seed=12),
+    StaticVariant("static-manifest-normalize", manifest_normalize=True, truncate=False, seed=13),
+)
+
+
+def build_static_model(variant: StaticVariant, folder: Path) -> Path:
+    """Create ``variant`` with seeded random rows and save it to ``folder``."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, StaticEmbedding
+    from tokenizers import Tokenizer
+
+    torch.manual_seed(variant.seed)
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir() / "tokenizer.json"))
+    if not variant.truncate:
+        tokenizer.no_truncation()
+    modules = [StaticEmbedding(tokenizer, embedding_dim=STATIC_DIM)]
+    if variant.normalize_module:
+        modules.append(Normalize())
+    SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    return folder
+
+
+def static_texts() -> list[str]:
+    """Varied texts for static models: unicode, one token, very long (3,000 tokens)."""
+    from client.load.corpus import varied_sentences
+
+    texts = [
+        *varied_sentences(40),
+        *LONG_TEXTS,
+        "a",
+        "x",
+        "Zürich, naïve café, Ελληνικά, русский, עברית, العربية, हिन्दी, 東京, 🙂🚀",
+        "word " * 3000,
+        "\u0301x\u200b",
+    ]
+    order = np.random.default_rng(1).permutation(len(texts))
+    return [texts[i] for i in order]

@@ -51,7 +51,9 @@ def tokenize_dir(
 
 def tokenizer_parameters(entry: ModelEntry, params: TokenizerParams) -> dict[str, str]:
     """Config parameters every tokenizer model reads (``TokenizerParams.from_parameters``)."""
+    special = {} if params.add_special_tokens else {"add_special_tokens": "false"}
     return {
+        **special,
         "max_length": str(params.max_length),
         "pad_to_max_length": str(params.pad_to_max_length).lower(),
         "pad_id": str(params.pad_id),

@@ -94,6 +94,7 @@ FAMILY = Family(
         types=("SentenceTransformer",),
         modules=("Transformer", "Pooling", "Dense", "Normalize"),
         tasks=(None, "feature-extraction"),
+        pipelines=(("StaticEmbedding",), ("StaticEmbedding", "Normalize")),
     ),
     own_options=(*PROMPT_OPTIONS, "fused_tokenize"),
 )

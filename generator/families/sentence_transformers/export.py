@@ -3,7 +3,8 @@
 The exported graph is the model's own module pipeline (``modules.json``): the
 Transformer, its Pooling (mean / CLS / max / last-token / weighted mean, as set in
 ``1_Pooling/config.json``), any Dense layers and Normalize, plus a final L2
-normalisation when the manifest asks for normalised embeddings.
+normalisation when the manifest asks for normalised embeddings. A StaticEmbedding
+pipeline (no transformer) exports as the mean of its table's rows (``static``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ...precision import apply_precision
 from ...render import IOSpec
 from ..common import TOKEN_COUNT, chain_dir, encoder_dir, fused_encoder_dir, tokenize_dir
-from . import FAMILY
+from . import FAMILY, static
 
 VALIDATION_TEXTS = (
     "A man is eating food.",
@@ -69,7 +70,7 @@ def _load(entry: ModelEntry, manifest: Manifest):
     model = SentenceTransformer(
         source, device="cpu", model_kwargs={"attn_implementation": "eager"}
     ).eval()
-    if entry.max_seq_length:
+    if entry.max_seq_length and not static.is_static(model):
         model.max_seq_length = entry.max_seq_length
     return model, source
 
@@ -114,9 +115,11 @@ def graph_input_names(model) -> list[str]:
     """The token tensors of the exported graph: emitted by the tokenizer *and* read by the model.
 
     A decoder's tokenizer may emit ``token_type_ids`` that its model never reads; such an
-    input would not survive the export.
+    input would not survive the export. A StaticEmbedding reads ids and the mask only.
     """
     names = ["input_ids", "attention_mask"]
+    if static.is_static(model):
+        return names
     forward = inspect.signature(model[0].auto_model.forward).parameters
     if "token_type_ids" in model.tokenizer.model_input_names and "token_type_ids" in forward:
         names.append("token_type_ids")
@@ -219,21 +222,13 @@ def token_limits(model) -> dict[str, int]:
     return limits
 
 
-def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
-    """Export, validate and describe the model dirs of one text model.
+def _dimensions(entry: ModelEntry, model) -> tuple[ModelEntry, int, int]:
+    """``entry`` with its default ``truncate_dim``, the width D, and D again or 0.
 
-    Three (tokenize, encode, the ensemble), or two with ``fused_tokenize`` (an encoder
-    that takes ``TEXT`` itself, and the ensemble calling it).
+    The third value is D when requests may ask for fewer ``dimensions`` (python-ort).
+    The model's own truncate_dim (config_sentence_transformers.json) is its default width,
+    as in sentence-transformers; the graph itself returns every dimension.
     """
-    model, _ = _load(entry, manifest)
-    max_len = int(model.max_seq_length)
-    tokenizer_json = work / "tokenizer.json"
-    input_names = _write_tokenizer(model, tokenizer_json)
-    pad_id = model.tokenizer.pad_token_id or 0
-    lowercase = bool(getattr(model[0], "do_lower_case", False))
-    prompts, default_prompt = _prompts(entry, model)
-    # The model's own truncate_dim (config_sentence_transformers.json) is its default
-    # width, as in sentence-transformers; the graph itself returns every dimension.
     own_truncate_dim, model.truncate_dim = model.truncate_dim, None
     dim = int(model.get_embedding_dimension())
     entry = dataclasses.replace(entry, truncate_dim=entry.truncate_dim or own_truncate_dim)
@@ -243,6 +238,25 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
             f"{entry.name}: truncate_dim {entry.truncate_dim} needs encoder_backend "
             f"'python-ort' and at most {dim}"
         )
+    return entry, dim, truncatable
+
+
+def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
+    """Export, validate and describe the model dirs of one text model.
+
+    Three (tokenize, encode, the ensemble), or two with ``fused_tokenize`` (an encoder
+    that takes ``TEXT`` itself, and the ensemble calling it).
+    """
+    model, _ = _load(entry, manifest)
+    if static.is_static(model):
+        return _build_static(entry, model, work)
+    max_len = int(model.max_seq_length)
+    tokenizer_json = work / "tokenizer.json"
+    input_names = _write_tokenizer(model, tokenizer_json)
+    pad_id = model.tokenizer.pad_token_id or 0
+    lowercase = bool(getattr(model[0], "do_lower_case", False))
+    prompts, default_prompt = _prompts(entry, model)
+    entry, dim, truncatable = _dimensions(entry, model)
     tok_params = TokenizerParams(
         max_len,
         False,
@@ -270,16 +284,65 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     validate_graph(onnx_path, spec, encoder, cases)
     _check_served_padding(model, entry, onnx_path, tokenizer_json, tok_params, input_names)
     apply_precision(onnx_path, entry.graph_precision, spec, encoder, cases)
+    return _model_dirs(
+        entry, onnx_path, spec, tokenizer_json, tok_params, token_limits(model), dim
+    )
 
+
+def _build_static(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
+    """A StaticEmbedding pipeline (``static``): the masked-mean graph.
+
+    Checked against ``SentenceTransformer.encode`` of the folder before anything is written.
+    """
+    if entry.max_seq_length:
+        raise ValueError(
+            f"{entry.name}: max_seq_length does not apply to a StaticEmbedding model (its "
+            "tokenizer.json's own truncation, if any, applies; max_text_bytes bounds a row)"
+        )
+    normalize = static.normalize_steps(model, entry.normalize)
+    tokenizer_json = work / "tokenizer.json"
+    truncation = static.write_tokenizer(model, tokenizer_json)
+    input_names = graph_input_names(model)
+    prompts, default_prompt = _prompts(entry, model)
+    entry, dim, truncatable = _dimensions(entry, model)
+    tok_params = static.tokenizer_params(input_names, prompts, default_prompt, truncatable)
+    texts = (*VALIDATION_TEXTS, *static.EXTRA_TEXTS)
+    failures = static.check_tokenizer(model, tokenizer_json, tok_params, texts)
+    if failures:
+        raise RuntimeError(f"{entry.name}: tokenizer parity failed:\n  " + "\n  ".join(failures))
+
+    spec = _graph_spec(input_names, dim)
+    encoder = static.encoder_module(model, normalize)
+    onnx_path = work / "model.onnx"
+    runtime = BatchTokenizer(str(tokenizer_json), tok_params)
+    export_module(encoder, spec, runtime.encode(list(VALIDATION_TEXTS[:3])), onnx_path)
+    cases = [runtime.encode(list(batch)) for batch in (texts[:1], texts[1:5], texts)]
+    validate_graph(onnx_path, spec, encoder, cases)
+    static.check_parity(model, onnx_path, tokenizer_json, tok_params, entry.normalize, texts)
+    apply_precision(onnx_path, entry.graph_precision, spec, encoder, cases)
+    limits = static.token_limits(model, truncation)
+    return _model_dirs(entry, onnx_path, spec, tokenizer_json, tok_params, limits, dim)
+
+
+def _model_dirs(
+    entry: ModelEntry,
+    onnx_path: Path,
+    spec: GraphSpec,
+    tokenizer_json: Path,
+    tok_params: TokenizerParams,
+    limits: dict[str, int],
+    dim: int,
+) -> list[ModelDir]:
+    """The tokenize, encode and ensemble dirs (or the fused encoder and the ensemble)."""
+    input_names = spec.input_names
+    truncatable = tok_params.max_dimensions
     tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
     text = IOSpec("TEXT", "TYPE_STRING", (1,))
     out_dim = -1 if truncatable else dim
     if entry.fused_tokenize:
         outs = ["EMBEDDING", TOKEN_COUNT.name]
         return [
-            fused_encoder_dir(
-                entry, encode, onnx_path, spec, tokenizer_json, tok_params, token_limits(model)
-            ),
+            fused_encoder_dir(entry, encode, onnx_path, spec, tokenizer_json, tok_params, limits),
             chain_dir(entry, entry.name, text, out_dim, [(encode, ["TEXT"], outs)], [TOKEN_COUNT]),
         ]
     # The Python runner counts the tokens each row had (its attention mask); Triton's
@@ -294,7 +357,7 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
             onnx_path,
             spec,
             ragged=True,
-            limits=token_limits(model),
+            limits=limits,
             max_dimensions=truncatable,
             token_count=counts,
         ),

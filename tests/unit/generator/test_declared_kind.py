@@ -4,7 +4,8 @@ The sparse, multi-vector and static folders are tiny random models saved by
 sentence-transformers 6.2 itself (its ``.save()`` writes the declaration read here); the
 LLM reranker, PyLate, routed and custom-code folders carry the declaration those libraries
 write. Each is refused at build time, before any weights load, with a message naming the
-kind or module, and by ``model_manager`` for a runtime load.
+kind or module, and by ``model_manager`` for a runtime load. A StaticEmbedding alone or
+followed by Normalize is served; followed by anything else it is refused.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def library_folders(tmp_path_factory) -> dict[str, Path]:
     from sentence_transformers import MultiVectorEncoder, SentenceTransformer, SparseEncoder
     from sentence_transformers.sentence_transformer.modules import (
         Dense,
+        Normalize,
         StaticEmbedding,
         Transformer,
     )
@@ -74,6 +76,10 @@ def library_folders(tmp_path_factory) -> dict[str, Path]:
     static = StaticEmbedding(Tokenizer.from_file(str(MINI / "tokenizer.json")), embedding_dim=16)
     SentenceTransformer(modules=[static]).save(str(root / "static"))
     out["static"] = root / "static"
+    SentenceTransformer(modules=[static, Normalize()]).save(str(root / "static-normalize"))
+    out["static-normalize"] = root / "static-normalize"
+    SentenceTransformer(modules=[static, Dense(16, 8)]).save(str(root / "static-dense"))
+    out["static-dense"] = root / "static-dense"
     return out
 
 
@@ -82,7 +88,10 @@ def library_folders(tmp_path_factory) -> dict[str, Path]:
     [
         ("splade", "declares model_type 'SparseEncoder' (a sparse, SPLADE-style encoder"),
         ("colbert", "declares model_type 'MultiVectorEncoder' (a multi-vector"),
-        ("static", "StaticEmbedding' (static token embeddings (no transformer))"),
+        ("static-dense", "the pipeline [StaticEmbedding, Dense] is not supported by family "
+         "'sentence-transformers', which serves StaticEmbedding (static token embeddings (no "
+         "transformer)) only as the whole pipeline [StaticEmbedding] or "
+         "[StaticEmbedding, Normalize]"),
     ],
 )
 def test_library_saved_folders_of_other_kinds_are_refused_by_name(
@@ -90,6 +99,28 @@ def test_library_saved_folders_of_other_kinds_are_refused_by_name(
 ) -> None:
     with pytest.raises(UnsupportedModelError, match=re.escape(message)):
         _check_served("sentence-transformers", declared_kind(library_folders[kind]), kind)
+
+
+@pytest.mark.parametrize("kind", ["static", "static-normalize"])
+def test_static_embedding_folders_are_served(library_folders, kind: str) -> None:
+    declared = _check_source("sentence-transformers", str(library_folders[kind]), kind)
+    assert declared.module_classes[0] == "StaticEmbedding"
+    with pytest.raises(UnsupportedModelError, match="builds CrossEncoder models only"):
+        _check_source("cross-encoder", str(library_folders[kind]), kind)
+
+
+def test_a_static_embedding_after_a_transformer_or_from_custom_code_is_refused(
+    tmp_path: Path,
+) -> None:
+    after = _json_folder(tmp_path / "a", [
+        "sentence_transformers.models.Transformer",
+        "sentence_transformers.sentence_transformer.modules.static_embedding.StaticEmbedding",
+    ], "SentenceTransformer")
+    with pytest.raises(UnsupportedModelError, match="StaticEmbedding' \\(static token"):
+        _check_source("sentence-transformers", str(after), "a")
+    custom = _json_folder(tmp_path / "c", ["my_package.StaticEmbedding"], "SentenceTransformer")
+    with pytest.raises(UnsupportedModelError, match="my_package.StaticEmbedding"):
+        _check_source("sentence-transformers", str(custom), "c")
 
 
 def test_the_build_refuses_a_sparse_folder_before_loading_it(library_folders, tmp_path) -> None:

@@ -1,0 +1,142 @@
+"""StaticEmbedding models (model2vec-style) on a real Triton, over HTTP and gRPC.
+
+A server of this module's own serves two tiny static models of ``tests/st_factory.py``:
+``static-normalize`` (the tokenizer's own 128-token truncation, a Normalize module; the
+split tokenize + encode pipeline) and ``static-raw`` (no truncation, raw means;
+``fused_tokenize``). Answers must equal ``SentenceTransformer.encode`` of the saved
+folders; an empty text or one without tokens is refused alone while the good requests
+of the same execution are answered.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from generator.admin import KEY_ENV
+from generator.build import build_repository
+from generator.manifest import parse_manifest
+from generator.shared_models import startup_models
+from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
+from tests.integration.conftest import ADMIN_KEY, Server
+from tests.integration.text_helpers import (
+    INVALID,
+    concurrent_round,
+    model_stats,
+    protocol_of,
+    refusal,
+    text_tensor,
+    wait_stats,
+)
+from tests.st_factory import (
+    STATIC_VARIANTS,
+    build_static_model,
+    load_reference,
+    manifest_entry,
+    reference_embeddings,
+    static_texts,
+)
+
+pytestmark = pytest.mark.integration
+
+MAX_ABS_DIFF = 1e-5
+SPLIT, FUSED = STATIC_VARIANTS[0], STATIC_VARIANTS[1]
+PROTOCOLS = ["http", "grpc"]
+BAD = {
+    "": "TEXT row 0 is empty or whitespace only",
+    "\x00": "TEXT row 0 has no tokens (the tokenizer drops all of its characters); its "
+    "embedding would be all zeros",
+    "\u0301\u200b": "TEXT row 0 has no tokens (the tokenizer drops all of its characters); "
+    "its embedding would be all zeros",
+}
+GOOD = ["good one", "another good one, a little longer", "x", "naïve café 🙂"]
+
+
+@pytest.fixture(scope="module")
+def static_setup(tmp_path_factory):
+    """Build both models and their repository, start Triton; the references too."""
+    base = tmp_path_factory.mktemp("static")
+    entries, references = [], {}
+    for variant, fields in ((SPLIT, {}), (FUSED, {"fused_tokenize": True})):
+        folder = build_static_model(variant, base / "models" / variant.name)
+        references[variant.name] = load_reference(folder)
+        entries.append(
+            manifest_entry(
+                variant,
+                folder,
+                max_batch_size=16,
+                max_queue_delay_us=20000,
+                max_rows_per_run=4,
+                **fields,
+            )
+        )
+    manifest = parse_manifest({"models": entries}, base)
+    repo = base / "model_repository"
+    build_repository(manifest, repo, log=lambda _msg: None)
+    ports = TritonPorts(*free_ports(3))
+    launch = TritonLaunch(repo, ports, load_models=startup_models(manifest), admin_key=ADMIN_KEY)
+    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY})
+    process.start()
+    try:
+        process.wait_ready(timeout_s=float(os.environ.get("TRITON_START_TIMEOUT", 240)))
+        yield Server(ports, manifest, repo, process), references
+    finally:
+        process.stop()
+
+
+@pytest.mark.parametrize("variant", [SPLIT, FUSED], ids=lambda v: v.name)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_static_embeddings_match_sentence_transformers(static_setup, protocol, variant):
+    server, references = static_setup
+    texts = static_texts()
+    want = reference_embeddings(references[variant.name], variant, texts)
+    with server.client(protocol) as c:
+        got = c.embed_texts(variant.name, texts)
+    assert got.shape == (len(texts), variant.dim) and got.dtype == np.float32
+    diff = float(np.abs(got.astype(np.float64) - want).max())
+    print(f"\n{variant.name} {protocol}: {len(texts)} texts, max|diff| {diff:.2e}")
+    assert diff <= MAX_ABS_DIFF
+
+
+@pytest.mark.parametrize("variant", [SPLIT, FUSED], ids=lambda v: v.name)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_static_empty_or_tokenless_text_is_refused_with_its_reason(
+    static_setup, protocol, variant
+):
+    server, _ = static_setup
+    for payload, reason in BAD.items():
+        status, message = refusal(server, protocol, text_tensor([payload]), model=variant.name)
+        assert (status, message) == (INVALID[protocol], f"in ensemble '{variant.name}', {reason}")
+
+
+@pytest.mark.parametrize(
+    ("variant", "step"), [(SPLIT, "tokenize"), (FUSED, "encode")], ids=["split", "fused"]
+)
+def test_static_bad_requests_do_not_fail_good_ones_in_the_same_execution(
+    static_setup, variant, step
+):
+    """Good and bad requests reach the tokenizing step together; each gets its own answer."""
+    server, references = static_setup
+    model, stepped = variant.name, f"{variant.name}_{step}"
+    bad = list(BAD)
+    payloads = [GOOD[0], bad[0], bad[1], GOOD[1], GOOD[2], bad[2], GOOD[3]]
+    want = dict(zip(GOOD, reference_embeddings(references[model], variant, GOOD), strict=True))
+    rounds = []
+    for _ in range(8):
+        before = model_stats(server, stepped)
+        results = concurrent_round(server, payloads, model=model)
+        delta = wait_stats(server, stepped, before, len(payloads))
+        for i, (payload, result) in enumerate(zip(payloads, results, strict=True)):
+            if payload in want:
+                assert isinstance(result, np.ndarray), f"{payload!r} failed: {result}"
+                assert float(np.abs(result - want[payload]).max()) <= MAX_ABS_DIFF
+            else:
+                got = (str(result.status()), str(result.message()))
+                assert got == (INVALID[protocol_of(i)], f"in ensemble '{model}', {BAD[payload]}")
+        rounds.append(delta.batch_sizes)
+        if delta.largest_batch > max(len(GOOD), len(BAD)):
+            break
+    print(f"\n{stepped} executions by batch size, per round: {rounds}")
+    assert delta.largest_batch > max(len(GOOD), len(BAD)), rounds
