@@ -126,7 +126,8 @@ def test_serving_runtime_matches_sentence_transformers(exported):
     _check("serving runtime", exported, np.concatenate(encoder.encode_tokens(requests)))
     fused = TextEncoder(tokenizer, encoder, params)
     reads = [fused.read(np.array([t.encode()], dtype=object), {}) for t in texts]
-    _check("fused runtime", exported, np.concatenate(fused.embed(reads)))
+    fused_rows = [embeddings for embeddings, _ in fused.embed(reads)]
+    _check("fused runtime", exported, np.concatenate(fused_rows))
 
 
 def test_configs_say_no_special_tokens_no_truncation_and_the_tables_bounds(exported):
