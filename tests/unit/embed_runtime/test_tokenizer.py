@@ -316,3 +316,25 @@ def test_truncate_must_be_a_bool(tokenizer_path, value) -> None:
 def test_lowercasing_models_count_the_lowercased_text(tokenizer_path) -> None:
     tok = BatchTokenizer(tokenizer_path, _params(max_length=16, lowercase=True))
     assert tok.token_counts(["HELLO WORLD"]) == tok.token_counts(["hello world"])
+
+
+def test_truncate_false_without_a_token_limit_refuses_nothing(tokenizer_path, tmp_path) -> None:
+    """Static models: no limit of ours (max_length 0); a file without truncation has none."""
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer.from_file(tokenizer_path)
+    plain.no_truncation()
+    path = tmp_path / "tokenizer.json"
+    plain.save(str(path))
+    tok = BatchTokenizer(str(path), _params(max_length=0, add_special_tokens=False))
+    tok.refuse_overlong([_words(5000)], {"truncate": False})
+    assert tok.token_counts([_words(5000)]) == [5000]  # no special tokens for such models
+
+
+def test_truncate_false_uses_the_tokenizer_files_own_limit(tokenizer_path) -> None:
+    """The bundled MiniLM tokenizer.json truncates at 128 itself."""
+    tok = BatchTokenizer(tokenizer_path, _params(max_length=0, add_special_tokens=False))
+    tok.refuse_overlong([_words(128)], {"truncate": False})
+    over = "row 0 has 129 tokens, over the model's limit of 128"
+    with pytest.raises(InvalidInputError, match=over):
+        tok.refuse_overlong([_words(129)], {"truncate": False})
