@@ -1,5 +1,8 @@
 """The GPU section of ``docs/benchmarks.md``, rendered from ``bench.gpu`` results files.
 
+The prose is ``bench/templates/gpu_section.md``; this module computes the tables and values
+it places.
+
 ``python -m bench.gpu --report FILE [FILE ...]`` writes it between the markers below;
 ``make bench`` (``bench.docs_text.render``) keeps the section as it finds it.
 """
@@ -10,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from bench.common import table
+from bench.common import render_template, table
 
 BEGIN = "<!-- gpu:begin (python -m bench.gpu --report) -->"
 END = "<!-- gpu:end -->"
@@ -58,7 +61,7 @@ def _load(run: dict[str, Any]) -> str:
 
 
 def render_gpu_section(results: list[dict[str, Any]]) -> str:
-    """Markdown for one or more results files of the same GPU host."""
+    """Markdown for one or more results files of the same GPU host (``gpu_section.md``)."""
     first = results[0]["meta"]
     machine = first["machine"]
     runs = [
@@ -68,33 +71,18 @@ def render_gpu_section(results: list[dict[str, Any]]) -> str:
     ]
     files = ", ".join(f"`bench/results/gpu-{r['meta']['args']['models']}-{r['meta']['started']}"
                       ".json`" for r in results)
-    parts = [
-        BEGIN,
-        "## GPU",
-        f"Measured with `deploy/gpu/run_bench_offline.sh` (`python -m bench.gpu`) on "
-        f"{machine['gpu']} ({machine['gpu_memory_mib']:,} MiB, driver {machine['driver']}), "
-        f"{machine['cpu_cores']} CPU cores, Python {machine['python']}, onnxruntime-gpu "
-        f"{machine['onnxruntime']}, the pytriton tritonserver 2.51; runs {files}. Text: "
-        "a random-init BERT of e5-small's size (12 layers, hidden 384, mean pooling); CLIP: "
-        "full-size ViT-B-32, random init; both fp16 graphs on the CUDA execution provider. "
-        "Load: the real perf_analyzer 2.51 over gRPC, one item per request, asynchronous "
-        "requests at each concurrency, windows of "
-        f"{first['args']['measurement_ms']} ms until three agree within 15 %. *GPU* is the "
-        "mean of nvidia-smi's utilisation sampled every 200 ms during the window.",
-    ]
     placement = next((r["placement"] for r in results if "placement" in r), None)
     parity = next((r["parity"] for r in results if "parity" in r), None)
+    checked = None
     if placement and parity:
-        held = ", ".join(f"{m} {mib:,} MiB" for m, mib in sorted(placement["encoder_gpu_mib"]
-                                                                 .items()))
-        parts.append(
-            "Checked in the same run: every encoder's session has CUDA as its first provider "
-            "(the model refuses to load otherwise), its stub holds GPU memory "
-            f"({held}), and the served text embeddings match sentence-transformers on the "
-            f"same GPU in fp32 over {parity['sentences']} sentences: cosine >= "
-            f"{parity['min_cosine']:.6f} (gate {parity['gate_min_cosine']}), max |diff| "
-            f"{parity['max_abs']:.1e}."
-        )
+        checked = {
+            "held": ", ".join(f"{m} {mib:,} MiB" for m, mib in sorted(placement["encoder_gpu_mib"]
+                                                                      .items())),
+            "sentences": parity["sentences"],
+            "min_cosine": f"{parity['min_cosine']:.6f}",
+            "gate": parity["gate_min_cosine"],
+            "max_abs": f"{parity['max_abs']:.1e}",
+        }
     rows = []
     variants = sorted({(r["variant"], _load(r)) for r in runs})
     for model, (variant, load) in ((m, v) for m in TARGETS for v in variants):
@@ -111,16 +99,24 @@ def render_gpu_section(results: list[dict[str, Any]]) -> str:
             f"{ceiling:,.0f}", f"{best['qps'] / ceiling:.2f} x", f"{target:,}",
             "met" if best["qps"] >= target else "not met",
         ])
-    parts += [
-        "### Best throughput per ensemble against the targets",
-        table(["ensemble", "QPS", "at concurrency", "p50 ms", "GPU", "in-process rate",
-                "served / in-process", "target", ""], rows),
-        "In-process rates, measured in the same run as the row: " + "; ".join(
+    torch_rates = [r["ceilings"]["text_torch_fp16"]["items_per_s"] for r in runs
+                   if "text_torch_fp16" in r["ceilings"]]
+    return render_template(
+        "gpu_section.md",
+        begin=BEGIN,
+        end=END,
+        machine=machine,
+        gpu_memory_mib=f"{machine['gpu_memory_mib']:,}",
+        files=files,
+        measurement_ms=first["args"]["measurement_ms"],
+        checked=checked,
+        targets_table=table(["ensemble", "QPS", "at concurrency", "p50 ms", "GPU",
+                             "in-process rate", "served / in-process", "target", ""], rows),
+        in_process="; ".join(
             f"`{model}`: {_ceiling(model, run['ceilings'])[1]}"
             for model, run in {r["model"]: r for r in runs}.items()
-        ) + ".",
-        "### Every measurement",
-        table(
+        ),
+        measurements_table=table(
             ["ensemble", "concurrency", "QPS", "p50 ms", "p99 ms", "encoder rows / execution",
              "server compute ms", "GPU mean / max"],
             [
@@ -134,18 +130,9 @@ def render_gpu_section(results: list[dict[str, Any]]) -> str:
                 for r in runs
             ],
         ),
-    ]
-    parts += image_gpu_parts(results)
-    torch_rates = [r["ceilings"]["text_torch_fp16"]["items_per_s"] for r in runs
-                   if "text_torch_fp16" in r["ceilings"]]
-    if torch_rates:
-        parts.append(
-            "For comparison, `SentenceTransformer.encode` in PyTorch fp16 on the same GPU "
-            "(batch 256, its own tokenization included, one process): "
-            f"{min(torch_rates):,.0f}-{max(torch_rates):,.0f} sentences/s."
-        )
-    parts.append(END)
-    return "\n\n".join(parts)
+        image_gpu=image_gpu_values(results),
+        torch_rates=f"{min(torch_rates):,.0f}-{max(torch_rates):,.0f}" if torch_rates else None,
+    ).rstrip("\n")
 
 
 def _rows_per_execution(run: dict[str, Any]) -> str:
@@ -174,66 +161,19 @@ def _photo_row(row: dict[str, Any]) -> list[str]:
     ]
 
 
-def image_gpu_parts(results: list[dict[str, Any]]) -> list[str]:
-    """The ``image_decode = "gpu"`` subsection: parity, safety, memory, in-process rates."""
+def image_gpu_values(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ``image_decode = "gpu"`` subsection's values: parity, safety, memory, rates."""
     with_parity = [r for r in results if "image_gpu_parity" in r.get("ceilings", {})]
     if not with_parity:
-        return []
+        return None
     result = max(with_parity, key=lambda r: r["meta"]["started"])
     parity = result["ceilings"]["image_gpu_parity"]
     summary = parity["summary"]
     served = result.get("image_gpu", {})
-    parts = [
-        "### Images decoded on the GPU (`image_decode = \"gpu\"`)",
-        "JPEGs are decoded in one batch per execution by nvImageCodec on the preprocess "
-        "instance's GPU, then resized there with Pillow's own fixed-point convolution "
-        "(bit-equal to the CPU path on the same decoded pixels, tested on the CPU); other "
-        "formats take the exact CPU path image by image. Parity against the exact CPU path: "
-        "each photo's pixels from both paths embedded by the same served image tower "
-        f"(fp16, CUDA), from `bench/results/gpu-{result['meta']['args']['models']}-"
-        f"{result['meta']['started']}.json`. Photos: scikit-image's, encoded as baseline "
-        "4:2:0 (q90), 4:4:4 (q95) and progressive JPEGs, grayscale and EXIF-rotated ones, "
-        "and PNG/WebP/GIF/TIFF copies. *Levels*: the largest and the mean difference of "
-        "the 224 x 224 model input in 8-bit levels. The draft-decode CPU path (opt-in, "
-        "`image_draft_decode`) is shown for scale.",
-        table(["photo", "size", "decoded on", "GPU cosine", "GPU max levels",
-                "GPU mean levels", "draft cosine", "draft max levels"],
-               [_photo_row(row) for row in parity["photos"]]),
-    ]
-    gpu_min = summary["gpu_default"]["min_cosine"]
     fancy = summary.get("gpu_fancy_upsampling", {})
-    lines = [
-        f"Min cosine over {len(parity['photos'])} photos: GPU path {gpu_min:.7f} "
-        f"(mean {summary['gpu_default']['mean_cosine']:.7f}); draft decode "
-        f"{summary['draft_cpu']['min_cosine']:.7f}. The gate held by "
-        "`tests/unit/test_gpu_bench.py` on this table is min cosine >= "
-        f"{IMAGE_GPU_MIN_COSINE} (full-size ViT-B-32, random init)."
-    ]
-    if fancy:
-        lines.append(
-            f"nvImageCodec with `:fancy_upsampling=1`: min cosine {fancy['min_cosine']:.7f}, "
-            "the same model input on every photo, and slower (rates below): the served "
-            "decoder keeps nvJPEG's defaults."
-        )
-    if "served_parity" in served and "min_cosine" in served["served_parity"]:
-        sp = served["served_parity"]
-        lines.append(
-            f"Served: the `clip-vit-b-32_image` ensemble on these {sp['photos']} photos "
-            f"against the exact path in-process: min cosine {sp['min_cosine']:.7f}."
-        )
+    sp = served.get("served_parity", {})
     safety = served.get("safety", {})
-    if "bad" in safety:
-        bad = "; ".join(f"{k}: {v[:110]}" for k, v in safety["bad"].items())
-        lines.append(
-            f"Bad JPEGs sent together with {safety['good_sent']} good requests: "
-            f"{safety['good_ok']} good answered; {bad}; server ready afterwards: "
-            f"{safety['server_still_ready']}."
-        )
     memory = served.get("stub_gpu_memory", {})
-    if memory:
-        held = ", ".join(f"`{m}` {v['mib']:,} MiB in {v['processes']} processes"
-                         for m, v in sorted(memory.items()))
-        lines.append(f"GPU memory held by the Python-backend stubs (nvidia-smi): {held}.")
     ceilings = result["ceilings"]
     rates = [
         (key, label) for key, label in (
@@ -242,16 +182,35 @@ def image_gpu_parts(results: list[dict[str, Any]]) -> list[str]:
             ("image_preprocess_gpu_jpeg_default_upsampling", "its 8 JPEGs, nvJPEG defaults"),
         ) if "items_per_s" in ceilings.get(key, {})
     ]
-    if rates:
-        lines.append(
-            "In-process GPU path, one process, batches of 64, copy back to the host "
-            "included: " + "; ".join(
-                f"{label}: {ceilings[key]['items_per_s']:,.0f} images/s" for key, label in rates
-            ) + f"; the exact CPU path on {ceilings['image_preprocess_cpu']['processes']} "
-            f"processes: {ceilings['image_preprocess_cpu']['items_per_s']:,.0f} images/s."
-        )
-    parts.append("\n".join(f"- {line}" for line in lines))
-    return parts
+    cpu = ceilings["image_preprocess_cpu"] if rates else None
+    return {
+        "file": f"bench/results/gpu-{result['meta']['args']['models']}-"
+        f"{result['meta']['started']}.json",
+        "table": table(["photo", "size", "decoded on", "GPU cosine", "GPU max levels",
+                        "GPU mean levels", "draft cosine", "draft max levels"],
+                       [_photo_row(row) for row in parity["photos"]]),
+        "photos": len(parity["photos"]),
+        "gpu_min": f"{summary['gpu_default']['min_cosine']:.7f}",
+        "gpu_mean": f"{summary['gpu_default']['mean_cosine']:.7f}",
+        "draft_min": f"{summary['draft_cpu']['min_cosine']:.7f}",
+        "gate": IMAGE_GPU_MIN_COSINE,
+        "fancy_min": f"{fancy['min_cosine']:.7f}" if fancy else None,
+        "served": {"photos": sp["photos"], "min_cosine": f"{sp['min_cosine']:.7f}"}
+        if "min_cosine" in sp else None,
+        "safety": {
+            "good_sent": safety["good_sent"],
+            "good_ok": safety["good_ok"],
+            "bad": "; ".join(f"{k}: {v[:110]}" for k, v in safety["bad"].items()),
+            "still_ready": safety["server_still_ready"],
+        } if "bad" in safety else None,
+        "stub_memory": ", ".join(f"`{m}` {v['mib']:,} MiB in {v['processes']} processes"
+                                 for m, v in sorted(memory.items())),
+        "rates": "; ".join(
+            f"{label}: {ceilings[key]['items_per_s']:,.0f} images/s" for key, label in rates
+        ),
+        "cpu_processes": cpu["processes"] if cpu else None,
+        "cpu_rate": f"{cpu['items_per_s']:,.0f}" if cpu else None,
+    }
 
 
 def _first_error(run: dict[str, Any]) -> str:
