@@ -81,6 +81,7 @@ class Pod:
     ports: dict[int, int]
     name: str
     ready_s: float
+    restarts: int = 0
 
 
 def start(
@@ -90,29 +91,38 @@ def start(
     name: str,
     env: dict | None = None,
     ports: dict[int, int] | None = None,
+    restart_after_s: float | None = None,
 ) -> Pod:
     """Run ``ctr`` detached; return it once its startup probe passes.
 
     ``env`` adds variables to the container's own, as a changed pod template would;
-    ``ports`` maps container ports to host ports (default: free ones).
+    ``ports`` maps container ports to host ports (default: free ones). With
+    ``restart_after_s``, a container whose startup probe has not passed by then is
+    restarted, as the kubelet restarts one that exhausts its startup probe (the spec's
+    budget, 900 s, is shortened for a test): at most twice, each restart counted.
     """
     if env:
-        ctr = {
-            **ctr,
-            "env": [*ctr.get("env", []), *({"name": k, "value": v} for k, v in env.items())],
-        }
+        extra = [{"name": k, "value": v} for k, v in env.items()]
+        ctr = {**ctr, "env": [*ctr.get("env", []), *extra]}
     ports = ports or {p["containerPort"]: free_port() for p in ctr["ports"]}
     docker("rm", "-f", name, check=False)
     argv = k8s_docker.docker_run(pod, ctr, bindings(ctr, host_files, ports), name)
     port, path = k8s_docker.probe_target(ctr, "startupProbe")
     budget = k8s_docker.probe_budget_s(ctr, "startupProbe")
-    began = time.monotonic()
+    began = attempt = time.monotonic()
+    restarts = 0
     subprocess.run([*argv[:2], "-d", *argv[2:]], capture_output=True, text=True, check=True)
     while time.monotonic() - began < budget:
         if http_status(f"http://127.0.0.1:{ports[port]}{path}") == 200:
-            return Pod(ctr, ports, name, time.monotonic() - began)
+            return Pod(ctr, ports, name, time.monotonic() - began, restarts)
         running = docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip()
         assert running == "true", docker("logs", "--tail", "60", name).stderr
+        if restart_after_s and restarts < 2 and time.monotonic() - attempt > restart_after_s:
+            (work_dir() / f"{name}-start-{restarts}.log").write_text(logs(name))
+            record(f"{name}: not ready {restart_after_s:.0f} s after start, restarted")
+            docker("restart", "-t", "5", name)
+            restarts += 1
+            attempt = time.monotonic()
         time.sleep(0.25)
     raise AssertionError(f"{name}: not ready within the startup budget of {budget} s")
 
