@@ -149,15 +149,17 @@ def embed_requests(
     requests: Sequence[Any],
     read: Callable[[Any], Any],
     run: Callable[[list], list],
-    output_name: str,
+    output_name: str | Sequence[str],
     log: Callable[[str], None],
 ) -> list:
     """One response per request: ``read`` each, ``run`` all valid ones at once.
 
     ``read(request)`` returns what ``run`` needs of that request or raises
     :class:`RequestError` (that request alone fails); ``run(items)`` returns one output
-    array per item. A failing run is retried request by request (:func:`run_or_isolate`).
+    array per item, or one tuple of arrays per item when ``output_name`` names several
+    outputs. A failing run is retried request by request (:func:`run_or_isolate`).
     """
+    names = (output_name,) if isinstance(output_name, str) else tuple(output_name)
     responses: list = [None] * len(requests)
     valid, items = [], []
     for i, request in enumerate(requests):
@@ -173,6 +175,7 @@ def embed_requests(
         if isinstance(out, Exception):
             responses[i] = error_response(pb_utils, out, log)
             continue
-        tensor = pb_utils.Tensor(output_name, out)
-        responses[i] = pb_utils.InferenceResponse(output_tensors=[tensor])
+        arrays = (out,) if isinstance(output_name, str) else out
+        tensors = [pb_utils.Tensor(n, a) for n, a in zip(names, arrays, strict=True)]
+        responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
     return responses

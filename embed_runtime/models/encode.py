@@ -23,6 +23,7 @@ from embed_runtime.ort_encoder import (
     shared_threads,
 )
 from embed_runtime.request_options import request_parameters, resolve_dimensions, truncate
+from embed_runtime.sparse import INDICES, VALUES, sparse_rows
 from embed_runtime.fused_encoder import TextEncoder, is_fused
 
 
@@ -81,6 +82,8 @@ class TritonPythonModel:
     def _run(self, items):
         run = self.encoder.encode_tokens if self.params.ragged else self.encoder.encode_dense
         outputs = run([inputs for inputs, _ in items])
+        if self.params.sparse:  # each request its own width K
+            return [sparse_rows(o, self.params.max_active_dims) for o in outputs]
         pairs = zip(outputs, items, strict=True)
         return [truncate(o, k, self.params.normalize) if k else o for o, (_, k) in pairs]
 
@@ -88,6 +91,8 @@ class TritonPythonModel:
         """Embed all valid requests in one sorted, chunked pass."""
         read, run = (self._read_text, self.text.embed) if self.text else (self._read, self._run)
         name, log = self.params.output_name, self.logger.log_error
+        if self.params.sparse:
+            name = (INDICES, VALUES)
         return embed_requests(pb_utils, requests, read, run, name, log)
 
     def finalize(self):
