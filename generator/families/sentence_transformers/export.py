@@ -99,7 +99,8 @@ def _graph_spec(input_names: list[str], dim: int) -> GraphSpec:
     )
 
 
-def _write_tokenizer(model, path: Path) -> list[str]:
+def write_tokenizer(model, path: Path) -> list[str]:
+    """Save the model's fast tokenizer (no padding, no truncation); its graph input names."""
     from tokenizers import Tokenizer  # noqa: PLC0415
 
     tok = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
@@ -123,7 +124,8 @@ def graph_input_names(model) -> list[str]:
     return names
 
 
-def _check_tokenizer(model, path: Path, params: TokenizerParams) -> list[str]:
+def check_tokenizer(model, path: Path, params: TokenizerParams) -> list[str]:
+    """Differences between the runtime tokenizer and the model's ``preprocess``."""
     runtime = BatchTokenizer(str(path), params)
     failures = []
     for text in VALIDATION_TEXTS:
@@ -134,7 +136,7 @@ def _check_tokenizer(model, path: Path, params: TokenizerParams) -> list[str]:
     return failures
 
 
-def _prompts(entry: ModelEntry, model) -> tuple[dict[str, str], str]:
+def model_prompts(entry: ModelEntry, model) -> tuple[dict[str, str], str]:
     """The model's prompts and default prompt name, the manifest's on top.
 
     Refuses a Pooling with ``include_prompt=False`` (prompt tokens left out of pooling):
@@ -156,7 +158,8 @@ def _prompts(entry: ModelEntry, model) -> tuple[dict[str, str], str]:
     return prompts, default
 
 
-def _check_prompts(model, path: Path, params: TokenizerParams) -> list[str]:
+def check_prompts(model, path: Path, params: TokenizerParams) -> list[str]:
+    """Differences between prompt + text at runtime and ``preprocess(prompt=...)``."""
     runtime = BatchTokenizer(str(path), params)
     failures = []
     for name, prompt in params.prompts:
@@ -190,10 +193,10 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     model, _ = _load(entry, manifest)
     max_len = int(model.max_seq_length)
     tokenizer_json = work / "tokenizer.json"
-    input_names = _write_tokenizer(model, tokenizer_json)
+    input_names = write_tokenizer(model, tokenizer_json)
     pad_id = model.tokenizer.pad_token_id or 0
     lowercase = bool(getattr(model[0], "do_lower_case", False))
-    prompts, default_prompt = _prompts(entry, model)
+    prompts, default_prompt = model_prompts(entry, model)
     # The model's own truncate_dim (config_sentence_transformers.json) is its default
     # width, as in sentence-transformers; the graph itself returns every dimension.
     own_truncate_dim, model.truncate_dim = model.truncate_dim, None
@@ -215,8 +218,8 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
         default_prompt_name=default_prompt,
         max_dimensions=truncatable,
     )
-    failures = _check_tokenizer(model, tokenizer_json, tok_params)
-    failures += _check_prompts(model, tokenizer_json, tok_params)
+    failures = check_tokenizer(model, tokenizer_json, tok_params)
+    failures += check_prompts(model, tokenizer_json, tok_params)
     if failures:
         raise RuntimeError(f"{entry.name}: tokenizer parity failed:\n  " + "\n  ".join(failures))
 
