@@ -152,3 +152,16 @@ def test_a_runtime_load_request_names_the_family() -> None:
                                         "source": "/models/splade", "name": "sp",
                                         "options": {"max_active_dims": 32}}))
     assert request["family"] == "sparse-encoder"
+
+
+def test_model_manager_checks_a_sparse_folder_by_this_family(folders, tmp_path) -> None:
+    from embed_runtime.errors import InvalidInputError
+    from generator.manifest import ManagerSettings
+    from tests.unit.generator.test_lifecycle import _load, _manager
+
+    manager = _manager(tmp_path / "srv", roots=[folders["max"].parent])
+    settings = ManagerSettings(allowed_roots=(str(folders["max"].parent),))
+    request = _load(str(folders["max"]), "sp") | {"family": "sparse-encoder"}
+    assert manager._source_fields(request, settings)["source"] == str(folders["max"])
+    with pytest.raises(InvalidInputError, match="use family 'sparse-encoder'"):
+        manager.handle(_load(str(folders["max"]), "sp"))
