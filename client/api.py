@@ -46,6 +46,7 @@ DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 TEXT_INPUT = "TEXT"
 OUTPUT = "EMBEDDING"
 COUNT_OUTPUT = "TOKEN_COUNT"  # optional: each row's token count
+SPARSE_OUTPUTS = ("SPARSE_INDICES", "SPARSE_VALUES")
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 ADMIN_HEADER = "X-Admin-Key"
 ADMIN_KEY_ENV = "EMBED_ADMIN_KEY"
@@ -250,6 +251,55 @@ class EmbeddingClient(LifecycleMixin, RerankMixin):
         ]
         return reassemble(len(images), parts)
 
+    def embed_sparse(
+        self, model: str, texts: Sequence[str], *, prompt_name: str | None = None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Sparse embeddings of ``texts`` from the sparse-encoder ensemble ``model``.
+
+        Per text, ``(indices, values)``: its active vocabulary dimensions (int32) and
+        their weights (float32), by weight descending, the server's padding removed.
+        """
+        items = encode_texts(texts)
+        if not items:
+            return []
+        parameters = {"prompt_name": prompt_name} if prompt_name is not None else None
+        chunks = self._batched(
+            model, items, lambda part: self._infer_sparse(model, part, parameters)
+        )
+        return [row for chunk in chunks for row in chunk]
+
+    def _infer_sparse(
+        self, model: str, items: list[bytes], parameters: dict | None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        data = bytes_tensor(items)
+        infer_input = self._tc.InferInput(TEXT_INPUT, list(data.shape), "BYTES")
+        with self._errors(model):
+            infer_input.set_data_from_numpy(data)
+            extra = {"parameters": parameters} if parameters else {}
+            result = self._client.infer(
+                model,
+                [infer_input],
+                outputs=[self._tc.InferRequestedOutput(n) for n in SPARSE_OUTPUTS],
+                **extra,
+                **self._call,
+            )
+        indices, values = (result.as_numpy(n) for n in SPARSE_OUTPUTS)
+        if (
+            indices is None
+            or values is None
+            or indices.ndim != 2
+            or indices.shape != values.shape
+            or indices.shape[0] != len(items)
+        ):
+            raise EmbeddingClientError(
+                f"expected {' and '.join(SPARSE_OUTPUTS)} of shape [{len(items)}, K]", model=model
+            )
+        keep = indices >= 0  # -1: padding of rows shorter than the request's longest
+        return [
+            (i[k].astype(np.int32, copy=False), v[k].astype(np.float32, copy=False))
+            for i, v, k in zip(indices, values, keep, strict=True)
+        ]
+
     def _embed(
         self,
         model: str,
@@ -262,21 +312,27 @@ class EmbeddingClient(LifecycleMixin, RerankMixin):
         if not items:
             empty = np.zeros((0, 0), dtype=np.float32)
             return (empty, np.zeros(0, dtype=np.int32)) if counts else empty
+        chunks = self._batched(
+            model, items, lambda part: self._infer(model, input_name, part, parameters, counts)
+        )
+        if not counts:
+            return np.concatenate(chunks, axis=0)
+        embeddings = np.concatenate([e for e, _ in chunks], axis=0)
+        return embeddings, np.concatenate([c for _, c in chunks], axis=0)
+
+    def _batched(self, model: str, items: list[bytes], call) -> list:
+        """``call`` on each request-sized part of ``items`` (``max_batch_size``, bytes)."""
         sizes = [len(item) for item in items]
         try:
             slices = split_batches(sizes, self._max_batch_size(model), self.max_request_bytes)
-            chunks = [self._infer(model, input_name, items[s], parameters, counts) for s in slices]
+            return [call(items[s]) for s in slices]
         except EmbeddingClientError as exc:
             limit = _BATCH_LIMIT.search(exc.message)
             if limit is None or self._max_batch.get(model) != 0:
                 raise
             # The config is admin-only without a key: learn the limit from Triton's refusal.
             self._max_batch[model] = int(limit.group(1))
-            return self._embed(model, input_name, items, parameters, counts)
-        if not counts:
-            return np.concatenate(chunks, axis=0)
-        embeddings = np.concatenate([e for e, _ in chunks], axis=0)
-        return embeddings, np.concatenate([c for _, c in chunks], axis=0)
+            return self._batched(model, items, call)
 
     def _infer(
         self,

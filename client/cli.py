@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     embed.add_argument("--prompt-name", help="one of the text model's prompts (e.g. query)")
     embed.add_argument(
+        "--sparse",
+        action="store_true",
+        help="a sparse-encoder model: print each text's active indices and values (json)",
+    )
+    embed.add_argument(
         "--dimensions", type=int, help="keep the first N values (Matryoshka truncation)"
     )
     embed.add_argument("--format", choices=["json", "npy"], default="json")
@@ -162,7 +167,25 @@ def _write_json_lines(inputs: Sequence[str], vectors: np.ndarray, stream: TextIO
         stream.write(json.dumps({"input": item, "embedding": vector.tolist()}) + "\n")
 
 
+def _cmd_embed_sparse(client: EmbeddingClient, args: argparse.Namespace) -> int:
+    if args.images or args.dimensions is not None or args.format != "json":
+        raise SystemExit("--sparse takes texts only, printed as json (no --image, --dimensions)")
+    rows = client.embed_sparse(args.model, args.texts, prompt_name=args.prompt_name)
+    lines = [
+        json.dumps({"input": text, "indices": i.tolist(), "values": v.tolist()}) + "\n"
+        for text, (i, v) in zip(args.texts, rows, strict=True)
+    ]
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as stream:
+            stream.writelines(lines)
+    else:
+        sys.stdout.writelines(lines)
+    return 0
+
+
 def _cmd_embed(client: EmbeddingClient, args: argparse.Namespace) -> int:
+    if args.sparse:
+        return _cmd_embed_sparse(client, args)
     if args.images:
         inputs, vectors = args.images, client.embed_images(args.model, args.images)
     else:

@@ -44,6 +44,10 @@ class EncoderParams:
     default_dimensions: int = 0
     normalize: bool = False
     weight_cache: bool = True
+    # Sparse encoders: answer each request's rows as (indices, values) of their active
+    # dimensions (embed_runtime.sparse), capped at max_active_dims (0: no cap).
+    sparse: bool = False
+    max_active_dims: int = 0
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> EncoderParams:
@@ -71,6 +75,8 @@ class EncoderParams:
                 default_dimensions=int(params.get("default_dimensions", "0")),
                 normalize=params.get("normalize", "false").lower() == "true",
                 weight_cache=params.get("weight_cache", "true").lower() == "true",
+                sparse=params.get("sparse", "false").lower() == "true",
+                max_active_dims=int(params.get("max_active_dims", "0")),
             )
         except KeyError as exc:
             raise ValueError(f"encoder config parameter {exc.args[0]!r} is missing") from exc
@@ -82,6 +88,10 @@ class EncoderParams:
             raise ValueError("max_rows_per_run must be >= 1")
         if not 0.0 <= out.max_padding_share <= 1.0:
             raise ValueError("max_padding_share must be within [0, 1]")
+        if out.max_active_dims < 0:
+            raise ValueError("max_active_dims must be >= 0")
+        if out.sparse and out.max_dimensions:
+            raise ValueError("a sparse encoder takes no dimensions (max_dimensions)")
         if out.shared_intra_op_threads < AUTO_THREADS:
             raise ValueError("shared_intra_op_threads must be 'auto' or >= 0")
         if out.shared_intra_op_threads and out.execution_provider != "cpu":

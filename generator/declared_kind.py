@@ -33,10 +33,20 @@ MODULE_NOTES = {
     "MLMTransformer": "a masked-language-model head (sparse encoders)",
     "SparseStaticEmbedding": "a static sparse embedding (inference-free sparse encoders)",
     "StaticEmbedding": "static token embeddings (no transformer)",
-    "Router": "per-task routing between sub-pipelines",
+    "Router": "per-task routing between sub-pipelines, e.g. inference-free sparse encoders "
+              "(SparseStaticEmbedding for queries)",
     "LogitScore": "scores from a causal LM's token logits (LLM rerankers)",
     "Asym": "per-task routing between sub-pipelines",
 }
+# The family that builds each declared model type (named in a refusal).
+KIND_FAMILIES = {
+    "SentenceTransformer": "sentence-transformers",
+    "CrossEncoder": "cross-encoder",
+    "SparseEncoder": "sparse-encoder",
+}
+# First modules of a pipeline every family's export starts from (MLMTransformer: the
+# sparse encoders' Transformer as sentence-transformers < 6 saved it).
+TRANSFORMERS = ("Transformer", "MLMTransformer")
 FILES = ("modules.json", "config_sentence_transformers.json", "sentence_bert_config.json")
 
 
@@ -156,10 +166,12 @@ def check_served(family: str, served: Served, kind: DeclaredKind, name: str) -> 
     listed = ", ".join(kind.module_classes) or "none"
     if kind.model_type is not None and kind.model_type not in served_types:
         what = KNOWN_KINDS.get(kind.model_type, "a model kind")
+        other = KIND_FAMILIES.get(kind.model_type)
         raise UnsupportedModelError(
             f"{name}: the folder declares model_type {kind.model_type!r} ({what}; modules: "
             f"{listed}); family {family!r} builds {' / '.join(served_types)} models only, so "
             "it is refused rather than served as a different model"
+            + (f" (use family {other!r})" if other else "")
         )
     if _whole_pipeline_served(served, kind, family, name, listed):
         return
@@ -172,7 +184,7 @@ def check_served(family: str, served: Served, kind: DeclaredKind, name: str) -> 
                 + f" is not supported by family {family!r}, which exports the pipelines "
                 f"{' / '.join(served_modules)} exactly (modules of this folder: {listed})"
             )
-    if kind.module_classes and kind.module_classes[0] != "Transformer":
+    if kind.module_classes and kind.module_classes[0] not in TRANSFORMERS:
         raise UnsupportedModelError(
             f"{name}: the pipeline starts with {kind.module_classes[0]!r}; family "
             f"{family!r} needs a Transformer first (modules of this folder: {listed})"

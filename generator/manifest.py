@@ -90,6 +90,7 @@ class ModelEntry:
     default_prompt_name: str | None = None
     truncate_dim: int | None = None
     fused_tokenize: bool = False
+    max_active_dims: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields (for hashing and display)."""
@@ -189,6 +190,7 @@ ENTRY_BOUNDS: dict[str, tuple[float, float]] = {
     "max_request_text_bytes": (64, 64 * 1024 * 1024),
     "max_image_pixels": (1, 1 << 30),
     "max_batch_pixels": (1, 1 << 32),
+    "max_active_dims": (1, 1 << 24),
 }
 FETCH_BOUNDS: dict[str, tuple[float, float]] = {
     "connect_timeout_s": (0.001, 600.0),
@@ -210,6 +212,7 @@ _OPTIONAL_SAMPLES: dict[str, object] = {
     "prompts": {},
     "default_prompt_name": "",
     "truncate_dim": 0,
+    "max_active_dims": 0,
 }
 
 

@@ -24,6 +24,7 @@ from embed_runtime.ort_encoder import (
 )
 from embed_runtime.request_options import request_parameters, resolve_dimensions, truncate
 from embed_runtime.fused_encoder import COUNT_OUTPUT, TextEncoder, is_fused, token_counts
+from embed_runtime.sparse import INDICES, VALUES, sparse_rows
 
 
 class TritonPythonModel:
@@ -83,6 +84,8 @@ class TritonPythonModel:
     def _run(self, items):
         run = self.encoder.encode_tokens if self.params.ragged else self.encoder.encode_dense
         outputs = run([inputs for inputs, _ in items])
+        if self.params.sparse:  # each request its own width K
+            return [sparse_rows(o, self.params.max_active_dims) for o in outputs]
         pairs = zip(outputs, items, strict=True)
         embeddings = [truncate(o, k, self.params.normalize) if k else o for o, (_, k) in pairs]
         if not self.counts:
@@ -100,7 +103,10 @@ class TritonPythonModel:
             read, run = self._read_text, self._run_text
         else:
             read, run = self._read, self._run
-        names = [self.params.output_name, *([COUNT_OUTPUT] if self.counts else [])]
+        if self.params.sparse:
+            names = [INDICES, VALUES]
+        else:
+            names = [self.params.output_name, *([COUNT_OUTPUT] if self.counts else [])]
         return embed_requests(pb_utils, requests, read, run, names, self.logger.log_error)
 
     def finalize(self):

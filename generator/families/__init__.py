@@ -16,11 +16,17 @@ Adding a family: its package, its templates if any, its tests, and one line in
 
 from __future__ import annotations
 
-from . import cross_encoder, open_clip, sentence_transformers
+from . import cross_encoder, open_clip, sentence_transformers, sparse_encoder
 from .spec import Family
 
 FAMILIES: dict[str, Family] = {
-    f.name: f for f in (sentence_transformers.FAMILY, open_clip.FAMILY, cross_encoder.FAMILY)
+    f.name: f
+    for f in (
+        sentence_transformers.FAMILY,
+        open_clip.FAMILY,
+        cross_encoder.FAMILY,
+        sparse_encoder.FAMILY,
+    )
 }
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from embed_runtime.ort_encoder import AUTO_THREADS
+from embed_runtime.sparse import INDICES, VALUES
 from embed_runtime.tokenizer import TokenizerParams
 
 from ..manifest import ModelEntry
@@ -131,13 +133,16 @@ def encoder_dir(
     limits: dict[str, int] | None = None,
     max_dimensions: int = 0,
     token_count: bool = False,
+    sparse: SparseOutput | None = None,
 ) -> ModelDir:
     """An encoder: the Python ORT runner, or Triton's native ``onnxruntime`` backend.
 
     ``limits`` (``vocab_size``, ``type_vocab_size``, ``max_width``) bound what a direct
     call may send the Python runner's token inputs. ``max_dimensions`` D > 0 lets the
     Python runner truncate to a request's ``dimensions`` (the output is then ``[-1]``).
-    ``token_count`` adds the Python runner's ``TOKEN_COUNT`` output.
+    ``token_count`` adds the Python runner's ``TOKEN_COUNT`` output. ``sparse`` (Python
+    runner only): the graph's dense rows are answered as the ``SPARSE_INDICES`` /
+    ``SPARSE_VALUES`` of their active dimensions.
     """
     batching, instances = _encoder_scheduling(entry)
     outputs = [IOSpec.from_tensor(t) for t in spec.outputs]
@@ -156,13 +161,32 @@ def encoder_dir(
     parameters = _python_encoder_parameters(entry, spec, ragged, limits, max_dimensions)
     if max_dimensions:
         outputs = [IOSpec(o.name, o.data_type, (-1,)) for o in outputs]
-    if token_count:
+    if sparse is not None:
+        parameters.update(sparse.parameters())
+        outputs = list(sparse.outputs())
+    elif token_count:
         outputs.append(TOKEN_COUNT)
     inputs = [IOSpec.from_tensor(t, ragged=ragged) for t in spec.inputs]
     config = python_model(
         name, entry.max_batch_size, inputs, outputs, parameters, batching, instances
     )
     return ModelDir(name, config, "encode", {"model.onnx": onnx_path})
+
+
+@dataclass(frozen=True)
+class SparseOutput:
+    """A sparse encoder's answer: active dimensions, at most ``max_active_dims`` (0: all)."""
+
+    max_active_dims: int = 0
+
+    def parameters(self) -> dict[str, str]:
+        """Config parameters the runner reads (``EncoderParams.sparse``, ``max_active_dims``)."""
+        return {"sparse": "true", "max_active_dims": str(self.max_active_dims)}
+
+    @staticmethod
+    def outputs() -> tuple[IOSpec, IOSpec]:
+        """``SPARSE_INDICES`` INT32 and ``SPARSE_VALUES`` FP32, each ``[-1]`` (K per request)."""
+        return IOSpec(INDICES, "TYPE_INT32", (-1,)), IOSpec(VALUES, "TYPE_FP32", (-1,))
 
 
 def _python_encoder_parameters(

@@ -100,7 +100,8 @@ def _graph_spec(input_names: list[str], dim: int) -> GraphSpec:
     )
 
 
-def _write_tokenizer(model, path: Path) -> list[str]:
+def write_tokenizer(model, path: Path) -> list[str]:
+    """Save the model's fast tokenizer (no padding, no truncation); its graph input names."""
     from tokenizers import Tokenizer  # noqa: PLC0415
 
     tok = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
@@ -164,7 +165,8 @@ def _check_served_padding(
         )
 
 
-def _check_tokenizer(model, path: Path, params: TokenizerParams) -> list[str]:
+def check_tokenizer(model, path: Path, params: TokenizerParams) -> list[str]:
+    """Differences between the runtime tokenizer and the model's ``preprocess``."""
     runtime = BatchTokenizer(str(path), params)
     failures = []
     for text in VALIDATION_TEXTS:
@@ -175,7 +177,7 @@ def _check_tokenizer(model, path: Path, params: TokenizerParams) -> list[str]:
     return failures
 
 
-def _prompts(entry: ModelEntry, model) -> tuple[dict[str, str], str]:
+def model_prompts(entry: ModelEntry, model) -> tuple[dict[str, str], str]:
     """The model's prompts and default prompt name, the manifest's on top.
 
     Refuses a Pooling with ``include_prompt=False`` (prompt tokens left out of pooling):
@@ -197,7 +199,8 @@ def _prompts(entry: ModelEntry, model) -> tuple[dict[str, str], str]:
     return prompts, default
 
 
-def _check_prompts(model, path: Path, params: TokenizerParams) -> list[str]:
+def check_prompts(model, path: Path, params: TokenizerParams) -> list[str]:
+    """Differences between prompt + text at runtime and ``preprocess(prompt=...)``."""
     runtime = BatchTokenizer(str(path), params)
     failures = []
     for name, prompt in params.prompts:
@@ -252,10 +255,10 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
         return _build_static(entry, model, work)
     max_len = int(model.max_seq_length)
     tokenizer_json = work / "tokenizer.json"
-    input_names = _write_tokenizer(model, tokenizer_json)
+    input_names = write_tokenizer(model, tokenizer_json)
     pad_id = model.tokenizer.pad_token_id or 0
     lowercase = bool(getattr(model[0], "do_lower_case", False))
-    prompts, default_prompt = _prompts(entry, model)
+    prompts, default_prompt = model_prompts(entry, model)
     entry, dim, truncatable = _dimensions(entry, model)
     tok_params = TokenizerParams(
         max_len,
@@ -267,8 +270,8 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
         default_prompt_name=default_prompt,
         max_dimensions=truncatable,
     )
-    failures = _check_tokenizer(model, tokenizer_json, tok_params)
-    failures += _check_prompts(model, tokenizer_json, tok_params)
+    failures = check_tokenizer(model, tokenizer_json, tok_params)
+    failures += check_prompts(model, tokenizer_json, tok_params)
     if failures:
         raise RuntimeError(f"{entry.name}: tokenizer parity failed:\n  " + "\n  ".join(failures))
 
@@ -303,7 +306,7 @@ def _build_static(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
     tokenizer_json = work / "tokenizer.json"
     truncation = static.write_tokenizer(model, tokenizer_json)
     input_names = graph_input_names(model)
-    prompts, default_prompt = _prompts(entry, model)
+    prompts, default_prompt = model_prompts(entry, model)
     entry, dim, truncatable = _dimensions(entry, model)
     tok_params = static.tokenizer_params(input_names, prompts, default_prompt, truncatable)
     texts = (*VALIDATION_TEXTS, *static.EXTRA_TEXTS)

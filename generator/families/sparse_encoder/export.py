@@ -1,0 +1,206 @@
+"""Family ``sparse-encoder``: a sentence-transformers ``SparseEncoder`` (SPLADE).
+
+The exported graph is the model's pipeline, its MLM transformer and ``SpladePooling``
+(pooling ``max`` / ``sum``, activation ``relu`` / ``log1p_relu``): token tensors in,
+vocabulary-sized activations ``[B, V]`` out. The encoder stub turns each request's rows
+into the ``SPARSE_INDICES`` / ``SPARSE_VALUES`` of their active dimensions, capped by
+``max_active_dims`` (the manifest's, else the model's own), so nothing vocabulary-sized
+goes over the wire. The build checks those rows, made dense again, against
+``SparseEncoder.encode`` before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+
+from embed_runtime.sparse import INDICES, VALUES, densify, sparse_rows
+from embed_runtime.tokenizer import TokenizerParams
+
+from ...declared_kind import check_source
+from ...manifest import Manifest, ModelEntry
+from ...model_dir import ModelDir
+from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
+from ...precision import apply_precision
+from ...render import IOSpec, Step, ensemble
+from ..common import SparseOutput, encoder_dir, tokenize_dir
+from ..sentence_transformers.export import (
+    VALIDATION_TEXTS,
+    check_prompts,
+    check_tokenizer,
+    model_prompts,
+    resolve_source,
+    token_limits,
+    write_tokenizer,
+)
+from . import FAMILY
+
+# Parity gate of the served rows (made dense) against SparseEncoder.encode: max |diff|
+# <= 1e-5, relative beyond values of 1 (sum pooling over long texts reaches tens, where
+# float32 itself resolves only about 1e-6 of the value).
+SPARSE_ATOL = 1e-5
+ACTIVATIONS = "activations"
+
+
+def _load(entry: ModelEntry, manifest: Manifest):
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from sentence_transformers import SparseEncoder  # noqa: PLC0415
+    from sentence_transformers.base.modules import Transformer  # noqa: PLC0415
+    from sentence_transformers.sparse_encoder.modules import SpladePooling  # noqa: PLC0415
+
+    source = resolve_source(entry, manifest)
+    check_source(FAMILY.name, FAMILY.served, source, entry.name)  # before anything converts it
+    model = SparseEncoder(
+        source, device="cpu", model_kwargs={"attn_implementation": "eager"}
+    ).eval()
+    if (
+        len(model) != 2
+        or not isinstance(model[0], Transformer)
+        or not isinstance(model[1], SpladePooling)
+        or model[0].tokenizer.padding_side != "right"
+    ):
+        raise ValueError(
+            f"{entry.name}: only a Transformer (fill-mask) followed by SpladePooling, with "
+            f"right padding, is supported; this model has {[type(m).__name__ for m in model]}"
+        )
+    if entry.max_seq_length:
+        model.max_seq_length = entry.max_seq_length
+    return model
+
+
+def _encoder_module(model, input_names: list[str]):
+    import torch  # noqa: PLC0415
+
+    class Encoder(torch.nn.Module):
+        """The SparseEncoder pipeline (MLM logits, SpladePooling), token tensors in."""
+
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *tensors):
+            features = dict(zip(input_names, tensors, strict=True))
+            return self.model(features)["sentence_embedding"]
+
+    return Encoder().eval()
+
+
+def _output_width(encoder, sample: dict, input_names: list[str]) -> int:
+    """V: the width of the pipeline's output (the MLM head's vocabulary)."""
+    import torch  # noqa: PLC0415
+
+    with torch.inference_mode():
+        return int(encoder(*(sample[n] for n in input_names)).shape[1])
+
+
+def _features(model, texts, input_names: list[str]) -> dict[str, np.ndarray]:
+    enc = model.preprocess(list(texts))
+    return {n: enc[n].numpy().astype(np.int64) for n in input_names}
+
+
+def sparse_parity(
+    model, texts, input_names: list[str], onnx_path: Path, max_active_dims: int
+) -> tuple[float, float]:
+    """Max |served rows made dense - SparseEncoder.encode| over ``texts``; largest value."""
+    import onnxruntime as ort  # noqa: PLC0415
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    dense = session.run([ACTIVATIONS], _features(model, texts, input_names))[0]
+    indices, values = sparse_rows(dense, max_active_dims)
+    got = densify(indices, values, dense.shape[1])
+    want = model.encode(
+        list(texts),
+        batch_size=len(texts),
+        max_active_dims=max_active_dims or None,
+        convert_to_tensor=True,
+        convert_to_sparse_tensor=False,
+    )
+    want = want.to_dense().numpy()
+    return float(np.max(np.abs(got - want))), float(np.max(np.abs(want)))
+
+
+def _ensemble_dir(entry: ModelEntry, input_names: list[str]) -> ModelDir:
+    tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
+    tokens = tuple((n, n) for n in input_names)
+    outputs = SparseOutput.outputs()
+    config = ensemble(
+        entry.name,
+        entry.max_batch_size,
+        [IOSpec("TEXT", "TYPE_STRING", (1,))],
+        list(outputs),
+        [
+            Step(tokenize, (("TEXT", "TEXT"),), tokens),
+            Step(encode, tokens, ((INDICES, INDICES), (VALUES, VALUES))),
+        ],
+    )
+    return ModelDir(entry.name, config, None, {})
+
+
+def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
+    """Export, validate and describe the three model dirs of one sparse encoder."""
+    model = _load(entry, manifest)
+    max_active_dims = entry.max_active_dims or model.max_active_dims or 0
+    model.max_active_dims = None  # the graph returns every dimension; the stub selects
+    tokenizer_json = work / "tokenizer.json"
+    input_names = write_tokenizer(model, tokenizer_json)
+    prompts, default_prompt = model_prompts(dataclasses.replace(entry, prompts=None), model)
+    tok_params = TokenizerParams(
+        int(model.max_seq_length),
+        False,
+        tuple(input_names),
+        model.tokenizer.pad_token_id or 0,
+        bool(getattr(model[0], "do_lower_case", False)),
+        prompts=tuple(sorted(prompts.items())),
+        default_prompt_name=default_prompt,
+    )
+    failures = check_tokenizer(model, tokenizer_json, tok_params)
+    failures += check_prompts(model, tokenizer_json, tok_params)
+    if failures:
+        raise RuntimeError(f"{entry.name}: tokenizer parity failed:\n  " + "\n  ".join(failures))
+
+    encoder = _encoder_module(model, input_names)
+    enc = model.preprocess(list(VALIDATION_TEXTS[:3]))
+    sample = {n: enc[n] for n in input_names}
+    vocab = _output_width(encoder, sample, input_names)
+    spec = GraphSpec(
+        inputs=tuple(TensorSpec(n, "int64", (-1,)) for n in input_names),
+        outputs=(TensorSpec(ACTIVATIONS, "float32", (vocab,)),),
+    )
+    onnx_path = work / "model.onnx"
+    export_module(encoder, spec, sample, onnx_path)
+    batches = (VALIDATION_TEXTS[:1], VALIDATION_TEXTS[1:5], VALIDATION_TEXTS)
+    cases = [_features(model, batch, input_names) for batch in batches]
+    validate_graph(onnx_path, spec, encoder, cases)
+    if entry.graph_precision == "fp32":
+        for batch in batches:
+            diff, top = sparse_parity(model, batch, input_names, onnx_path, max_active_dims)
+            if diff > SPARSE_ATOL * max(1.0, top):
+                raise RuntimeError(
+                    f"{entry.name}: served sparse rows differ from SparseEncoder.encode by "
+                    f"{diff:.2e} (gate {SPARSE_ATOL:.0e}, relative beyond 1; largest value "
+                    f"{top:.3g})"
+                )
+    apply_precision(onnx_path, entry.graph_precision, spec, encoder, cases)
+
+    tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
+    # The shared weight cache (ort_weight_cache) is not used: ONNX Runtime crashed
+    # (SIGSEGV) running this graph from the cached, host-optimised copy at every
+    # optimisation level, where the plain session runs it correctly. Each encoder instance
+    # keeps its own weights until that is understood.
+    entry = dataclasses.replace(entry, ort_weight_cache=False)
+    return [
+        tokenize_dir(entry, tokenize, tokenizer_json, tok_params, -1),
+        encoder_dir(
+            entry,
+            encode,
+            onnx_path,
+            spec,
+            ragged=True,
+            limits=token_limits(model),
+            sparse=SparseOutput(max_active_dims),
+        ),
+        _ensemble_dir(entry, input_names),
+    ]
