@@ -78,7 +78,7 @@ def admin_key_from_env(environ: Mapping[str, str] | None = None) -> str | None:
 
 def _text_options(arguments: Mapping[str, Any]) -> dict[str, Any]:
     """The request parameters of a text call: its options that were given."""
-    names = ("prompt_name", "dimensions", "truncate")
+    names = ("prompt_name", "dimensions", "truncate", "truncation_direction")
     return {name: arguments[name] for name in names if arguments.get(name) is not None}
 
 
@@ -206,13 +206,15 @@ class EmbeddingClient(LifecycleMixin, RerankMixin):
         prompt_name: str | None = None,
         dimensions: int | None = None,
         truncate: bool | None = None,
+        truncation_direction: str | None = None,
     ) -> np.ndarray:
         """Embed ``texts`` with the text ensemble ``model`` (CLIP: ``<name>_text``).
 
         ``prompt_name`` picks one of the model's prompts (else its default, if any);
         ``dimensions`` k keeps the first k values (Matryoshka), renormalised when the
         model normalises; ``truncate=False`` refuses a text longer than the model's limit
-        instead of cutting it (the default cuts, as sentence-transformers does). They
+        instead of cutting it (the default cuts, as sentence-transformers does), and
+        ``truncation_direction="left"`` cuts it at its start, keeping its end. They
         travel as request parameters.
         """
         return self._embed(model, TEXT_INPUT, encode_texts(texts), _text_options(locals()))
@@ -225,6 +227,7 @@ class EmbeddingClient(LifecycleMixin, RerankMixin):
         prompt_name: str | None = None,
         dimensions: int | None = None,
         truncate: bool | None = None,
+        truncation_direction: str | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`embed_texts` plus each text's token count (INT32 [N]).
 

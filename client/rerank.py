@@ -40,14 +40,18 @@ def top_k(scores: np.ndarray, texts: Sequence[str], k: int | None = None) -> lis
 class RerankMixin:
     """``rerank`` and ``rank`` for :class:`client.api.EmbeddingClient`."""
 
-    def rerank(self, model: str, query: str, texts: Sequence[str]) -> np.ndarray:
+    def rerank(
+        self, model: str, query: str, texts: Sequence[str], *, truncate: bool | None = None
+    ) -> np.ndarray:
         """Score every text against ``query``: float32 [N] (float32 [N, L] for L labels).
 
         Scores are what ``CrossEncoder.predict`` returns (its activation, Sigmoid for a
         one-label model, runs in the graph). Texts are sent in requests of at most the
         model's ``max_batch_size`` pairs and about ``max_request_bytes`` bytes; an empty
-        list returns an empty array without calling the server.
+        list returns an empty array without calling the server. ``truncate=False``
+        refuses a pair longer than the model's limit instead of cutting it.
         """
+        parameters = {"truncate": truncate} if truncate is not None else None
         if not isinstance(query, str):
             raise EmbeddingClientError("query must be a string")
         items = encode_texts(texts)
@@ -57,13 +61,15 @@ class RerankMixin:
         sizes = [len(q) + len(item) for item in items]
         try:
             slices = split_batches(sizes, self._max_batch_size(model), self.max_request_bytes)
-            scores = np.concatenate([self._score(model, q, items[s]) for s in slices], axis=0)
+            scores = np.concatenate(
+                [self._score(model, q, items[s], parameters) for s in slices], axis=0
+            )
         except EmbeddingClientError as exc:
             limit = _BATCH_LIMIT.search(exc.message)
             if limit is None or self._max_batch.get(model) != 0:
                 raise
             self._max_batch[model] = int(limit.group(1))
-            return self.rerank(model, query, texts)
+            return self.rerank(model, query, texts, truncate=truncate)
         return scores[:, 0] if scores.shape[1] == 1 else scores
 
     def rank(
@@ -72,7 +78,9 @@ class RerankMixin:
         """The ``k`` best texts for ``query`` (all when ``k`` is None), best first."""
         return top_k(self.rerank(model, query, texts), list(texts), k)
 
-    def _score(self, model: str, query: bytes, items: list[bytes]) -> np.ndarray:
+    def _score(
+        self, model: str, query: bytes, items: list[bytes], parameters: dict | None = None
+    ) -> np.ndarray:
         inputs = []
         for name, rows in ((QUERY_INPUT, [query] * len(items)), (TEXT_INPUT, items)):
             data = bytes_tensor(rows)
@@ -85,6 +93,7 @@ class RerankMixin:
                 model,
                 [t for t, _ in inputs],
                 outputs=[self._tc.InferRequestedOutput(SCORE_OUTPUT)],
+                **({"parameters": parameters} if parameters else {}),
                 **self._call,
             )
         scores = result.as_numpy(SCORE_OUTPUT)

@@ -19,7 +19,13 @@ import numpy as np
 from .ort_encoder import EncoderParams, OrtEncoder
 from .ragged import split_counts
 from .request_options import resolve_dimensions, truncate
-from .tokenizer import BatchTokenizer, TokenizerParams, decode_texts, prompted_texts
+from .tokenizer import (
+    BatchTokenizer,
+    TokenizerParams,
+    decode_texts,
+    keeps_end,
+    prompted_texts,
+)
 
 
 def is_fused(parameters: Mapping[str, str]) -> bool:
@@ -29,10 +35,15 @@ def is_fused(parameters: Mapping[str, str]) -> bool:
 
 @dataclass(frozen=True)
 class TextRequest:
-    """One valid request: its texts (prompt applied) and the width it asked for (0: all)."""
+    """One valid request: its texts, width and truncation side.
+
+    The texts have their prompt applied; ``dimensions`` 0 means all; ``keep_end`` cuts an
+    over-long text on the left (``truncation_direction=left``).
+    """
 
     texts: list[str]
     dimensions: int
+    keep_end: bool = False
 
 
 COUNT_OUTPUT = "TOKEN_COUNT"  # the optional output of each row's token count
@@ -62,7 +73,8 @@ class TextEncoder:
         texts = prompted_texts(texts, dict(parameters), tok)
         self.tokenizer.refuse_overlong(texts, parameters)
         full, default = self.params.max_dimensions, self.params.default_dimensions
-        return TextRequest(texts, resolve_dimensions(parameters, full, default))
+        dimensions = resolve_dimensions(parameters, full, default)
+        return TextRequest(texts, dimensions, keeps_end(parameters))
 
     def embed(self, requests: Sequence[TextRequest]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Tokenize every row at once, run them sorted by length.
@@ -70,7 +82,8 @@ class TextEncoder:
         One ``(embeddings, token counts)`` pair per request.
         """
         texts = [t for r in requests for t in r.texts]
-        tokens = self.tokenizer.encode(texts)
+        keep_end = [r.keep_end for r in requests for _ in r.texts]
+        tokens = self.tokenizer.encode(texts, keep_end)
         (merged,) = self.encoder.encode_tokens([tokens])
         rows_per_request = [len(r.texts) for r in requests]
         tokens_per_row = split_counts(token_counts(tokens["attention_mask"]), rows_per_request)

@@ -7,12 +7,20 @@ sentence-transformers' ``CrossEncoder`` does (``longest_first`` to ``max_length`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from .errors import InvalidInputError
-from .tokenizer import TokenizerParams, decode_texts, encodings_to_arrays
+from .tokenizer import (
+    TokenizerParams,
+    decode_texts,
+    encodings_to_arrays,
+    keeps_end,
+    truncation_allowed,
+    untruncated,
+)
 
 
 def decode_pairs(
@@ -60,6 +68,35 @@ class PairTokenizer:
         if params.pad_to_max_length:
             pad_kwargs["length"] = params.max_length
         self.tokenizer.enable_padding(**pad_kwargs)
+        self._counting = None  # the same tokenizer without truncation, made on first use
+
+    def refuse_overlong(
+        self, pairs: Sequence[tuple[str, str]], parameters: Mapping[str, Any]
+    ) -> None:
+        """The request parameters ``truncate`` and ``truncation_direction`` for pairs.
+
+        ``truncate=false`` refuses the first pair over ``max_length`` tokens, naming its
+        row, its count and the limit. ``truncation_direction=left`` is refused: a pair is
+        cut longest-first, as ``CrossEncoder`` cuts it, and has no one end to keep.
+        """
+        if keeps_end(parameters):
+            raise InvalidInputError(
+                "truncation_direction=left is not available for rerankers: a pair is cut "
+                "longest-first, as CrossEncoder.predict cuts it"
+            )
+        if truncation_allowed(parameters):
+            return
+        if self._counting is None:
+            self._counting = untruncated(self.tokenizer)
+        if self.params.lowercase:
+            pairs = [(q.lower(), t.lower()) for q, t in pairs]
+        limit = self.params.max_length
+        for row, encoding in enumerate(self._counting.encode_batch(list(pairs))):
+            if len(encoding.ids) > limit:
+                raise InvalidInputError(
+                    f"pair row {row} has {len(encoding.ids)} tokens, over the model's limit "
+                    f"of {limit} (truncate=false; the query, the text and special tokens count)"
+                )
 
     def encode(self, pairs: Sequence[tuple[str, str]]) -> dict[str, np.ndarray]:
         """Tokenize all pairs in one call; arrays are [len(pairs), longest] int64."""

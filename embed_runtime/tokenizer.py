@@ -117,6 +117,7 @@ class BatchTokenizer:
         self.params = params
         self.tokenizer = Tokenizer.from_file(tokenizer_path)
         self._counting = None  # the same tokenizer without truncation, made on first use
+        self._left = None  # the same tokenizer cutting on the left, made on first use
         if params.max_length:
             self.tokenizer.enable_truncation(max_length=params.max_length)
         elif params.pad_to_max_length:
@@ -126,8 +127,14 @@ class BatchTokenizer:
             pad_kwargs["length"] = params.max_length
         self.tokenizer.enable_padding(**pad_kwargs)
 
-    def encode(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+    def encode(
+        self, texts: Sequence[str], keep_end: Sequence[bool] | None = None
+    ) -> dict[str, np.ndarray]:
         """Tokenize all texts in one call; arrays are [len(texts), longest] int64.
+
+        ``keep_end[i]`` true cuts an over-long row ``i`` from the left (the request
+        parameter ``truncation_direction=left``), keeping its special tokens, as the
+        library's tokenizer does with ``truncation_side="left"``.
 
         Raises :class:`InvalidInputError` for a text that yields no token at all (only
         possible without special tokens: every character dropped by the normaliser,
@@ -136,7 +143,10 @@ class BatchTokenizer:
         if self.params.lowercase:
             texts = [t.lower() for t in texts]
         special = self.params.add_special_tokens
-        encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=special)
+        if keep_end is not None and any(keep_end):
+            encodings = self._encode_both_ways(list(texts), keep_end, special)
+        else:
+            encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=special)
         if not special:
             empty = [i for i, e in enumerate(encodings) if not any(e.attention_mask)]
             if empty:
@@ -145,6 +155,23 @@ class BatchTokenizer:
                     "characters); its embedding would be all zeros"
                 )
         return encodings_to_arrays(encodings, self.params.output_names)
+
+    def _encode_both_ways(self, texts: list[str], keep_end: Sequence[bool], special: bool) -> list:
+        """Rows cut on the right or the left as ``keep_end`` says, padded to one width."""
+        if self._left is None:
+            self._left = cutting_left(self.tokenizer)
+        encodings: list = [None] * len(texts)
+        for tokenizer, end in ((self.tokenizer, False), (self._left, True)):
+            rows = [i for i, k in enumerate(keep_end) if bool(k) == end]
+            if rows:
+                batch = [texts[i] for i in rows]
+                done = tokenizer.encode_batch(batch, add_special_tokens=special)
+                for i, encoding in zip(rows, done, strict=True):
+                    encodings[i] = encoding
+        width = max(len(e.ids) for e in encodings)
+        for encoding in encodings:  # each half was padded to its own longest row
+            encoding.pad(width, pad_id=self.params.pad_id)
+        return encodings
 
     def token_counts(self, texts: Sequence[str]) -> list[int]:
         """Tokens of each text before truncation, special tokens included."""
@@ -185,6 +212,39 @@ def untruncated(tokenizer):
     copy.no_truncation()
     copy.no_padding()
     return copy
+
+
+def cutting_left(tokenizer):
+    """A copy of ``tokenizer`` whose truncation (if any) keeps a row's end."""
+    from tokenizers import Tokenizer  # noqa: PLC0415 - serve-time dependency
+
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    truncation = tokenizer.truncation
+    if truncation:
+        copy.enable_truncation(
+            max_length=truncation["max_length"],
+            stride=truncation["stride"],
+            strategy=truncation["strategy"],
+            direction="left",
+        )
+    return copy
+
+
+DIRECTIONS = ("right", "left")
+
+
+def keeps_end(parameters: Mapping[str, Any]) -> bool:
+    """The request parameter ``truncation_direction``: ``right`` (default) or ``left``.
+
+    ``left`` cuts an over-long text at its start, so its end is kept; the case of the
+    value is ignored (``Left`` as other servers spell it). Anything else is refused.
+    """
+    value = parameters.get("truncation_direction", "right")
+    if not isinstance(value, str) or value.lower() not in DIRECTIONS:
+        raise InvalidInputError(
+            f"parameter truncation_direction must be 'right' or 'left', got {value!r}"
+        )
+    return value.lower() == "left"
 
 
 def truncation_allowed(parameters: Mapping[str, Any]) -> bool:

@@ -10,6 +10,7 @@ from embed_runtime.tokenizer import (
     BatchTokenizer,
     TokenizerParams,
     decode_texts,
+    keeps_end,
     prompted_texts,
 )
 
@@ -35,7 +36,12 @@ class TritonPythonModel:
         parameters = request_parameters(request.parameters())
         texts = prompted_texts(texts, parameters, self.params)
         self.tokenizer.refuse_overlong(texts, parameters)
-        return texts
+        keep_end = keeps_end(parameters)
+        return [(text, keep_end) for text in texts]
+
+    def _encode(self, rows):
+        texts, keep_end = zip(*rows, strict=True)
+        return self.tokenizer.encode(texts, keep_end)
 
     def execute(self, requests):
         """Validate every request, tokenize all valid rows at once, slice back."""
@@ -43,7 +49,7 @@ class TritonPythonModel:
             pb_utils,
             requests,
             self._read,
-            self.tokenizer.encode,
+            self._encode,
             self.params.output_names,
             self.logger.log_error,
         )

@@ -5,6 +5,7 @@ import os
 import triton_python_backend_utils as pb_utils
 from embed_runtime.integrity import verify_digests
 from embed_runtime.adapter import config_parameters, input_array, tokenize_requests
+from embed_runtime.request_options import request_parameters
 from embed_runtime.pair_tokenizer import PairTokenizer, decode_pairs
 from embed_runtime.tokenizer import TokenizerParams
 
@@ -26,7 +27,9 @@ class TritonPythonModel:
     def _read(self, request):
         queries = input_array(pb_utils, request, "QUERY")
         texts = input_array(pb_utils, request, "TEXT")
-        return decode_pairs(queries, texts, self.params)
+        pairs = decode_pairs(queries, texts, self.params)
+        self.tokenizer.refuse_overlong(pairs, request_parameters(request.parameters()))
+        return pairs
 
     def execute(self, requests):
         """Validate every request, tokenize all valid pairs at once, slice back."""

@@ -209,6 +209,47 @@ def test_client_surfaces_the_reason(rerank_setup):
     assert caught.value.message == IN_ENSEMBLE + "TEXT row 1 is empty or whitespace only"
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_truncate_false_refuses_an_overlong_pair_and_left_is_refused(rerank_setup, protocol):
+    """``truncate=false``: a pair at the limit is scored as the library scores it, one
+    over is refused naming its tokens; ``truncation_direction=left`` is refused."""
+    server, reference = rerank_setup
+    limit = reference.max_seq_length
+
+    def tokens(text: str) -> int:
+        return len(reference.tokenizer(QUERY, text, truncation=False)["input_ids"])
+
+    words = next(n for n in range(1, 400) if tokens("a " * n) == limit)
+    at_limit, over = "a " * words, "a " * (words + 1)
+    with server.client(protocol) as client:
+        got = client.rerank(MODEL, QUERY, ["fine", at_limit], truncate=False)
+        _check(
+            "at the limit",
+            got.astype(np.float32),
+            _predict(reference, [(QUERY, "fine"), (QUERY, at_limit)]),
+        )
+        cut = client.rerank(MODEL, QUERY, [over])  # the default cuts, as CrossEncoder does
+        _check("cut", cut.astype(np.float32), _predict(reference, [(QUERY, over)]))
+        with pytest.raises(EmbeddingClientError) as refused:
+            client.rerank(MODEL, QUERY, ["fine", over], truncate=False)
+        assert f"pair row 1 has {limit + 1} tokens, over the model's limit of {limit}" in (
+            refused.value.message
+        )
+    module = _MODULES[protocol]
+    url = server.http_url if protocol == "http" else server.grpc_url
+    tc = module.InferenceServerClient(url)
+    try:
+        inputs = []
+        for name in ("QUERY", "TEXT"):
+            inp = module.InferInput(name, [1, 1], "BYTES")
+            inp.set_data_from_numpy(_tensor(["q"]))
+            inputs.append(inp)
+        with pytest.raises(InferenceServerException, match="not available for rerankers"):
+            tc.infer(MODEL, inputs, parameters={"truncation_direction": "left"})
+    finally:
+        tc.close()
+
+
 def test_bad_requests_fail_alone_among_concurrent_good_ones(rerank_setup):
     """Good and bad requests released together: the good ones score exactly, and the
     encoder runs the good ones in fewer executions than requests (ragged batching)."""

@@ -101,3 +101,59 @@ def test_a_refused_request_fails_alone_among_concurrent_good_ones(
         else:
             assert isinstance(result, np.ndarray), (i, result)
             assert_parity(result, want[i % 3][None])
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_truncation_direction_left_keeps_the_end_as_the_library_cutting_left(
+    target, protocol, reference, limit
+) -> None:
+    """``truncation_direction=left`` equals sentence-transformers with its tokenizer's
+    ``truncation_side = "left"``: rows exactly at the limit, one over and far over,
+    mixed with short ones; ``right`` equals the default cut."""
+    srv, model = target
+    texts = [
+        f"first words {_words(limit - 4)}",  # exactly the limit: nothing cut
+        f"first words {_words(limit - 3)}",  # one over
+        f"first words {_words(4 * limit)} the last words differ",  # far over
+        "short text",
+    ]
+    side = reference.tokenizer.truncation_side
+    reference.tokenizer.truncation_side = "left"
+    try:
+        want_left = reference.encode(texts, normalize_embeddings=True)
+    finally:
+        reference.tokenizer.truncation_side = side
+    want_right = reference.encode(texts, normalize_embeddings=True)
+    assert np.abs(want_left[1:3] - want_right[1:3]).max() > 1e-3  # the two cuts differ
+    with srv.client(protocol) as client:
+        assert_parity(client.embed_texts(model, texts, truncation_direction="left"), want_left)
+        assert_parity(client.embed_texts(model, texts, truncation_direction="Left"), want_left)
+        assert_parity(client.embed_texts(model, texts, truncation_direction="right"), want_right)
+        with pytest.raises(EmbeddingClientError) as refused:
+            client.embed_texts(model, texts, truncation_direction="middle")
+        assert "truncation_direction must be 'right' or 'left'" in refused.value.message
+
+
+def test_left_and_right_cut_requests_batched_together_each_get_their_own(
+    target, reference, limit
+) -> None:
+    """Concurrent requests of both directions share the server's batches."""
+    srv, model = target
+    text = f"start {_words(2 * limit)} the end"
+    side = reference.tokenizer.truncation_side
+    reference.tokenizer.truncation_side = "left"
+    try:
+        want_left = reference.encode([text], normalize_embeddings=True)
+    finally:
+        reference.tokenizer.truncation_side = side
+    want_right = reference.encode([text], normalize_embeddings=True)
+
+    def call(i: int) -> np.ndarray:
+        with srv.client("grpc" if i % 2 else "http") as client:
+            direction = "left" if i % 3 == 0 else "right"
+            return client.embed_texts(model, [text], truncation_direction=direction)
+
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(call, range(24)))
+    for i, got in enumerate(results):
+        assert_parity(got, want_left if i % 3 == 0 else want_right)

@@ -106,9 +106,9 @@ def test_fused_encode_tokenizes_and_runs_each_execution_once(fused_model) -> Non
     calls = {"tokenize": [], "encode": []}
     tokenize, encode = fused_model.text.tokenizer.encode, fused_model.encoder.encode_tokens
 
-    def counting_tokenize(texts):
+    def counting_tokenize(texts, keep_end=None):
         calls["tokenize"].append(len(texts))
-        return tokenize(texts)
+        return tokenize(texts, keep_end)
 
     def counting_encode(requests):
         calls["encode"].append([len(r["input_ids"]) for r in requests])
@@ -227,10 +227,10 @@ def test_fused_without_max_dimensions_refuses_dimensions(fused_model) -> None:
 def test_fused_failing_run_is_retried_so_only_the_failing_request_errs(fused_model) -> None:
     tokenize = fused_model.text.tokenizer.encode
 
-    def poisoned(texts):
+    def poisoned(texts, keep_end=None):
         if "poison" in texts:
             raise RuntimeError("tokenizer exploded")
-        return tokenize(texts)
+        return tokenize(texts, keep_end)
 
     fused_model.text.tokenizer.encode = poisoned
     responses = fused_model.execute(

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from embed_runtime.errors import INVALID_ARG, InvalidInputError
-from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams, decode_texts, split_rows
+from embed_runtime.tokenizer import (
+    BatchTokenizer,
+    TokenizerParams,
+    decode_texts,
+    keeps_end,
+    split_rows,
+)
 
 NAMES = ("input_ids", "attention_mask", "token_type_ids")
 BASE_PARAMS = {
@@ -338,3 +344,62 @@ def test_truncate_false_uses_the_tokenizer_files_own_limit(tokenizer_path) -> No
     over = "row 0 has 129 tokens, over the model's limit of 128"
     with pytest.raises(InvalidInputError, match=over):
         tok.refuse_overlong([_words(129)], {"truncate": False})
+
+
+# --- truncation_direction ---------------------------------------------------------------
+
+
+def _library_tokenizer(side: str):
+    """The model's own (transformers) tokenizer, cutting on ``side`` at 16 tokens."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gt_model.get_model_path()))
+    tok.truncation_side = side
+    return tok
+
+
+@pytest.mark.parametrize("value", ["left", "Left", "LEFT"])
+def test_left_keeps_the_end_as_the_library_with_truncation_side_left(
+    tokenizer_path, value
+) -> None:
+    """Mixed rows: left-cut rows equal transformers' ``truncation_side="left"``, the
+    others its right cut, all padded on the right to one width as the server pads."""
+    texts = [f"{_words(30)} the end", "short text", f"start {_words(40)} end", _words(14)]
+    keep_end = [True, False, False, True]
+    got = BatchTokenizer(tokenizer_path, _params(max_length=16)).encode(
+        texts, [keeps_end({"truncation_direction": value}) and k for k in keep_end]
+    )
+    assert got["input_ids"].shape == (4, 16)
+    for side, rows in (("left", [0, 3]), ("right", [1, 2])):
+        want = _library_tokenizer(side)(
+            [texts[i] for i in rows], truncation=True, max_length=16, padding="max_length"
+        )
+        for j, i in enumerate(rows):
+            for name in NAMES:
+                np.testing.assert_array_equal(got[name][i], want[name][j], err_msg=f"{name} {i}")
+    assert got["input_ids"][0][-3:].tolist() == [1996, 2203, 102]  # "the end [SEP]"
+    assert got["input_ids"][2][:2].tolist() == [101, 2707]  # "[CLS] start"
+
+
+def test_right_or_absent_direction_is_the_default_cut(tokenizer_path) -> None:
+    tok = BatchTokenizer(tokenizer_path, _params(max_length=16))
+    texts = [f"{_words(30)} the end", "short"]
+    plain = tok.encode(texts)
+    for flags in (None, [False, False], [keeps_end({"truncation_direction": "right"})] * 2):
+        for name in NAMES:
+            np.testing.assert_array_equal(tok.encode(texts, flags)[name], plain[name])
+
+
+def test_left_cut_rows_of_unequal_width_are_padded_to_one(tokenizer_path) -> None:
+    """Each direction is tokenized apart; the shorter half is padded to the longer."""
+    tok = BatchTokenizer(tokenizer_path, _params(max_length=16, pad_id=0))
+    got = tok.encode(["one", _words(40)], [True, False])
+    assert got["input_ids"].shape == (2, 16)
+    assert got["attention_mask"][0].tolist() == [1, 1, 1] + [0] * 13
+    assert got["input_ids"][0][3:].tolist() == [0] * 13
+
+
+@pytest.mark.parametrize("value", ["up", "", None, 1, ["left"]])
+def test_truncation_direction_must_be_right_or_left(value) -> None:
+    with pytest.raises(InvalidInputError, match="truncation_direction must be 'right' or 'left'"):
+        keeps_end({"truncation_direction": value})

@@ -253,7 +253,7 @@ def test_tokenize_answers_every_request_when_all_are_bad(tokenize_model) -> None
 
 
 def test_tokenize_failure_gives_every_valid_request_an_internal_error(tokenize_model) -> None:
-    def broken(texts):
+    def broken(texts, keep_end=None):
         raise RuntimeError("tokenizer exploded")
 
     tokenize_model.tokenizer.encode = broken

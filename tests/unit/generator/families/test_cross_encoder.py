@@ -101,6 +101,33 @@ def test_pair_tokenizer_matches_cross_encoder_including_truncation(exported):
         np.testing.assert_array_equal(got[name], want[name].numpy())
 
 
+def _pair_tokens(exported, pair) -> int:
+    """A pair's tokens uncut, as the library's tokenizer counts them."""
+    return len(exported.reference.tokenizer(*pair, truncation=False)["input_ids"])
+
+
+def test_truncate_false_refuses_a_pair_over_the_limit_and_passes_one_at_it(exported):
+    tokenizer, limit = exported.tokenizer, TINY_MAX_LENGTH
+    words = next(n for n in range(1, 200) if _pair_tokens(exported, ("q", "a " * n)) == limit)
+    at_limit, over = ("q", "a " * words), ("q", "a " * (words + 1))
+    assert _pair_tokens(exported, over) == limit + 1
+    tokenizer.refuse_overlong([at_limit], {"truncate": False})
+    for parameters in ({}, {"truncate": True}):
+        tokenizer.refuse_overlong([over], parameters)  # cut longest-first, as CrossEncoder
+    with pytest.raises(InvalidInputError) as refused:
+        tokenizer.refuse_overlong([at_limit, over], {"truncate": "false"})
+    assert refused.value.message.startswith(
+        f"pair row 1 has {limit + 1} tokens, over the model's limit of {limit}"
+    )
+
+
+@pytest.mark.parametrize("value", ["left", "Left"])
+def test_pairs_refuse_truncation_direction_left(exported, value):
+    with pytest.raises(InvalidInputError, match="not available for rerankers"):
+        exported.tokenizer.refuse_overlong([("q", "t")], {"truncation_direction": value})
+    exported.tokenizer.refuse_overlong([("q", "t")], {"truncation_direction": "right"})
+
+
 def test_served_scores_match_cross_encoder_predict(exported):
     pairs = rerank_pairs()
     groups = [pairs[:1], pairs[1:7], pairs[7:]]
