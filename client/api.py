@@ -76,9 +76,12 @@ def admin_key_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
-def _text_options(arguments: Mapping[str, Any]) -> dict[str, Any]:
+TEXT_OPTIONS = ("prompt_name", "dimensions", "truncate", "truncation_direction")
+SPARSE_OPTIONS = ("prompt_name", "max_active_dims", "truncate", "truncation_direction")
+
+
+def _text_options(arguments: Mapping[str, Any], names=TEXT_OPTIONS) -> dict[str, Any]:
     """The request parameters of a text call: its options that were given."""
-    names = ("prompt_name", "dimensions", "truncate", "truncation_direction")
     return {name: arguments[name] for name in names if arguments.get(name) is not None}
 
 
@@ -255,17 +258,26 @@ class EmbeddingClient(LifecycleMixin, RerankMixin):
         return reassemble(len(images), parts)
 
     def embed_sparse(
-        self, model: str, texts: Sequence[str], *, prompt_name: str | None = None
+        self,
+        model: str,
+        texts: Sequence[str],
+        *,
+        prompt_name: str | None = None,
+        max_active_dims: int | None = None,
+        truncate: bool | None = None,
+        truncation_direction: str | None = None,
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Sparse embeddings of ``texts`` from the sparse-encoder ensemble ``model``.
 
         Per text, ``(indices, values)``: its active vocabulary dimensions (int32) and
         their weights (float32), by weight descending, the server's padding removed.
+        ``max_active_dims`` k keeps each text's k largest weights, in place of the
+        model's own cap, as ``SparseEncoder.encode(max_active_dims=k)`` does.
         """
         items = encode_texts(texts)
         if not items:
             return []
-        parameters = {"prompt_name": prompt_name} if prompt_name is not None else None
+        parameters = _text_options(locals(), SPARSE_OPTIONS) or None
         chunks = self._batched(
             model, items, lambda part: self._infer_sparse(model, part, parameters)
         )

@@ -9,7 +9,12 @@ wire is only its active (non-zero) dimensions, ordered by value descending. With
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
+
+from .errors import InvalidInputError
 
 INDICES, VALUES = "SPARSE_INDICES", "SPARSE_VALUES"
 PAD_INDEX, PAD_VALUE = -1, 0.0
@@ -29,6 +34,22 @@ def active_dims(row: np.ndarray, max_active_dims: int = 0) -> tuple[np.ndarray, 
         index, values = index[keep], values[keep]
     order = np.argsort(-values, kind="stable")
     return index[order].astype(np.int32), values[order].astype(np.float32)
+
+
+def request_max_active_dims(parameters: Mapping[str, Any], default: int) -> int:
+    """The request parameter ``max_active_dims`` k >= 1, else the model's ``default``.
+
+    As ``SparseEncoder.encode(max_active_dims=k)``: the request's k replaces the model's
+    own cap (also a larger one); anything but a positive integer is refused.
+    """
+    value = parameters.get("max_active_dims")
+    if value is None:
+        return default
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidInputError(f"max_active_dims must be a positive integer, got {value!r}")
+    return value
 
 
 def sparse_rows(dense: np.ndarray, max_active_dims: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -24,7 +24,7 @@ from embed_runtime.ort_encoder import (
 )
 from embed_runtime.request_options import request_parameters, resolve_dimensions, truncate
 from embed_runtime.fused_encoder import COUNT_OUTPUT, TextEncoder, is_fused, token_counts
-from embed_runtime.sparse import INDICES, VALUES, sparse_rows
+from embed_runtime.sparse import INDICES, VALUES, request_max_active_dims, sparse_rows
 
 
 class TritonPythonModel:
@@ -75,6 +75,8 @@ class TritonPythonModel:
         parameters = request_parameters(request.parameters())
         full, default = self.params.max_dimensions, self.params.default_dimensions
         dims = resolve_dimensions(parameters, full, default)
+        if self.params.sparse:  # the cap on active dimensions, in place of a width
+            dims = request_max_active_dims(parameters, self.params.max_active_dims)
         return (arrays if self.params.ragged else arrays[self.params.input_names[0]]), dims
 
     def _read_text(self, request):
@@ -85,7 +87,7 @@ class TritonPythonModel:
         run = self.encoder.encode_tokens if self.params.ragged else self.encoder.encode_dense
         outputs = run([inputs for inputs, _ in items])
         if self.params.sparse:  # each request its own width K
-            return [sparse_rows(o, self.params.max_active_dims) for o in outputs]
+            return [sparse_rows(o, k) for o, (_, k) in zip(outputs, items, strict=True)]
         pairs = zip(outputs, items, strict=True)
         embeddings = [truncate(o, k, self.params.normalize) if k else o for o, (_, k) in pairs]
         if not self.counts:

@@ -10,7 +10,6 @@ again equal ``SparseEncoder.encode``; an empty text fails its own request alone.
 
 from __future__ import annotations
 
-import os
 import threading
 
 import numpy as np
@@ -20,13 +19,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from client import EmbeddingClient, EmbeddingClientError
-from generator.admin import KEY_ENV
-from generator.build import build_repository
 from generator.fixtures.tiny_splade import create_tiny_splade
 from generator.manifest import parse_manifest
-from generator.shared_models import startup_models
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
-from tests.integration.conftest import ADMIN_KEY, Server
+from tests.integration.conftest import serve
 from tests.st_factory import parity_texts
 
 pytestmark = pytest.mark.integration
@@ -51,18 +46,9 @@ def sparse_setup(tmp_path_factory):
     manifest = parse_manifest({"models": [{"name": "sp", **common},
                                           {"name": "sp-k16", "max_active_dims": K, **common}]},
                               base)
-    repo = base / "model_repository"
-    build_repository(manifest, repo, log=lambda _msg: None)
     reference = SparseEncoder(str(folder), device="cpu")
-    ports = TritonPorts(*free_ports(3))
-    launch = TritonLaunch(repo, ports, load_models=startup_models(manifest), admin_key=ADMIN_KEY)
-    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY})
-    process.start()
-    try:
-        process.wait_ready(timeout_s=float(os.environ.get("TRITON_START_TIMEOUT", 240)))
-        yield Server(ports, manifest, repo, process), reference
-    finally:
-        process.stop()
+    with serve(manifest, base) as server:
+        yield server, reference
 
 
 def _encode(reference, texts, k=None) -> np.ndarray:
@@ -77,14 +63,16 @@ def _dense(rows, size: int) -> np.ndarray:
     return out
 
 
-def _raw(server, protocol: str, model: str, texts) -> tuple[np.ndarray, np.ndarray]:
+def _raw(
+    server, protocol: str, model: str, texts, parameters=None
+) -> tuple[np.ndarray, np.ndarray]:
     module = _MODULES[protocol]
     tc = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
     try:
         array = np.array([t.encode() for t in texts], dtype=np.object_).reshape(-1, 1)
         inp = module.InferInput("TEXT", list(array.shape), "BYTES")
         inp.set_data_from_numpy(array)
-        result = tc.infer(model, [inp])
+        result = tc.infer(model, [inp], parameters=parameters)
         return result.as_numpy("SPARSE_INDICES"), result.as_numpy("SPARSE_VALUES")
     finally:
         tc.close()
@@ -159,3 +147,50 @@ def test_an_empty_text_fails_its_own_request_alone(sparse_setup, protocol):
     with EmbeddingClient(url, protocol) as client, pytest.raises(EmbeddingClientError,
                                                                  match="empty"):
         client.embed_sparse("sp", [""])
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(("model", "k"), [("sp", 5), ("sp", 1), ("sp-k16", 40), ("sp-k16", 3)])
+def test_request_max_active_dims_replaces_the_models_cap(sparse_setup, protocol, model, k):
+    """A request's ``max_active_dims`` k is ``SparseEncoder.encode(max_active_dims=k)``,
+    also above the manifest's cap of 16; requests with and without it share batches."""
+    server, reference = sparse_setup
+    texts = parity_texts()[:12]
+    want = _encode(reference, texts, k)
+    url = server.http_url if protocol == "http" else server.grpc_url
+    with EmbeddingClient(url, protocol) as client:
+        rows = client.embed_sparse(model, texts, max_active_dims=k)
+    diff = float(np.abs(_dense(rows, want.shape[1]) - want).max())
+    print(f"\n{model} k={k} {protocol}: max|diff| {diff:.2e}")
+    assert diff <= MAX_ABS_DIFF
+    assert max(len(index) for index, _ in rows) == min(k, int((want != 0).sum(1).max()))
+    assert k <= K or max(len(index) for index, _ in rows) > K  # above the manifest's cap
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("value", [0, -3, 2.5, "many", True])
+def test_a_bad_max_active_dims_fails_its_own_request_alone(sparse_setup, protocol, value):
+    server, reference = sparse_setup
+    results: dict[int, object] = {}
+
+    def send(i: int, parameters) -> None:
+        try:
+            results[i] = _raw(server, protocol, "sp", ["a cat sat on the mat"], parameters)
+        except InferenceServerException as exc:
+            results[i] = exc
+
+    cases = [{"max_active_dims": value}, {"max_active_dims": 4}, None]
+    threads = [threading.Thread(target=send, args=(i, p)) for i, p in enumerate(cases)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    bad = results[0]
+    assert isinstance(bad, InferenceServerException), bad
+    assert str(bad.status()) == INVALID[protocol]
+    assert "max_active_dims must be a positive integer" in str(bad.message())
+    for i, k in ((1, 4), (2, None)):
+        indices, values = results[i]
+        want = _encode(reference, ["a cat sat on the mat"], k)
+        rows = [(r[r >= 0], v[r >= 0]) for r, v in zip(indices, values, strict=True)]
+        assert float(np.abs(_dense(rows, want.shape[1]) - want).max()) <= MAX_ABS_DIFF

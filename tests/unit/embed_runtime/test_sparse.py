@@ -9,7 +9,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embed_runtime.sparse import PAD_INDEX, active_dims, densify, sparse_rows, unpad
+from embed_runtime.errors import InvalidInputError
+from embed_runtime.sparse import (
+    PAD_INDEX,
+    active_dims,
+    densify,
+    request_max_active_dims,
+    sparse_rows,
+    unpad,
+)
 
 
 def _library(dense: np.ndarray, k: int | None) -> np.ndarray:
@@ -79,3 +87,18 @@ def test_bad_shapes_and_caps_are_refused() -> None:
         sparse_rows(np.zeros(4, np.float32))
     with pytest.raises(ValueError, match="max_active_dims"):
         sparse_rows(np.zeros((1, 4), np.float32), -1)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "want"),
+    [({}, 7), ({"max_active_dims": 3}, 3), ({"max_active_dims": "12"}, 12),
+     ({"max_active_dims": 500}, 500), ({"max_active_dims": None}, 7)],
+)
+def test_request_max_active_dims_replaces_the_models_cap(parameters, want) -> None:
+    assert request_max_active_dims(parameters, 7) == want
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, "x", "", True, [3]])
+def test_request_max_active_dims_must_be_a_positive_integer(value) -> None:
+    with pytest.raises(InvalidInputError, match="max_active_dims must be a positive integer"):
+        request_max_active_dims({"max_active_dims": value}, 7)
