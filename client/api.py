@@ -24,6 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from .errors import EmbeddingClientError
 from .lifecycle import LifecycleMixin
+from .multivector import MultiVectorMixin
 from .payload import (
     ImageItem,
     bytes_tensor,
@@ -120,7 +121,7 @@ def default_url(protocol: str) -> str:
     return f"localhost:{DEFAULT_PORTS[protocol]}"
 
 
-class EmbeddingClient(LifecycleMixin, RerankMixin):
+class EmbeddingClient(LifecycleMixin, RerankMixin, MultiVectorMixin):
     """Embed texts and images with models served by Triton; query server state.
 
     Every failure (Triton error, unreachable server, unreadable local file, bad input)

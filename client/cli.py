@@ -86,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a sparse-encoder model: print each text's active indices and values (json)",
     )
     embed.add_argument(
+        "--multivector",
+        choices=["query", "document"],
+        help="a multi-vector (ColBERT) model: print each text's token vectors (json), "
+        "encoded as queries or documents",
+    )
+    embed.add_argument(
         "--dimensions", type=int, help="keep the first N values (Matryoshka truncation)"
     )
     embed.add_argument("--format", choices=["json", "npy"], default="json")
@@ -183,9 +189,29 @@ def _cmd_embed_sparse(client: EmbeddingClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_embed_multivector(client: EmbeddingClient, args: argparse.Namespace) -> int:
+    if args.images or args.dimensions is not None or args.prompt_name or args.format != "json":
+        raise SystemExit("--multivector takes texts only, printed as json (no --image, "
+                         "--dimensions, --prompt-name)")
+    is_query = args.multivector == "query"
+    rows = client.embed_multivector(args.model, args.texts, is_query=is_query)
+    lines = [
+        json.dumps({"input": text, "task": args.multivector, "embeddings": r.tolist()}) + "\n"
+        for text, r in zip(args.texts, rows, strict=True)
+    ]
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as stream:
+            stream.writelines(lines)
+    else:
+        sys.stdout.writelines(lines)
+    return 0
+
+
 def _cmd_embed(client: EmbeddingClient, args: argparse.Namespace) -> int:
     if args.sparse:
         return _cmd_embed_sparse(client, args)
+    if args.multivector:
+        return _cmd_embed_multivector(client, args)
     if args.images:
         inputs, vectors = args.images, client.embed_images(args.model, args.images)
     else:

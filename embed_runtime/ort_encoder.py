@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InvalidInputError
-from .ragged import merge_requests, run_sorted, split_counts
+from .ragged import Chunk, chunk_inputs, merge_requests, plan_chunks, run_sorted, split_counts
 from .weight_cache import cached_model, graph_level
 
 GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
@@ -305,6 +305,19 @@ class OrtEncoder:
                 self.params.max_padding_share,
             )
         return list(split_counts(out, counts))
+
+    def run_chunks(
+        self, merged: dict[str, np.ndarray], lengths: np.ndarray
+    ) -> list[tuple[Chunk, np.ndarray]]:
+        """Run merged token rows sorted by ``lengths``, each chunk padded to its own width.
+
+        Returns each chunk with its raw output, for graphs whose output keeps the token
+        axis (``[rows, width, D]``: multi-vector encoders).
+        """
+        p = self.params
+        chunks = plan_chunks(lengths, p.max_rows_per_run, p.max_tokens_per_run, p.max_padding_share)
+        with self._pick_session():
+            return [(c, self._run(chunk_inputs(merged, c))) for c in chunks]
 
     def encode_dense(self, requests: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Embed fixed-shape inputs (pixels, fixed-context tokens) in chunks."""

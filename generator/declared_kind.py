@@ -37,12 +37,23 @@ MODULE_NOTES = {
               "(SparseStaticEmbedding for queries)",
     "LogitScore": "scores from a causal LM's token logits (LLM rerankers)",
     "Asym": "per-task routing between sub-pipelines",
+    "MultiVectorMask": "the token scoring mask of multi-vector (ColBERT-style) encoders",
+    "HierarchicalTokenPooling": "token pooling (fewer vectors per document)",
+    "LambdaTokenPooling": "token pooling (fewer vectors per document)",
+}
+# Why a declared kind is refused by every family, where no family builds it.
+KIND_NOTES = {
+    "PyLate ColBERT": "PyLate's pipeline (its marker tokens, query expansion and skiplist "
+                      "handling) has no reference here to check parity against; family "
+                      "'multi-vector' serves folders saved by sentence-transformers' "
+                      "MultiVectorEncoder",
 }
 # The family that builds each declared model type (named in a refusal).
 KIND_FAMILIES = {
     "SentenceTransformer": "sentence-transformers",
     "CrossEncoder": "cross-encoder",
     "SparseEncoder": "sparse-encoder",
+    "MultiVectorEncoder": "multi-vector",
 }
 # First modules of a pipeline every family's export starts from (MLMTransformer: the
 # sparse encoders' Transformer as sentence-transformers < 6 saved it).
@@ -58,13 +69,17 @@ class Served:
     ``modules.json``) of pipelines that start with a Transformer, and Transformer tasks
     (None: the folder declares none). ``pipelines`` lists further whole pipelines served
     as they are (module classes in order, e.g. ``("StaticEmbedding", "Normalize")``); a
-    pipeline that starts like one of them but differs is refused.
+    pipeline that starts like one of them but differs is refused. ``declared_only``
+    refuses a folder that declares no model type.
     """
 
     types: tuple[str, ...]
     modules: tuple[str, ...]
     tasks: tuple[str | None, ...]
     pipelines: tuple[tuple[str, ...], ...] = ()
+    # Only folders that declare one of ``types`` (the library would otherwise build such a
+    # model around an undeclared folder, e.g. with a randomly initialised projection).
+    declared_only: bool = False
 
 
 class UnsupportedModelError(ValueError):
@@ -113,6 +128,8 @@ def declared_kind(folder: Path) -> DeclaredKind:
                        "config_sentence_transformers.json")
         if isinstance(config, dict) and isinstance(config.get("model_type"), str):
             model_type = config["model_type"]
+            if model_type == "ColBERT":  # PyLate <= 3
+                model_type = "PyLate ColBERT"
         versions = config.get("__version__") if isinstance(config, dict) else None
         if isinstance(config, dict) and (
             any(k in config for k in PYLATE_KEYS)
@@ -172,6 +189,14 @@ def check_served(family: str, served: Served, kind: DeclaredKind, name: str) -> 
             f"{listed}); family {family!r} builds {' / '.join(served_types)} models only, so "
             "it is refused rather than served as a different model"
             + (f" (use family {other!r})" if other else "")
+            + (f"; {KIND_NOTES[kind.model_type]}" if kind.model_type in KIND_NOTES else "")
+        )
+    if served.declared_only and kind.model_type is None:
+        raise UnsupportedModelError(
+            f"{name}: the folder declares no model_type (config_sentence_transformers.json; "
+            f"modules: {listed}); family {family!r} serves only folders saved as "
+            f"{' / '.join(served_types)}, since sentence-transformers would build one around "
+            "an undeclared folder (a bare transformer gets a randomly initialised projection)"
         )
     if _whole_pipeline_served(served, kind, family, name, listed):
         return

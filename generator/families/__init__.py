@@ -16,7 +16,7 @@ Adding a family: its package, its templates if any, its tests, and one line in
 
 from __future__ import annotations
 
-from . import cross_encoder, open_clip, sentence_transformers, sparse_encoder
+from . import cross_encoder, multi_vector, open_clip, sentence_transformers, sparse_encoder
 from .spec import Family
 
 FAMILIES: dict[str, Family] = {
@@ -26,6 +26,7 @@ FAMILIES: dict[str, Family] = {
         open_clip.FAMILY,
         cross_encoder.FAMILY,
         sparse_encoder.FAMILY,
+        multi_vector.FAMILY,
     )
 }
 

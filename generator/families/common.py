@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from embed_runtime.multivector import EMBEDDINGS, MultiVectorParams
 from embed_runtime.ort_encoder import AUTO_THREADS
 from embed_runtime.sparse import INDICES, VALUES
 from embed_runtime.tokenizer import TokenizerParams
@@ -258,6 +259,40 @@ def fused_encoder_dir(
     )
     files = {"model.onnx": onnx_path, "tokenizer.json": tokenizer_json}
     return ModelDir(name, config, "encode", files)
+
+
+def multi_vector_encoder_dir(
+    entry: ModelEntry,
+    name: str,
+    onnx_path: Path,
+    spec: GraphSpec,
+    tokenizer_json: Path,
+    tok_params: TokenizerParams,
+    params: MultiVectorParams,
+    limits: dict[str, int] | None = None,
+) -> ModelDir:
+    """A multi-vector encoder (``encode_multivector``): ``TEXT`` in, token vectors out.
+
+    It tokenizes per request ``task`` itself (query expansion feeds positions the
+    attention mask leaves out, which the split tokenizer step would trim), runs the
+    token-level graph and answers ``EMBEDDINGS`` ``[N, T, D]`` and ``TOKEN_COUNT``.
+    """
+    dim = spec.outputs[0].dims[-1]
+    parameters = {
+        **_python_encoder_parameters(entry, spec, False, limits, 0),
+        **tokenizer_parameters(entry, tok_params),
+        **params.parameters(),
+    }
+    config = python_model(
+        name,
+        entry.max_batch_size,
+        [IOSpec("TEXT", "TYPE_STRING", (1,))],
+        [IOSpec(EMBEDDINGS, "TYPE_FP32", (-1, dim)), TOKEN_COUNT],
+        parameters,
+        *_encoder_scheduling(entry),
+    )
+    files = {"model.onnx": onnx_path, "tokenizer.json": tokenizer_json}
+    return ModelDir(name, config, "encode_multivector", files)
 
 
 def chain_dir(

@@ -207,7 +207,7 @@ def test_wrong_value_types_are_rejected(key: str, value: object, message: str) -
             "family",
             "bert",
             "family must be one of ['sentence-transformers', 'open-clip', 'cross-encoder', "
-            "'sparse-encoder']",
+            "'sparse-encoder', 'multi-vector']",
         ),
         ("device", "tpu", "device must be one of ['cpu', 'gpu']"),
         ("encoder_backend", "tensorrt", "encoder_backend must be one of"),
