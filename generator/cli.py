@@ -31,6 +31,7 @@ from .manifest import ManifestError, load_serving_manifest
 from .manifest_edit import append_entry, remove_entry_text, restored_on_error
 from .shared_models import startup_models
 from .supervisor import DrainSettings, Supervisor
+from .tracing import ENDPOINT_ENV, EXPORT_DELAY_ENV, RATE_ENV, RESOURCE_ENV, TraceSettings
 from .triton_local import (
     TritonLaunch,
     TritonPorts,
@@ -90,6 +91,32 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="without EMBED_ADMIN_KEY(_FILE): use (or create, mode 0600) the local key file "
         "that clients on this machine read by default (make serve; never in containers)",
+    )
+    serve.add_argument(
+        "--trace-endpoint",
+        metavar="URL",
+        help="export OpenTelemetry spans over OTLP/HTTP to URL, e.g. "
+        f"http://localhost:4318/v1/traces (default ${ENDPOINT_ENV}; unset: no tracing)",
+    )
+    serve.add_argument(
+        "--trace-rate",
+        type=int,
+        metavar="N",
+        help=f"trace 1 request in N (default ${RATE_ENV}, else 1000); 0: only requests "
+        "with a traceparent, which are traced at any rate",
+    )
+    serve.add_argument(
+        "--trace-resource",
+        action="append",
+        metavar="KEY=VALUE",
+        help=f"a resource attribute of every span (repeatable; default ${RESOURCE_ENV}, "
+        "comma-separated)",
+    )
+    serve.add_argument(
+        "--trace-export-delay-ms",
+        type=int,
+        metavar="MS",
+        help=f"export spans at least this often (default ${EXPORT_DELAY_ENV}, else 5000)",
     )
     stop = sub.add_parser("stop", help="stop the server started by serve")
     stop.add_argument("--pid-file", type=Path, default=DEFAULT_PID)
@@ -180,6 +207,9 @@ def _cmd_random_text(args) -> int:
 
 def _cmd_serve(args) -> int:
     drain = DrainSettings.from_env()  # a typo in the drain settings fails before the build
+    trace = TraceSettings.resolve(
+        args.trace_endpoint, args.trace_rate, args.trace_resource, args.trace_export_delay_ms
+    )
     manifest = load_serving_manifest(args.manifest, args.repo)
     if not args.no_build:
         build_repository(manifest, args.repo)
@@ -196,6 +226,7 @@ def _cmd_serve(args) -> int:
         load_models=names,
         host=listen_host(),
         admin_key=key or "",
+        trace=trace,
     )
     backends = prepare_backends(args.work_dir.resolve() / "backends")
     cmd = server_command(launch, backends)
@@ -213,7 +244,7 @@ def _cmd_serve(args) -> int:
     print(
         f"starting tritonserver on {launch.host}: HTTP {launch.ports.http}, "
         f"gRPC {launch.ports.grpc}, metrics {launch.ports.metrics}; admin APIs {admin}; "
-        f"models: {', '.join(names)}",
+        f"traces: {trace.describe() if trace else 'off'}; models: {', '.join(names)}",
         flush=True,
     )
     supervisor = Supervisor(

@@ -24,6 +24,7 @@ from pathlib import Path
 from embed_runtime.stub_watch import loopback_for
 
 from .admin import restriction_args
+from .tracing import TraceSettings
 
 PY_TAG = f"{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -58,6 +59,7 @@ class TritonLaunch:
     extra_args: tuple[str, ...] = ()
     host: str = "127.0.0.1"
     admin_key: str = field(default="", repr=False)
+    trace: TraceSettings | None = None  # OpenTelemetry export; None: no tracing
 
     def __post_init__(self) -> None:
         """An empty ``admin_key`` becomes a random one: the admin APIs are never open."""
@@ -196,6 +198,8 @@ def server_command(launch: TritonLaunch, backend_dir: Path) -> list[str]:
     cmd += restriction_args(launch.admin_key)
     if launch.model_control_mode == "explicit":
         cmd += [f"--load-model={name}" for name in launch.load_models]
+    if launch.trace is not None:
+        cmd += launch.trace.args()
     return cmd + list(launch.extra_args)
 
 

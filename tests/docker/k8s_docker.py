@@ -70,16 +70,38 @@ def _security_args(pod_spec: Obj, ctr: Obj) -> list[str]:
     return args
 
 
-def _env_args(ctr: Obj) -> list[str]:
-    args = []
+# The downward API fields a container may read, as this translation answers them.
+_POD_FIELDS = {"metadata.name": lambda name: name, "metadata.namespace": lambda _name: "default"}
+_VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def container_env(ctr: Obj, name: str) -> dict[str, str]:
+    """The container's environment as the kubelet sets it, for a pod called ``name``.
+
+    Values with Kubernetes' ``$(VAR)`` expansion of earlier variables, the pod's name and
+    namespace (``default``) from the downward API; optional Secrets this run does not
+    create are left out.
+    """
+    env: dict[str, str] = {}
     for var in ctr.get("env", []):
+        field_path = var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
         if "value" in var:
-            args += ["-e", f"{var['name']}={var['value']}"]
+            value = _VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), str(var["value"]))
+        elif field_path in _POD_FIELDS:
+            value = _POD_FIELDS[field_path](name)
         elif var.get("valueFrom", {}).get("secretKeyRef", {}).get("optional"):
-            continue  # an optional Secret that this run does not create
+            continue
         else:
-            raise ValueError(f"env {var['name']}: only values and optional Secrets map")
-    return args
+            raise ValueError(
+                f"env {var['name']}: only values, pod name / namespace and optional Secrets map"
+            )
+        env[var["name"]] = value
+    return env
+
+
+def _env_args(ctr: Obj, name: str) -> list[str]:
+    env = container_env(ctr, name)
+    return [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")]
 
 
 def _volume_args(pod_spec: Obj, ctr: Obj, bindings: HostBindings) -> list[str]:
@@ -123,7 +145,7 @@ def docker_run(pod_spec: Obj, ctr: Obj, bindings: HostBindings, name: str) -> li
     """The `docker run` argv (without `-d` / `--rm`) for container ``ctr`` of ``pod_spec``."""
     args = ["docker", "run", "--name", name]
     args += _security_args(pod_spec, ctr)
-    args += _env_args(ctr)
+    args += _env_args(ctr, name)
     args += _volume_args(pod_spec, ctr, bindings)
     args += _resource_args(ctr, bindings)
     for port in ctr.get("ports", []):

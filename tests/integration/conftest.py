@@ -20,6 +20,7 @@ from generator.admin import KEY_ENV
 from generator.build import build_repository
 from generator.manifest import Manifest, load_manifest
 from generator.shared_models import startup_models
+from generator.tracing import TraceSettings
 from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 
 TEXT_MODEL = "all-MiniLM-L6-v2"
@@ -135,15 +136,20 @@ def server(tmp_path_factory, extra_models) -> Server:
 
 
 @contextlib.contextmanager
-def serve(manifest: Manifest, base: Path) -> Iterator[Server]:
+def serve(
+    manifest: Manifest, base: Path, trace: TraceSettings | None = None
+) -> Iterator[Server]:
     """Build ``manifest``'s repository under ``base``; run a Triton of its own on free ports.
 
-    The admin key is :data:`ADMIN_KEY`; the server is stopped when the ``with`` ends.
+    The admin key is :data:`ADMIN_KEY`; ``trace`` turns on OpenTelemetry export; the
+    server is stopped when the ``with`` ends.
     """
     repo = base / "model_repository"
     build_repository(manifest, repo, log=lambda _msg: None)
     ports = TritonPorts(*free_ports(3))
-    launch = TritonLaunch(repo, ports, load_models=startup_models(manifest), admin_key=ADMIN_KEY)
+    launch = TritonLaunch(
+        repo, ports, load_models=startup_models(manifest), admin_key=ADMIN_KEY, trace=trace
+    )
     process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY})
     process.start()
     try:

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from generator.families.common import TRT_ENGINE_CACHE_DIR
+from generator.tracing import TraceSettings
 from tests.unit.deploy.deploy_files import (
     BIN,
     COMPOSE,
@@ -184,6 +185,22 @@ def test_triton_service_reserves_gpus_shared_memory_volumes_and_health(compose) 
     assert triton["depends_on"]["generator"]["condition"] == "service_completed_successfully"
 
 
+@pytest.mark.parametrize("path", [COMPOSE, CPU_COMPOSE], ids=["gpu", "cpu"])
+def test_traces_are_off_by_default_and_turned_on_from_the_shell(path: Path) -> None:
+    data = yaml.safe_load(path.read_text())
+    services = interpolate(data, None)["services"]
+    assert TraceSettings.resolve(env=services["triton"]["environment"]) is None
+    url = "http://otel-collector:4318/v1/traces"
+    shell = {"EMBED_TRACE_ENDPOINT": url, "EMBED_TRACE_RATE": "10"}
+    traced = interpolate(data, shell)["services"]["triton"]["environment"]
+    assert TraceSettings.resolve(env=traced) == TraceSettings(
+        url, 10, (("service.name", "triton-embeddings"),)
+    )
+    for name, service in services.items():
+        if name != "triton":
+            assert not [k for k in service.get("environment", {}) if k.startswith("EMBED_TRACE")]
+
+
 def test_generator_service_builds_into_the_same_volumes() -> None:
     generator = compose_model()["services"]["generator"]
     assert generator["command"] == ["build"]
@@ -194,7 +211,10 @@ def test_generator_service_builds_into_the_same_volumes() -> None:
     assert mounts["/models"] == "model-repository:/models"
     assert mounts["/cache/huggingface"] == "hf-cache:/cache/huggingface"
     assert mounts["/config/models.toml"] in triton["volumes"]
-    shared = {k: v for k, v in triton["environment"].items() if not k.startswith("TRITON_")}
+    shared = {
+        k: v for k, v in triton["environment"].items()
+        if not k.startswith(("TRITON_", "EMBED_TRACE_"))  # serve-only settings
+    }
     assert generator["environment"] == {**shared, "HF_TOKEN": None}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from generator.tracing import TraceSettings
 from tests.docker import k8s_docker
 from tests.docker import k8s_manifests as k8s
 
@@ -225,6 +226,36 @@ def test_docker_translation_keeps_the_container_spec() -> None:
     gpu = k8s.container(_pod(k8s.render("overlays/gpu"), "Deployment"), "triton")
     with pytest.raises(ValueError, match="nvidia.com/gpu"):
         k8s_docker.docker_run(pod, gpu, bindings, "t")
+
+
+def test_traces_are_off_by_default_and_their_resource_names_the_pod(overlay) -> None:
+    _, objects = overlay
+    pod = _pod(objects, "Deployment")
+    ctr = k8s.container(pod, "triton")
+    assert TraceSettings.resolve(env=_env(ctr)) is None
+    fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in ctr["env"]
+              if "valueFrom" in e}
+    assert fields == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    # As the kubelet expands $(VAR) (the Docker translation does the same), with an endpoint:
+    url = "http://otel-collector.observability:4318/v1/traces"
+    traced = {**ctr, "env": [
+        {"name": e["name"], "value": url} if e["name"] == "EMBED_TRACE_ENDPOINT" else e
+        for e in ctr["env"]
+    ]}
+    env = k8s_docker.container_env(traced, "pod-7")
+    assert TraceSettings.resolve(env=env) == TraceSettings(url, 1000, (
+        ("service.name", "triton-embeddings"),
+        ("k8s.pod.name", "pod-7"),
+        ("k8s.namespace.name", "default"),
+    ))
+
+
+def test_kserve_runtime_traces_as_the_deployment_does() -> None:
+    runtime = k8s.find(k8s.render("kserve"), "ServingRuntime")
+    (ctr,) = runtime["spec"]["containers"]
+    deployment = k8s.container(_pod(k8s.render("overlays/cpu"), "Deployment"), "triton")
+    trace_env = [e for e in deployment["env"] if e["name"].startswith(("EMBED_TRACE", "POD_"))]
+    assert [e for e in ctr["env"] if e in trace_env] == trace_env
 
 
 def _cache_volume(pod: dict, ctr: dict) -> tuple[str, dict]:
