@@ -48,6 +48,15 @@ TEXT_INPUT = "TEXT"
 OUTPUT = "EMBEDDING"
 COUNT_OUTPUT = "TOKEN_COUNT"  # optional: each row's token count
 SPARSE_OUTPUTS = ("SPARSE_INDICES", "SPARSE_VALUES")
+# precision -> (output, dtype): the optional quantized forms of text models (python-ort)
+PRECISION_OUTPUTS: dict[str, tuple[str, type]] = {
+    "float32": (OUTPUT, np.float32),
+    "float16": ("EMBEDDING_FP16", np.float16),
+    "int8": ("EMBEDDING_INT8", np.int8),
+    "uint8": ("EMBEDDING_UINT8", np.uint8),
+    "binary": ("EMBEDDING_BINARY", np.int8),
+    "ubinary": ("EMBEDDING_UBINARY", np.uint8),
+}
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 ADMIN_HEADER = "X-Admin-Key"
 ADMIN_KEY_ENV = "EMBED_ADMIN_KEY"
@@ -84,6 +93,18 @@ SPARSE_OPTIONS = ("prompt_name", "max_active_dims", "truncate", "truncation_dire
 def _text_options(arguments: Mapping[str, Any], names=TEXT_OPTIONS) -> dict[str, Any]:
     """The request parameters of a text call: its options that were given."""
     return {name: arguments[name] for name in names if arguments.get(name) is not None}
+
+
+def _precision_output(precision: str, parameters: dict[str, Any]) -> tuple[str, type]:
+    """The output and dtype of ``precision``; adds the ``precision`` request parameter.
+
+    The parameter lets the server compute only that form (without it, every form).
+    """
+    if precision not in PRECISION_OUTPUTS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISION_OUTPUTS)}")
+    if precision != "float32":
+        parameters["precision"] = precision
+    return PRECISION_OUTPUTS[precision]
 
 
 def local_admin_key(url: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -211,6 +232,7 @@ class EmbeddingClient(LifecycleMixin, RerankMixin, MultiVectorMixin):
         dimensions: int | None = None,
         truncate: bool | None = None,
         truncation_direction: str | None = None,
+        precision: str = "float32",
     ) -> np.ndarray:
         """Embed ``texts`` with the text ensemble ``model`` (CLIP: ``<name>_text``).
 
@@ -219,9 +241,15 @@ class EmbeddingClient(LifecycleMixin, RerankMixin, MultiVectorMixin):
         model normalises; ``truncate=False`` refuses a text longer than the model's limit
         instead of cutting it (the default cuts, as sentence-transformers does), and
         ``truncation_direction="left"`` cuts it at its start, keeping its end. They
-        travel as request parameters.
+        travel as request parameters. ``precision`` (``float32``, ``float16``, ``int8``,
+        ``uint8``, ``binary``, ``ubinary``) returns that form, as
+        ``sentence_transformers.quantization.quantize_embeddings`` makes it of the
+        float32 rows (int8 / uint8 with the model's stored calibration ranges; the binary
+        forms are packed bits, [N, ceil(D / 8)]); python-ort text models offer them.
         """
-        return self._embed(model, TEXT_INPUT, encode_texts(texts), _text_options(locals()))
+        parameters = _text_options(locals())
+        output = _precision_output(precision, parameters)
+        return self._embed(model, TEXT_INPUT, encode_texts(texts), parameters, output=output)
 
     def embed_texts_with_counts(
         self,
@@ -323,13 +351,19 @@ class EmbeddingClient(LifecycleMixin, RerankMixin, MultiVectorMixin):
         items: list[bytes],
         parameters: dict | None = None,
         counts: bool = False,
+        output: tuple[str, type] = (OUTPUT, np.float32),
     ) -> Any:
-        """Embeddings of ``items`` (and, with ``counts``, each row's ``TOKEN_COUNT``)."""
+        """Embeddings of ``items`` (and, with ``counts``, each row's ``TOKEN_COUNT``).
+
+        ``output`` names the embedding output and its dtype (a quantized form).
+        """
         if not items:
-            empty = np.zeros((0, 0), dtype=np.float32)
+            empty = np.zeros((0, 0), dtype=output[1])
             return (empty, np.zeros(0, dtype=np.int32)) if counts else empty
         chunks = self._batched(
-            model, items, lambda part: self._infer(model, input_name, part, parameters, counts)
+            model,
+            items,
+            lambda part: self._infer(model, input_name, part, parameters, counts, output),
         )
         if not counts:
             return np.concatenate(chunks, axis=0)
@@ -357,7 +391,9 @@ class EmbeddingClient(LifecycleMixin, RerankMixin, MultiVectorMixin):
         items: list[bytes],
         parameters: dict | None = None,
         counts: bool = False,
+        output: tuple[str, type] = (OUTPUT, np.float32),
     ) -> Any:
+        name, dtype = output
         data = bytes_tensor(items)
         infer_input = self._tc.InferInput(input_name, list(data.shape), "BYTES")
         with self._errors(model):
@@ -367,19 +403,19 @@ class EmbeddingClient(LifecycleMixin, RerankMixin, MultiVectorMixin):
                 model,
                 [infer_input],
                 outputs=[
-                    self._tc.InferRequestedOutput(name)
-                    for name in ((OUTPUT, COUNT_OUTPUT) if counts else (OUTPUT,))
+                    self._tc.InferRequestedOutput(n)
+                    for n in ((name, COUNT_OUTPUT) if counts else (name,))
                 ],
                 **extra,
                 **self._call,
             )
-        embedding = result.as_numpy(OUTPUT)
+        embedding = result.as_numpy(name)
         if embedding is None or embedding.ndim != 2 or embedding.shape[0] != len(items):
             shape = None if embedding is None else embedding.shape
             raise EmbeddingClientError(
-                f"expected {OUTPUT} of shape [{len(items)}, D], got {shape}", model=model
+                f"expected {name} of shape [{len(items)}, D], got {shape}", model=model
             )
-        embedding = embedding.astype(np.float32, copy=False)
+        embedding = embedding.astype(dtype, copy=False)
         if not counts:
             return embedding
         tokens = result.as_numpy(COUNT_OUTPUT)

@@ -32,7 +32,7 @@ from typing import TextIO
 import numpy as np
 
 from . import bench_cli, rerank_cli
-from .api import EmbeddingClient, default_url
+from .api import PRECISION_OUTPUTS, EmbeddingClient, default_url
 from .errors import EmbeddingClientError
 from .records import ModelInfo, ModelStats
 
@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument(
         "--dimensions", type=int, help="keep the first N values (Matryoshka truncation)"
     )
+    embed.add_argument(
+        "--precision",
+        choices=list(PRECISION_OUTPUTS),
+        default="float32",
+        help="output form: float16, int8/uint8 (calibrated), binary/ubinary (packed bits)",
+    )
     embed.add_argument("--format", choices=["json", "npy"], default="json")
     embed.add_argument("--out", help="write here instead of stdout (required for npy)")
 
@@ -121,8 +127,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error("embed: give either texts or --image, not both or neither")
         if args.format == "npy" and not args.out:
             parser.error("embed: --format npy needs --out")
-        if args.images and (args.prompt_name is not None or args.dimensions is not None):
-            parser.error("embed: --prompt-name and --dimensions apply to texts only")
+        if args.images and (
+            args.prompt_name is not None
+            or args.dimensions is not None
+            or args.precision != "float32"
+        ):
+            parser.error("embed: --prompt-name, --dimensions and --precision apply to texts only")
     return args
 
 
@@ -215,11 +225,16 @@ def _cmd_embed(client: EmbeddingClient, args: argparse.Namespace) -> int:
     if args.images:
         inputs, vectors = args.images, client.embed_images(args.model, args.images)
     else:
-        options = {"prompt_name": args.prompt_name, "dimensions": args.dimensions}
+        options = {
+            "prompt_name": args.prompt_name,
+            "dimensions": args.dimensions,
+            "precision": args.precision,
+        }
         inputs, vectors = args.texts, client.embed_texts(args.model, args.texts, **options)
     if args.format == "npy":
         np.save(args.out, vectors)
-        print(f"wrote {vectors.shape[0]}x{vectors.shape[1]} float32 to {args.out}", file=sys.stderr)
+        shape = f"{vectors.shape[0]}x{vectors.shape[1]} {vectors.dtype}"
+        print(f"wrote {shape} to {args.out}", file=sys.stderr)
     elif args.out:
         with open(args.out, "w", encoding="utf-8") as stream:
             _write_json_lines(inputs, vectors, stream)

@@ -156,8 +156,9 @@ def embed_requests(
 
     ``read(request)`` returns what ``run`` needs of that request or raises
     :class:`RequestError` (that request alone fails); ``run(items)`` returns one output
-    array per item, or with several ``output_name``s a tuple of arrays in that order. A
-    failing run is retried request by request (:func:`run_or_isolate`).
+    array per item, or with several ``output_name``s a tuple of arrays in that order, or
+    a ``{name: array}`` dict (outputs that differ per request). A failing run is retried
+    request by request (:func:`run_or_isolate`).
     """
     names = [output_name] if isinstance(output_name, str) else list(output_name)
     responses: list = [None] * len(requests)
@@ -175,7 +176,10 @@ def embed_requests(
         if isinstance(out, Exception):
             responses[i] = error_response(pb_utils, out, log)
             continue
-        arrays = (out,) if len(names) == 1 else out
-        tensors = [pb_utils.Tensor(n, a) for n, a in zip(names, arrays, strict=True)]
+        if isinstance(out, dict):
+            tensors = [pb_utils.Tensor(n, a) for n, a in out.items()]
+        else:
+            arrays = (out,) if len(names) == 1 else out
+            tensors = [pb_utils.Tensor(n, a) for n, a in zip(names, arrays, strict=True)]
         responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
     return responses

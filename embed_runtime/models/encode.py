@@ -24,6 +24,7 @@ from embed_runtime.ort_encoder import (
 )
 from embed_runtime.request_options import request_parameters, resolve_dimensions, truncate
 from embed_runtime.fused_encoder import COUNT_OUTPUT, TextEncoder, is_fused, token_counts
+from embed_runtime.output_precision import OutputForms
 from embed_runtime.sparse import INDICES, VALUES, request_max_active_dims, sparse_rows
 
 
@@ -53,7 +54,10 @@ class TritonPythonModel:
         if is_fused(raw):  # TEXT in: this stub does the tokenizer step's work too
             self.text = TextEncoder.from_parameters(raw, model_dir, self.encoder)
         # TOKEN_COUNT, when the config declares it: each row's tokens (its attention mask)
-        self.counts = any(o["name"] == COUNT_OUTPUT for o in config.get("output", []))
+        output_names = [o["name"] for o in config.get("output", [])]
+        self.counts = COUNT_OUTPUT in output_names
+        # EMBEDDING_FP16 / _INT8 / ... when declared: quantized forms, per request
+        self.forms = OutputForms.from_config(output_names, model_dir, self.params.normalize)
         providers = self.encoder.session.get_providers()
         threads = self.params.intra_op_threads or "default"
         if self.encoder.shared_session is not None:
@@ -69,6 +73,10 @@ class TritonPythonModel:
                 f"{args['model_name']}: weight cache not used: {self.encoder.cache_error}"
             )
 
+    def _forms(self, request, parameters):
+        """The extra forms (float16, int8, ...) this request gets; refuses a bad precision."""
+        return self.forms.select(parameters, request.requested_output_names())
+
     def _read(self, request):
         arrays = {n: input_array(pb_utils, request, n) for n in self.params.input_names}
         check_request(self.params, arrays)
@@ -77,27 +85,37 @@ class TritonPythonModel:
         dims = resolve_dimensions(parameters, full, default)
         if self.params.sparse:  # the cap on active dimensions, in place of a width
             dims = request_max_active_dims(parameters, self.params.max_active_dims)
-        return (arrays if self.params.ragged else arrays[self.params.input_names[0]]), dims
+        inputs = arrays if self.params.ragged else arrays[self.params.input_names[0]]
+        return inputs, dims, self._forms(request, parameters)
 
     def _read_text(self, request):
         rows = input_array(pb_utils, request, "TEXT")
-        return self.text.read(rows, request_parameters(request.parameters()))
+        parameters = request_parameters(request.parameters())
+        return self.text.read(rows, parameters), self._forms(request, parameters)
+
+    def _answer(self, embeddings, counts, forms):
+        """One request's outputs: EMBEDDING, TOKEN_COUNT if declared, the forms it gets."""
+        out = {self.params.output_name: embeddings}
+        if self.counts:
+            out[COUNT_OUTPUT] = counts
+        return {**out, **self.forms.outputs(embeddings, forms)}
 
     def _run(self, items):
         run = self.encoder.encode_tokens if self.params.ragged else self.encoder.encode_dense
-        outputs = run([inputs for inputs, _ in items])
+        outputs = run([inputs for inputs, _, _ in items])
         if self.params.sparse:  # each request its own width K
-            return [sparse_rows(o, k) for o, (_, k) in zip(outputs, items, strict=True)]
-        pairs = zip(outputs, items, strict=True)
-        embeddings = [truncate(o, k, self.params.normalize) if k else o for o, (_, k) in pairs]
-        if not self.counts:
-            return embeddings
-        masks = [inputs["attention_mask"] for inputs, _ in items]
-        return list(zip(embeddings, map(token_counts, masks), strict=True))
+            return [sparse_rows(o, k) for o, (_, k, _) in zip(outputs, items, strict=True)]
+        answers = []
+        for rows, (inputs, k, forms) in zip(outputs, items, strict=True):
+            rows = truncate(rows, k, self.params.normalize) if k else rows
+            counts = token_counts(inputs["attention_mask"]) if self.counts else None
+            answers.append(self._answer(rows, counts, forms))
+        return answers
 
     def _run_text(self, items):
-        out = self.text.embed(items)
-        return out if self.counts else [embeddings for embeddings, _ in out]
+        out = self.text.embed([text for text, _ in items])
+        pairs = zip(out, items, strict=True)
+        return [self._answer(rows, counts, forms) for (rows, counts), (_, forms) in pairs]
 
     def execute(self, requests):
         """Embed all valid requests in one sorted, chunked pass."""

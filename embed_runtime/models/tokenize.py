@@ -5,6 +5,7 @@ import os
 import triton_python_backend_utils as pb_utils
 from embed_runtime.integrity import verify_digests
 from embed_runtime.adapter import config_parameters, input_array, tokenize_requests
+from embed_runtime.output_precision import resolve_precision
 from embed_runtime.request_options import request_parameters
 from embed_runtime.tokenizer import (
     BatchTokenizer,
@@ -23,6 +24,8 @@ class TritonPythonModel:
         self.logger = pb_utils.Logger
         params = config_parameters(args["model_config"])
         self.params = TokenizerParams.from_parameters(params)
+        # The encoder after this step answers float32 alone: refuse other precisions here.
+        self.float32_only = params.get("float32_only", "false").lower() == "true"
         model_dir = os.path.join(args["model_repository"], args["model_version"])
         verify_digests(model_dir)  # a corrupt tokenizer file fails the load
         self.tokenizer = BatchTokenizer(
@@ -34,6 +37,8 @@ class TritonPythonModel:
         caps = self.params.max_text_bytes, self.params.max_request_bytes
         texts = decode_texts(rows, "TEXT", *caps)
         parameters = request_parameters(request.parameters())
+        if self.float32_only:
+            resolve_precision(parameters, ())
         texts = prompted_texts(texts, parameters, self.params)
         self.tokenizer.refuse_overlong(texts, parameters)
         keep_end = keeps_end(parameters)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from embed_runtime.multivector import EMBEDDINGS, MultiVectorParams
 from embed_runtime.ort_encoder import AUTO_THREADS
+from embed_runtime.output_precision import CALIBRATION_FILE, EXTRA_PRECISIONS, FORMS
 from embed_runtime.sparse import INDICES, VALUES
 from embed_runtime.tokenizer import TokenizerParams
 
@@ -30,6 +31,11 @@ from ..render import (
 # attention mask): the tokens the encoder saw, prompt and special tokens included.
 TOKEN_COUNT = IOSpec("TOKEN_COUNT", "TYPE_INT32", (1,))
 
+# The optional quantized forms of EMBEDDING (python-ort text encoders; the request asks
+# for the one it wants): float16, int8 / uint8 (calibrated ranges), binary / ubinary
+# (packed bits). Width [-1]: k values, or ceil(k / 8) bytes for the packed forms.
+PRECISION_OUTPUTS = tuple(IOSpec(FORMS[p][0], FORMS[p][2], (-1,)) for p in EXTRA_PRECISIONS)
+
 # Where TensorRT keeps its engines inside the Docker image (docker-compose.yml mounts a
 # volume there, so engines survive a restart instead of being rebuilt for minutes).
 TRT_ENGINE_CACHE_DIR = "/var/cache/triton-embeddings/tensorrt"
@@ -37,15 +43,25 @@ TRT_WORKSPACE_BYTES = 1 << 30
 
 
 def tokenize_dir(
-    entry: ModelEntry, name: str, tokenizer_json: Path, params: TokenizerParams, dims: int
+    entry: ModelEntry,
+    name: str,
+    tokenizer_json: Path,
+    params: TokenizerParams,
+    dims: int,
+    float32_only: bool = False,
 ) -> ModelDir:
-    """A ``tokenize`` Python model: ``TEXT`` -> token tensors of width ``dims`` (-1: ragged)."""
+    """A ``tokenize`` Python model: ``TEXT`` -> token tensors of width ``dims`` (-1: ragged).
+
+    ``float32_only``: the encoder after it answers ``EMBEDDING`` alone (Triton's native
+    backend), so this step refuses a request ``precision`` other than float32 itself.
+    """
+    only = {"float32_only": "true"} if float32_only else {}
     config = python_model(
         name,
         entry.max_batch_size,
         [IOSpec("TEXT", "TYPE_STRING", (1,))],
         [IOSpec(n, "TYPE_INT64", (dims,)) for n in params.output_names],
-        {**tokenizer_parameters(entry, params), **_prompt_parameters(params)},
+        {**tokenizer_parameters(entry, params), **_prompt_parameters(params), **only},
         step_batching(entry, entry.max_queue_delay_us // 2),
         Instances(entry.preprocess_instances),
     )
@@ -135,6 +151,7 @@ def encoder_dir(
     max_dimensions: int = 0,
     token_count: bool = False,
     sparse: SparseOutput | None = None,
+    calibration: Path | None = None,
 ) -> ModelDir:
     """An encoder: the Python ORT runner, or Triton's native ``onnxruntime`` backend.
 
@@ -143,7 +160,9 @@ def encoder_dir(
     Python runner truncate to a request's ``dimensions`` (the output is then ``[-1]``).
     ``token_count`` adds the Python runner's ``TOKEN_COUNT`` output. ``sparse`` (Python
     runner only): the graph's dense rows are answered as the ``SPARSE_INDICES`` /
-    ``SPARSE_VALUES`` of their active dimensions.
+    ``SPARSE_VALUES`` of their active dimensions. ``calibration`` (Python runner only,
+    calibration embeddings saved by :mod:`generator.calibration`) adds the quantized
+    outputs :data:`PRECISION_OUTPUTS`.
     """
     batching, instances = _encoder_scheduling(entry)
     outputs = [IOSpec.from_tensor(t) for t in spec.outputs]
@@ -167,11 +186,15 @@ def encoder_dir(
         outputs = list(sparse.outputs())
     elif token_count:
         outputs.append(TOKEN_COUNT)
+    files = {"model.onnx": onnx_path}
+    if calibration is not None and sparse is None:
+        outputs.extend(PRECISION_OUTPUTS)
+        files[CALIBRATION_FILE] = calibration
     inputs = [IOSpec.from_tensor(t, ragged=ragged) for t in spec.inputs]
     config = python_model(
         name, entry.max_batch_size, inputs, outputs, parameters, batching, instances
     )
-    return ModelDir(name, config, "encode", {"model.onnx": onnx_path})
+    return ModelDir(name, config, "encode", files)
 
 
 @dataclass(frozen=True)
@@ -233,13 +256,14 @@ def fused_encoder_dir(
     tokenizer_json: Path,
     tok_params: TokenizerParams,
     limits: dict[str, int] | None = None,
+    calibration: Path | None = None,
 ) -> ModelDir:
     """The Python ORT encoder taking ``TEXT`` itself (``fused_tokenize``): no tokenize step.
 
     It reads the tokenizer's parameters beside its own and tokenizes each execution's
     rows in its own stub, so a request crosses one Python model instead of two.
     ``TEXT`` is a fixed [1] input: requests batch without ragged inputs. It also answers
-    ``TOKEN_COUNT``.
+    ``TOKEN_COUNT``, and with ``calibration`` the quantized :data:`PRECISION_OUTPUTS`.
     """
     dims = tok_params.max_dimensions
     parameters = {
@@ -249,15 +273,20 @@ def fused_encoder_dir(
         "fused_tokenize": "true",
     }
     output = spec.outputs[0]
+    outputs = [IOSpec(output.name, output.triton_dtype, (-1,) if dims else output.dims)]
+    outputs.append(TOKEN_COUNT)
+    files = {"model.onnx": onnx_path, "tokenizer.json": tokenizer_json}
+    if calibration is not None:
+        outputs.extend(PRECISION_OUTPUTS)
+        files[CALIBRATION_FILE] = calibration
     config = python_model(
         name,
         entry.max_batch_size,
         [IOSpec("TEXT", "TYPE_STRING", (1,))],
-        [IOSpec(output.name, output.triton_dtype, (-1,) if dims else output.dims), TOKEN_COUNT],
+        outputs,
         parameters,
         *_encoder_scheduling(entry),
     )
-    files = {"model.onnx": onnx_path, "tokenizer.json": tokenizer_json}
     return ModelDir(name, config, "encode", files)
 
 

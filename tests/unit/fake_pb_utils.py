@@ -56,15 +56,25 @@ class Tensor:
 class InferenceRequest:
     """A request as seen by ``execute``: a set of named input tensors."""
 
-    def __init__(self, inputs: Iterable[Tensor] = (), parameters: dict | None = None):
+    def __init__(
+        self,
+        inputs: Iterable[Tensor] = (),
+        parameters: dict | None = None,
+        requested_outputs: Iterable[str] | None = None,
+    ):
         self._inputs = list(inputs)
         self._parameters = json.dumps(parameters or {})
+        self._requested = None if requested_outputs is None else list(requested_outputs)
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
 
     def parameters(self) -> str:
         return self._parameters
+
+    def requested_output_names(self) -> list[str] | None:
+        """The outputs asked for; None stands for all of the model's (Triton lists them)."""
+        return None if self._requested is None else list(self._requested)
 
 
 class InferenceResponse:

@@ -19,13 +19,21 @@ import numpy as np
 
 from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
 
+from ...calibration import CALIBRATION_FILE, DEFAULT_CORPUS, calibration_embeddings, read_corpus
 from ...declared_kind import check_source
 from ...manifest import Manifest, ModelEntry, resolve_path
 from ...model_dir import ModelDir
 from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ...precision import apply_precision
 from ...render import IOSpec
-from ..common import TOKEN_COUNT, chain_dir, encoder_dir, fused_encoder_dir, tokenize_dir
+from ..common import (
+    PRECISION_OUTPUTS,
+    TOKEN_COUNT,
+    chain_dir,
+    encoder_dir,
+    fused_encoder_dir,
+    tokenize_dir,
+)
 from . import FAMILY, static
 
 VALIDATION_TEXTS = (
@@ -342,18 +350,33 @@ def _model_dirs(
     tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
     text = IOSpec("TEXT", "TYPE_STRING", (1,))
     out_dim = -1 if truncatable else dim
+    # The Python runner also answers the quantized forms (float16, int8, ...); int8 / uint8
+    # take their ranges from calibration embeddings made here. The native backend cannot.
+    calibration = None
+    forms: list = []
+    if entry.encoder_backend == "python-ort":
+        calibration = onnx_path.parent / CALIBRATION_FILE
+        corpus = read_corpus(DEFAULT_CORPUS)
+        calibration_embeddings(onnx_path, tokenizer_json, tok_params, corpus, calibration)
+        forms = list(PRECISION_OUTPUTS)
     if entry.fused_tokenize:
-        outs = ["EMBEDDING", TOKEN_COUNT.name]
+        extra = [TOKEN_COUNT, *forms]
+        outs = ["EMBEDDING", *(o.name for o in extra)]
         return [
-            fused_encoder_dir(entry, encode, onnx_path, spec, tokenizer_json, tok_params, limits),
-            chain_dir(entry, entry.name, text, out_dim, [(encode, ["TEXT"], outs)], [TOKEN_COUNT]),
+            fused_encoder_dir(
+                entry, encode, onnx_path, spec, tokenizer_json, tok_params, limits, calibration
+            ),
+            chain_dir(entry, entry.name, text, out_dim, [(encode, ["TEXT"], outs)], extra),
         ]
     # The Python runner counts the tokens each row had (its attention mask); Triton's
     # native onnxruntime backend can only return what the graph does.
     counts = entry.encoder_backend == "python-ort" and "attention_mask" in input_names
-    outs = ["EMBEDDING", TOKEN_COUNT.name] if counts else ["EMBEDDING"]
+    extra = [*([TOKEN_COUNT] if counts else []), *forms]
+    outs = ["EMBEDDING", *(o.name for o in extra)]
     return [
-        tokenize_dir(entry, tokenize, tokenizer_json, tok_params, -1),
+        tokenize_dir(
+            entry, tokenize, tokenizer_json, tok_params, -1, float32_only=not forms
+        ),
         encoder_dir(
             entry,
             encode,
@@ -363,6 +386,7 @@ def _model_dirs(
             limits=limits,
             max_dimensions=truncatable,
             token_count=counts,
+            calibration=calibration,
         ),
         chain_dir(
             entry,
@@ -370,6 +394,6 @@ def _model_dirs(
             text,
             out_dim,
             [(tokenize, ["TEXT"], input_names), (encode, input_names, outs)],
-            [TOKEN_COUNT] if counts else [],
+            extra,
         ),
     ]

@@ -311,6 +311,34 @@ def test_empty_inputs_return_empty_array_without_a_server(protocol):
         assert out.shape == (0, 0) and out.dtype == np.float32
 
 
+def test_precision_outputs_match_what_the_server_declares():
+    from client.api import PRECISION_OUTPUTS
+    from embed_runtime.output_precision import FORMS
+
+    assert PRECISION_OUTPUTS == {p: (name, dtype) for p, (name, dtype, _) in FORMS.items()}
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_empty_inputs_come_back_in_the_precision_s_dtype(protocol):
+    with EmbeddingClient(f"127.0.0.1:{_closed_port()}", protocol, timeout_s=2) as client:
+        assert client.embed_texts("m", [], precision="ubinary").dtype == np.uint8
+        assert client.embed_texts("m", [], precision="float16").dtype == np.float16
+
+
+def test_unknown_precision_is_refused_before_sending():
+    with EmbeddingClient(f"127.0.0.1:{_closed_port()}", timeout_s=2) as client:
+        with pytest.raises(ValueError, match="precision must be one of float32, float16"):
+            client.embed_texts("m", ["a"], precision="int4")
+
+
+def test_cli_takes_a_precision_for_texts_only():
+    assert parse_args(["embed", "--model", "m", "--precision", "ubinary", "a"]).precision == (
+        "ubinary"
+    )
+    with pytest.raises(SystemExit):
+        parse_args(["embed", "--model", "m", "--precision", "int8", "--image", "x.jpg"])
+
+
 def test_default_url_depends_on_protocol():
     with EmbeddingClient(protocol="grpc") as grpc_client, EmbeddingClient() as http_client:
         assert grpc_client.url == "localhost:8001"

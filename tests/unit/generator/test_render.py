@@ -15,6 +15,7 @@ from tritonclient.grpc import model_config_pb2
 
 from embed_runtime.tokenizer import TokenizerParams
 from generator.families.common import (
+    PRECISION_OUTPUTS,
     TOKEN_COUNT,
     chain_dir,
     encoder_dir,
@@ -153,8 +154,15 @@ def test_sentence_transformers_model_dirs_match_golden(tmp_path: Path) -> None:
         max_dimensions=384,
     )
     tok = tokenize_dir(ENTRY, "mini_tokenize", tmp_path / "tokenizer.json", params, -1)
+    calibration = tmp_path / "calibration_embeddings.npy"
     enc = encoder_dir(
-        ENTRY, "mini_encode", tmp_path / "model.onnx", TOKEN_SPEC, ragged=True, max_dimensions=384
+        ENTRY,
+        "mini_encode",
+        tmp_path / "model.onnx",
+        TOKEN_SPEC,
+        ragged=True,
+        max_dimensions=384,
+        calibration=calibration,
     )
     chain = chain_dir(
         ENTRY,
@@ -163,16 +171,30 @@ def test_sentence_transformers_model_dirs_match_golden(tmp_path: Path) -> None:
         -1,
         [
             ("mini_tokenize", ["TEXT"], list(TOKEN_NAMES)),
-            ("mini_encode", TOKEN_NAMES, ["EMBEDDING"]),
+            ("mini_encode", TOKEN_NAMES, ["EMBEDDING", *(o.name for o in PRECISION_OUTPUTS)]),
         ],
+        PRECISION_OUTPUTS,
     )
     _check_golden("st_tokenize", tok.config)
     _check_golden("st_encode", enc.config)
     _check_golden("st_ensemble", chain.config)
     assert (tok.adapter, enc.adapter, chain.adapter) == ("tokenize", "encode", None)
     assert tok.files == {"tokenizer.json": tmp_path / "tokenizer.json"}
-    assert enc.files == {"model.onnx": tmp_path / "model.onnx"}
+    assert enc.files == {
+        "model.onnx": tmp_path / "model.onnx",
+        "calibration_embeddings.npy": calibration,
+    }
     assert chain.files == {}
+    outputs = [(o.name, o.data_type) for o in parse_config(chain.config).output]
+    assert outputs == [
+        ("EMBEDDING", model_config_pb2.TYPE_FP32),
+        ("EMBEDDING_FP16", model_config_pb2.TYPE_FP16),
+        ("EMBEDDING_INT8", model_config_pb2.TYPE_INT8),
+        ("EMBEDDING_UINT8", model_config_pb2.TYPE_UINT8),
+        ("EMBEDDING_BINARY", model_config_pb2.TYPE_INT8),
+        ("EMBEDDING_UBINARY", model_config_pb2.TYPE_UINT8),
+    ]
+    assert [(o.name, o.data_type) for o in parse_config(enc.config).output] == outputs
 
 
 def test_fused_encoder_takes_text_and_carries_tokenizer_and_encoder_parameters(
@@ -187,16 +209,25 @@ def test_fused_encoder_takes_text_and_carries_tokenizer_and_encoder_parameters(
         max_dimensions=384,
     )
     limits = {"vocab_size": 30522, "max_width": 256}
+    calibration = tmp_path / "calibration_embeddings.npy"
     enc = fused_encoder_dir(
-        ENTRY, "mini_encode", tmp_path / "m.onnx", TOKEN_SPEC, tmp_path / "t.json", params, limits
+        ENTRY,
+        "mini_encode",
+        tmp_path / "m.onnx",
+        TOKEN_SPEC,
+        tmp_path / "t.json",
+        params,
+        limits,
+        calibration,
     )
+    extra = [TOKEN_COUNT, *PRECISION_OUTPUTS]
     chain = chain_dir(
         ENTRY,
         "mini",
         IOSpec("TEXT", "TYPE_STRING", (1,)),
         -1,
-        [("mini_encode", ["TEXT"], ["EMBEDDING", "TOKEN_COUNT"])],
-        [TOKEN_COUNT],
+        [("mini_encode", ["TEXT"], ["EMBEDDING", *(o.name for o in extra)])],
+        extra,
     )
     _check_golden("st_encode_fused", enc.config)
     _check_golden("st_ensemble_fused", chain.config)
@@ -207,9 +238,16 @@ def test_fused_encoder_takes_text_and_carries_tokenizer_and_encoder_parameters(
     ]
     assert not config.input[0].allow_ragged_batch
     outputs = [(o.name, o.data_type, list(o.dims)) for o in config.output]
-    assert outputs == [
+    assert outputs[:3] == [
         ("EMBEDDING", model_config_pb2.TYPE_FP32, [-1]),
         ("TOKEN_COUNT", model_config_pb2.TYPE_INT32, [1]),
+        ("EMBEDDING_FP16", model_config_pb2.TYPE_FP16, [-1]),
+    ]
+    assert [o[0] for o in outputs[3:]] == [
+        "EMBEDDING_INT8",
+        "EMBEDDING_UINT8",
+        "EMBEDDING_BINARY",
+        "EMBEDDING_UBINARY",
     ]
     values = {k: v.string_value for k, v in config.parameters.items()}
     assert values["fused_tokenize"] == "true"
@@ -220,12 +258,16 @@ def test_fused_encoder_takes_text_and_carries_tokenizer_and_encoder_parameters(
     assert config.instance_group[0].count == ENTRY.encoder_instances
     assert (enc.adapter, enc.files) == (
         "encode",
-        {"model.onnx": tmp_path / "m.onnx", "tokenizer.json": tmp_path / "t.json"},
+        {
+            "model.onnx": tmp_path / "m.onnx",
+            "tokenizer.json": tmp_path / "t.json",
+            "calibration_embeddings.npy": calibration,
+        },
     )
     (step,) = parse_config(chain.config).ensemble_scheduling.step
     assert step.model_name == "mini_encode"
     assert dict(step.input_map) == {"TEXT": "TEXT"}
-    assert dict(step.output_map) == {"EMBEDDING": "EMBEDDING", "TOKEN_COUNT": "TOKEN_COUNT"}
+    assert dict(step.output_map) == {o: o for o in ["EMBEDDING", *(t.name for t in extra)]}
 
 
 def test_native_onnxruntime_gpu_encoder_config_parses(tmp_path: Path) -> None:

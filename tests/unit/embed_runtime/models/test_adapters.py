@@ -657,3 +657,29 @@ def test_preprocess_image_initialize_round_trips_params_and_needs_every_key(
     del params["max_batch_pixels"]
     with pytest.raises(ValueError, match="'max_batch_pixels' is missing"):
         load_adapter("preprocess_image").TritonPythonModel().initialize(_args(tmp_path, params))
+
+
+def test_tokenize_before_a_float32_only_encoder_refuses_other_precisions(
+    backend, tmp_path, tokenizer_json
+) -> None:
+    """Triton's native backend answers EMBEDDING alone: the tokenize step refuses the
+    parameter for it, so a request is never silently answered in float32."""
+    (tmp_path / "1").mkdir()
+    shutil.copy(tokenizer_json, tmp_path / "1" / "tokenizer.json")
+    model = load_adapter("tokenize").TritonPythonModel()
+    model.initialize(_args(tmp_path, {**TOKENIZE_PARAMS, "float32_only": "true"}))
+    rows = np.array([[b"fine"]], dtype=object)
+
+    def request(parameters):
+        return pb.InferenceRequest([pb.Tensor("TEXT", rows)], parameters=parameters)
+
+    responses = model.execute(
+        [request({"precision": "int8"}), request({"precision": "float32"}), request(None)]
+    )
+    code, message = _error(responses[0])
+    assert code == pb.TritonError.INVALID_ARG
+    assert "does not offer precision 'int8'; it offers float32" in message
+    assert not responses[1].has_error() and not responses[2].has_error()
+    plain = load_adapter("tokenize").TritonPythonModel()  # without the flag: the encoder decides
+    plain.initialize(_args(tmp_path, TOKENIZE_PARAMS))
+    assert not plain.execute([request({"precision": "int8"})])[0].has_error()

@@ -147,9 +147,14 @@ def test_embedding_width_and_normalisation_follow_the_pipeline(exported):
     variant = exported.variant
     encode_config = parse_config(exported.encode_config)
     # The Python runner may truncate (``dimensions``): output [-1], the width a parameter;
-    # it also counts each row's tokens.
+    # it also counts each row's tokens and answers the quantized forms (output precision).
     outputs = [(o.name, list(o.dims)) for o in encode_config.output]
-    assert outputs == [("EMBEDDING", [-1]), ("TOKEN_COUNT", [1])]
+    forms = ["FP16", "INT8", "UINT8", "BINARY", "UBINARY"]
+    assert outputs == [
+        ("EMBEDDING", [-1]),
+        ("TOKEN_COUNT", [1]),
+        *((f"EMBEDDING_{f}", [-1]) for f in forms),
+    ]
     assert encode_config.parameters["max_dimensions"].string_value == str(variant.dim)
     inputs = _reference_tokens(exported, exported.texts[:8])
     got = exported.session.run(["EMBEDDING"], inputs)[0]
@@ -179,3 +184,33 @@ def test_build_refuses_a_model_whose_output_depends_on_padding_the_server_does_n
     work.mkdir()
     with pytest.raises(RuntimeError, match="depends on padding the server does not reproduce"):
         family.build(entry, Manifest(models=(entry,), base_dir=tmp_path), work)
+
+
+def test_build_stores_calibration_rows_of_the_shipped_corpus_run_through_the_graph(exported):
+    from generator.calibration import CALIBRATION_FILE, DEFAULT_CORPUS, read_corpus
+
+    calib = np.load(exported.work / CALIBRATION_FILE)
+    corpus = read_corpus(DEFAULT_CORPUS)
+    assert calib.shape == (len(corpus), exported.variant.dim) and calib.dtype == np.float32
+    picks = [0, 100, len(corpus) - 1]
+    alone = [
+        exported.session.run(["EMBEDDING"], _reference_tokens(exported, [corpus[i]]))[0][0]
+        for i in picks
+    ]
+    np.testing.assert_allclose(calib[picks], np.stack(alone), atol=1e-5)
+    assert (calib.min(axis=0) < calib.max(axis=0)).all()  # a real range in every dimension
+
+
+def test_native_backend_models_refuse_other_precisions_in_their_tokenize_step(tmp_path):
+    """Triton's onnxruntime backend answers EMBEDDING alone, so the tokenize step is told to
+    refuse a ``precision`` parameter; python-ort models leave that to their encoder."""
+    variant = VARIANTS[0]
+    folder = build_tiny_model(variant, tmp_path / "model")
+    for backend, flagged in (("onnxruntime", True), ("python-ort", False)):
+        entry = ModelEntry(**{**manifest_entry(variant, folder), "encoder_backend": backend})
+        work = tmp_path / backend
+        work.mkdir()
+        dirs = family.build(entry, Manifest(models=(entry,), base_dir=tmp_path), work)
+        tokenize = next(d for d in dirs if d.name.endswith("_tokenize"))
+        flag = _parameters(tokenize.config).get("float32_only")
+        assert flag == ("true" if flagged else None), backend
