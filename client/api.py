@@ -87,7 +87,7 @@ def admin_key_from_env(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 TEXT_OPTIONS = ("prompt_name", "dimensions", "truncate", "truncation_direction")
-SPARSE_OPTIONS = ("prompt_name", "max_active_dims", "truncate", "truncation_direction")
+SPARSE_OPTIONS = ("task", "prompt_name", "max_active_dims", "truncate", "truncation_direction")
 
 
 def _text_options(arguments: Mapping[str, Any], names=TEXT_OPTIONS) -> dict[str, Any]:
@@ -291,6 +291,7 @@ class EmbeddingClient(LifecycleMixin, RerankMixin, MultiVectorMixin):
         model: str,
         texts: Sequence[str],
         *,
+        task: str | None = None,
         prompt_name: str | None = None,
         max_active_dims: int | None = None,
         truncate: bool | None = None,
@@ -301,7 +302,9 @@ class EmbeddingClient(LifecycleMixin, RerankMixin, MultiVectorMixin):
         Per text, ``(indices, values)``: its active vocabulary dimensions (int32) and
         their weights (float32), by weight descending, the server's padding removed.
         ``max_active_dims`` k keeps each text's k largest weights, in place of the
-        model's own cap, as ``SparseEncoder.encode(max_active_dims=k)`` does.
+        model's own cap, as ``SparseEncoder.encode(max_active_dims=k)`` does. ``task``
+        (``"query"`` / ``"document"``) picks an inference-free model's route, as
+        ``encode_query`` / ``encode_document`` do (default: document).
         """
         items = encode_texts(texts)
         if not items:

@@ -29,12 +29,10 @@ import numpy as np
 
 from .errors import InvalidInputError
 from .ragged import Chunk
-from .request_options import apply_prompt, resolve_dimensions, resolve_prompt
+from .request_options import TASKS, apply_prompt, resolve_dimensions, resolve_prompt, resolve_task
 from .tokenizer import BatchTokenizer, TokenizerParams, decode_texts, keeps_end
 
 EMBEDDINGS, TOKEN_COUNT = "EMBEDDINGS", "TOKEN_COUNT"
-TASKS = ("query", "document")
-DEFAULT_TASK = "document"
 
 
 @dataclass(frozen=True)
@@ -114,14 +112,6 @@ class TaskTokens:
     arrays: dict[str, np.ndarray]
     scored: np.ndarray
     widths: np.ndarray
-
-
-def resolve_task(parameters: Mapping[str, Any]) -> str:
-    """The request parameter ``task``: ``query`` or ``document`` (the default)."""
-    task = parameters.get("task", DEFAULT_TASK)
-    if task not in TASKS:
-        raise InvalidInputError(f"task must be one of {list(TASKS)}, got {task!r}")
-    return task
 
 
 def expand_and_score(

@@ -30,6 +30,22 @@ def request_parameters(raw: str | Mapping[str, Any] | None) -> dict[str, Any]:
     return value
 
 
+TASKS = ("query", "document")
+DEFAULT_TASK = "document"
+
+
+def resolve_task(parameters: Mapping[str, Any]) -> str:
+    """The request parameter ``task``: ``query`` or ``document`` (the default).
+
+    As sentence-transformers' ``encode_query`` / ``encode_document`` (``encode(task=...)``)
+    choose between a model's query and document routes.
+    """
+    task = parameters.get("task", DEFAULT_TASK)
+    if task not in TASKS:
+        raise InvalidInputError(f"task must be one of {list(TASKS)}, got {task!r}")
+    return task
+
+
 def parse_prompts(text: str) -> dict[str, str]:
     """The ``prompts`` config parameter (a JSON object of name -> prompt text)."""
     prompts = json.loads(text or "{}")

@@ -33,8 +33,8 @@ MODULE_NOTES = {
     "MLMTransformer": "a masked-language-model head (sparse encoders)",
     "SparseStaticEmbedding": "a static sparse embedding (inference-free sparse encoders)",
     "StaticEmbedding": "static token embeddings (no transformer)",
-    "Router": "per-task routing between sub-pipelines, e.g. inference-free sparse encoders "
-              "(SparseStaticEmbedding for queries)",
+    "Router": "per-task routing between sub-pipelines; family 'sparse-encoder' serves one "
+              "Router: inference-free sparse encoders (SparseStaticEmbedding for queries)",
     "LogitScore": "scores from a causal LM's token logits (LLM rerankers)",
     "Asym": "per-task routing between sub-pipelines",
     "MultiVectorMask": "the token scoring mask of multi-vector (ColBERT-style) encoders",
@@ -80,6 +80,10 @@ class Served:
     # Only folders that declare one of ``types`` (the library would otherwise build such a
     # model around an undeclared folder, e.g. with a randomly initialised projection).
     declared_only: bool = False
+    # Router pipelines served as they are: each a set of (route, module classes) pairs,
+    # e.g. inference-free sparse encoders' query -> SparseStaticEmbedding, document ->
+    # Transformer + SpladePooling. The Transformer of a route must run one of ``tasks``.
+    routes: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...] = ()
 
 
 class UnsupportedModelError(ValueError):
@@ -93,6 +97,11 @@ class DeclaredKind:
     model_type: str | None = None
     modules: tuple[str, ...] = ()
     transformer_task: str | None = None
+    # A Router's routes (route -> the module classes of its sub-pipeline, in order), its
+    # default route and whether it maps (task, modality) pairs of its own.
+    routes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    default_route: str | None = None
+    route_mappings: bool = False
 
     @property
     def module_classes(self) -> tuple[str, ...]:
@@ -136,14 +145,58 @@ def declared_kind(folder: Path) -> DeclaredKind:
             or (isinstance(versions, dict) and "pylate" in versions)
         ):
             model_type = "PyLate ColBERT"
-    task = None
     first = modules[0].get("path", "") if modules else ""
-    bert_config = folder / first / "sentence_bert_config.json"
+    if [t.rsplit(".", 1)[-1] for t in types] == ["Router"]:
+        return _router_kind(folder / first, model_type, tuple(types))
+    return DeclaredKind(model_type, tuple(types), _transformer_task(folder / first))
+
+
+def _transformer_task(module_dir: Path) -> str | None:
+    """The ``transformer_task`` a Transformer module's folder declares (None: none)."""
+    bert_config = module_dir / "sentence_bert_config.json"
     if bert_config.is_file():
         config = _json(bert_config, "sentence_bert_config.json")
         if isinstance(config, dict) and isinstance(config.get("transformer_task"), str):
-            task = config["transformer_task"]
-    return DeclaredKind(model_type, tuple(types), task)
+            return config["transformer_task"]
+    return None
+
+
+def _router_kind(router_dir: Path, model_type: str | None, types: tuple[str, ...]) -> DeclaredKind:
+    """A Router folder's declaration, read from its ``router_config.json`` (if any)."""
+    if not (router_dir / "router_config.json").is_file():
+        return DeclaredKind(model_type, types, None)
+    config = _json(router_dir / "router_config.json", "router_config.json")
+    try:
+        kinds, structure = config["types"], config["structure"]
+        routes = tuple(
+            (route, tuple(kinds[m].rsplit(".", 1)[-1] for m in members))
+            for route, members in sorted(structure.items())
+        )
+        parameters = config.get("parameters", {})
+        library = all(str(kinds[m]).startswith("sentence_transformers.") for m in kinds)
+    except (AttributeError, KeyError, TypeError) as exc:
+        raise UnsupportedModelError(f"router_config.json is malformed ({exc!r})") from None
+    if not library:
+        raise UnsupportedModelError(
+            f"router_config.json names modules outside sentence-transformers: {kinds}"
+        )
+    task = next(
+        (
+            _transformer_task(router_dir / member)
+            for members in structure.values()
+            for member in members
+            if kinds[member].rsplit(".", 1)[-1] in TRANSFORMERS
+        ),
+        None,
+    )
+    return DeclaredKind(
+        model_type,
+        types,
+        task,
+        routes=routes,
+        default_route=parameters.get("default_route"),
+        route_mappings=bool(parameters.get("route_mappings")),
+    )
 
 
 def hub_declared_kind(repo_id: str) -> DeclaredKind:
@@ -198,6 +251,9 @@ def check_served(family: str, served: Served, kind: DeclaredKind, name: str) -> 
             f"{' / '.join(served_types)}, since sentence-transformers would build one around "
             "an undeclared folder (a bare transformer gets a randomly initialised projection)"
         )
+    if kind.routes:
+        _check_routes(family, served, kind, name)
+        return
     if _whole_pipeline_served(served, kind, family, name, listed):
         return
     for dotted, cls in zip(kind.modules, kind.module_classes, strict=True):
@@ -243,3 +299,37 @@ def _whole_pipeline_served(
             + f" only as the whole pipeline {allowed}"
         )
     return False
+
+
+def _route_text(routes: tuple[tuple[str, tuple[str, ...]], ...]) -> str:
+    return "; ".join(f"{route}: {' + '.join(classes)}" for route, classes in routes)
+
+
+def _plain(routes: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple:
+    """``routes`` sorted, MLMTransformer (older releases' sparse Transformer) as Transformer."""
+    return tuple(
+        sorted((r, tuple("Transformer" if c in TRANSFORMERS else c for c in m)) for r, m in routes)
+    )
+
+
+def _check_routes(family: str, served: Served, kind: DeclaredKind, name: str) -> None:
+    """A Router is served only as one of ``served.routes``, default route ``document``."""
+    found = _route_text(kind.routes)
+    if _plain(kind.routes) not in {_plain(routes) for routes in served.routes}:
+        wanted = " or ".join(f"[{_route_text(r)}]" for r in served.routes) or "no Router"
+        raise UnsupportedModelError(
+            f"{name}: module 'Router' ({MODULE_NOTES['Router']}) with the routes [{found}] "
+            f"is not supported by family {family!r}, which serves {wanted}"
+        )
+    if kind.route_mappings or kind.default_route != "document":
+        raise UnsupportedModelError(
+            f"{name}: the Router's own route mappings or a default route other than "
+            f"'document' (here {kind.default_route!r}) are not supported; family "
+            f"{family!r} routes by the request parameter task (query / document, the "
+            "default), as encode_query / encode_document do"
+        )
+    if kind.transformer_task not in served.tasks:
+        raise UnsupportedModelError(
+            f"{name}: its Transformer module runs the task {kind.transformer_task!r}; "
+            f"family {family!r} serves {' / '.join(t for t in served.tasks if t)} only"
+        )

@@ -324,6 +324,68 @@ def multi_vector_encoder_dir(
     return ModelDir(name, config, "encode_multivector", files)
 
 
+@dataclass(frozen=True)
+class QueryRoute:
+    """An inference-free sparse encoder's query route: its tokenizer and static weights."""
+
+    tokenizer_json: Path
+    weights: Path
+    max_length: int
+    pad_id: int = 0
+    lowercase: bool = False
+
+    def parameters(self) -> dict[str, str]:
+        """Config parameters ``embed_runtime.sparse_router.query_tokenizer`` reads."""
+        return {
+            "query_tokenizer_file": "query_tokenizer.json",
+            "query_weights_file": "query_weights.npy",
+            "query_max_length": str(self.max_length),
+            "query_pad_id": str(self.pad_id),
+            "query_lowercase": str(self.lowercase).lower(),
+        }
+
+
+def sparse_router_encoder_dir(
+    entry: ModelEntry,
+    name: str,
+    onnx_path: Path,
+    spec: GraphSpec,
+    tokenizer_json: Path,
+    tok_params: TokenizerParams,
+    query: QueryRoute,
+    max_active_dims: int,
+    limits: dict[str, int] | None = None,
+) -> ModelDir:
+    """An inference-free sparse encoder (``encode_sparse_router``): ``TEXT`` in.
+
+    Queries (request parameter ``task=query``) are weighed by ``query``'s static weights,
+    documents go through the SPLADE graph; both answer ``SPARSE_INDICES`` /
+    ``SPARSE_VALUES``. It tokenizes itself, since each route has its own tokenizer.
+    """
+    parameters = {
+        **_python_encoder_parameters(entry, spec, False, limits, 0),
+        **tokenizer_parameters(entry, tok_params),
+        **_prompt_parameters(tok_params),
+        **SparseOutput(max_active_dims).parameters(),
+        **query.parameters(),
+    }
+    config = python_model(
+        name,
+        entry.max_batch_size,
+        [IOSpec("TEXT", "TYPE_STRING", (1,))],
+        list(SparseOutput.outputs()),
+        parameters,
+        *_encoder_scheduling(entry),
+    )
+    files = {
+        "model.onnx": onnx_path,
+        "tokenizer.json": tokenizer_json,
+        "query_tokenizer.json": query.tokenizer_json,
+        "query_weights.npy": query.weights,
+    }
+    return ModelDir(name, config, "encode_sparse_router", files)
+
+
 def chain_dir(
     entry: ModelEntry,
     name: str,

@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from client import EmbeddingClient, EmbeddingClientError
-from generator.fixtures.tiny_splade import create_tiny_splade
+from generator.fixtures.tiny_splade import create_tiny_inference_free_splade, create_tiny_splade
 from generator.manifest import parse_manifest
 from tests.integration.conftest import serve
 from tests.st_factory import parity_texts
@@ -43,12 +43,23 @@ def sparse_setup(tmp_path_factory):
     folder = create_tiny_splade(base / "tiny-splade", seed=3)
     common = {"family": "sparse-encoder", "source": str(folder), "max_batch_size": MAX_BATCH,
               "max_queue_delay_us": 20000, "max_rows_per_run": 4}
+    free = create_tiny_inference_free_splade(base / "tiny-free", seed=4)
     manifest = parse_manifest({"models": [{"name": "sp", **common},
-                                          {"name": "sp-k16", "max_active_dims": K, **common}]},
+                                          {"name": "sp-k16", "max_active_dims": K, **common},
+                                          {**common, "name": "free", "source": str(free)}]},
                               base)
     reference = SparseEncoder(str(folder), device="cpu")
     with serve(manifest, base) as server:
         yield server, reference
+
+
+@pytest.fixture(scope="module")
+def free_reference(sparse_setup):
+    """The inference-free model as the library loads it (its own folder)."""
+    from sentence_transformers import SparseEncoder
+
+    server, _ = sparse_setup
+    return SparseEncoder(server.manifest.get("free").source, device="cpu")
 
 
 def _encode(reference, texts, k=None) -> np.ndarray:
@@ -192,5 +203,93 @@ def test_a_bad_max_active_dims_fails_its_own_request_alone(sparse_setup, protoco
     for i, k in ((1, 4), (2, None)):
         indices, values = results[i]
         want = _encode(reference, ["a cat sat on the mat"], k)
+        rows = [(r[r >= 0], v[r >= 0]) for r, v in zip(indices, values, strict=True)]
+        assert float(np.abs(_dense(rows, want.shape[1]) - want).max()) <= MAX_ABS_DIFF
+
+
+# --- inference-free (Router: static query weights, SPLADE documents) --------------------
+
+
+def _routed(reference, texts, task: str, k=None) -> np.ndarray:
+    encode = reference.encode_query if task == "query" else reference.encode_document
+    return encode(texts, batch_size=16, max_active_dims=k, convert_to_tensor=True,
+                  convert_to_sparse_tensor=False).numpy()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("task", ["query", "document"])
+def test_inference_free_routes_equal_encode_query_and_encode_document(
+    sparse_setup, free_reference, protocol, task
+):
+    server, _ = sparse_setup
+    reference = free_reference
+    texts = parity_texts()
+    want = _routed(reference, texts, task)
+    url = server.http_url if protocol == "http" else server.grpc_url
+    with EmbeddingClient(url, protocol) as client:
+        rows = client.embed_sparse("free", texts, task=task)
+        capped = client.embed_sparse("free", texts, task=task, max_active_dims=3)
+    diff = float(np.abs(_dense(rows, want.shape[1]) - want).max())
+    counts = (want != 0).sum(1)
+    print(f"\nfree {task} {protocol}: {len(texts)} texts, max|diff| {diff:.2e}, "
+          f"active dims {counts.min()}-{counts.max()}")
+    assert diff <= MAX_ABS_DIFF
+    want_capped = _routed(reference, texts, task, 3)
+    assert float(np.abs(_dense(capped, want.shape[1]) - want_capped).max()) <= MAX_ABS_DIFF
+    other = _routed(reference, texts, "document" if task == "query" else "query")
+    assert float(np.abs(other - want).max()) > 0.1  # the two routes differ
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_inference_free_defaults_to_documents_and_answers_queries_without_active_dims(
+    sparse_setup, free_reference, protocol
+):
+    """No task: the Router's default route (document). A query none of whose tokens has
+    a weight answers a well-formed row of padding (K at least 1)."""
+    server, _ = sparse_setup
+    reference = free_reference
+    texts = ["a cat sat on the mat", "sparse retrieval with triton"]
+    default = _raw(server, protocol, "free", texts)
+    document = _raw(server, protocol, "free", texts, {"task": "document"})
+    assert all(np.array_equal(a, b) for a, b in zip(default, document, strict=True))
+    weights = reference[0].sub_modules["query"][0].weight.detach().numpy()
+    tokenizer = reference[0].sub_modules["query"][0].tokenizer
+    silent = next(w for w in ("hello", "world", "cat", "dog", "tree", "house", "river")
+                  if weights[tokenizer.convert_tokens_to_ids(w)] == 0)
+    assert not _routed(reference, [silent], "query").any()
+    indices, values = _raw(server, protocol, "free", [silent], {"task": "query"})
+    assert indices.shape == values.shape == (1, 1)
+    assert indices[0, 0] == -1 and values[0, 0] == 0
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_inference_free_mixed_tasks_share_batches_and_a_bad_task_fails_alone(
+    sparse_setup, free_reference, protocol
+):
+    server, _ = sparse_setup
+    reference = free_reference
+    cases = [(["what is a sparse encoder?"], "query"), (["Triton serves models."], "document"),
+             (["where is the river", "cats"], "query"), (["a document", "and another"], None),
+             (["fine"], "passage")]
+    results: dict[int, object] = {}
+
+    def send(i: int, texts, task) -> None:
+        try:
+            results[i] = _raw(server, protocol, "free", texts, {"task": task} if task else None)
+        except InferenceServerException as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=send, args=(i, *c)) for i, c in enumerate(cases)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    bad = results[len(cases) - 1]
+    assert isinstance(bad, InferenceServerException), bad
+    assert str(bad.status()) == INVALID[protocol]
+    assert "task must be one of ['query', 'document']" in str(bad.message())
+    for i, (texts, task) in enumerate(cases[:-1]):
+        indices, values = results[i]
+        want = _routed(reference, texts, task or "document")
         rows = [(r[r >= 0], v[r >= 0]) for r, v in zip(indices, values, strict=True)]
         assert float(np.abs(_dense(rows, want.shape[1]) - want).max()) <= MAX_ABS_DIFF

@@ -36,7 +36,7 @@ from ..sentence_transformers.export import (
     token_limits,
     write_tokenizer,
 )
-from . import FAMILY
+from . import FAMILY, inference_free
 
 # Parity gate of the served rows (made dense) against SparseEncoder.encode: max |diff|
 # <= 1e-5, relative beyond values of 1 (sum pooling over long texts reaches tens, where
@@ -56,6 +56,9 @@ def _load(entry: ModelEntry, manifest: Manifest):
     model = SparseEncoder(
         source, device="cpu", model_kwargs={"attn_implementation": "eager"}
     ).eval()
+    if inference_free.is_router(model):
+        inference_free.check_pipeline(entry, model)
+        return model
     if (
         len(model) != 2
         or not isinstance(model[0], Transformer)
@@ -139,9 +142,36 @@ def _ensemble_dir(entry: ModelEntry, input_names: list[str]) -> ModelDir:
     return ModelDir(entry.name, config, None, {})
 
 
+def export_graph(model, input_names: list[str], work: Path) -> tuple:
+    """Export the pipeline (Transformer + SpladePooling) to ``work/model.onnx``, validated.
+
+    Returns the path, its :class:`GraphSpec`, the exported module and the validation cases.
+    """
+    encoder = _encoder_module(model, input_names)
+    enc = model.preprocess(list(VALIDATION_TEXTS[:3]))
+    sample = {n: enc[n] for n in input_names}
+    vocab = _output_width(encoder, sample, input_names)
+    spec = GraphSpec(
+        inputs=tuple(TensorSpec(n, "int64", (-1,)) for n in input_names),
+        outputs=(TensorSpec(ACTIVATIONS, "float32", (vocab,)),),
+    )
+    onnx_path = work / "model.onnx"
+    export_module(encoder, spec, sample, onnx_path)
+    batches = (VALIDATION_TEXTS[:1], VALIDATION_TEXTS[1:5], VALIDATION_TEXTS)
+    cases = [_features(model, batch, input_names) for batch in batches]
+    validate_graph(onnx_path, spec, encoder, cases)
+    return onnx_path, spec, encoder, cases
+
+
 def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
-    """Export, validate and describe the three model dirs of one sparse encoder."""
+    """Export, validate and describe the model dirs of one sparse encoder.
+
+    Three (tokenize, encode, the ensemble); two for an inference-free one (a Router:
+    its encoder takes ``TEXT`` and routes per request, :mod:`.inference_free`).
+    """
     model = _load(entry, manifest)
+    if inference_free.is_router(model):
+        return inference_free.build(entry, model, work)
     max_active_dims = entry.max_active_dims or model.max_active_dims or 0
     model.max_active_dims = None  # the graph returns every dimension; the stub selects
     tokenizer_json = work / "tokenizer.json"
@@ -161,19 +191,8 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     if failures:
         raise RuntimeError(f"{entry.name}: tokenizer parity failed:\n  " + "\n  ".join(failures))
 
-    encoder = _encoder_module(model, input_names)
-    enc = model.preprocess(list(VALIDATION_TEXTS[:3]))
-    sample = {n: enc[n] for n in input_names}
-    vocab = _output_width(encoder, sample, input_names)
-    spec = GraphSpec(
-        inputs=tuple(TensorSpec(n, "int64", (-1,)) for n in input_names),
-        outputs=(TensorSpec(ACTIVATIONS, "float32", (vocab,)),),
-    )
-    onnx_path = work / "model.onnx"
-    export_module(encoder, spec, sample, onnx_path)
+    onnx_path, spec, encoder, cases = export_graph(model, input_names, work)
     batches = (VALIDATION_TEXTS[:1], VALIDATION_TEXTS[1:5], VALIDATION_TEXTS)
-    cases = [_features(model, batch, input_names) for batch in batches]
-    validate_graph(onnx_path, spec, encoder, cases)
     if entry.graph_precision == "fp32":
         for batch in batches:
             diff, top = sparse_parity(model, batch, input_names, onnx_path, max_active_dims)

@@ -113,7 +113,7 @@ def test_a_sparse_folder_is_served_by_this_family_and_pointed_to_by_the_dense_on
     SPARSE.check_folder(folders["max"])
 
 
-def test_dense_and_inference_free_folders_are_refused(tmp_path) -> None:
+def test_dense_folders_and_a_router_without_its_config_are_refused(tmp_path) -> None:
     from tests.st_factory import tokenizer_dir
 
     dense = "Pooling' is not supported by family 'sparse-encoder'"
@@ -165,3 +165,76 @@ def test_model_manager_checks_a_sparse_folder_by_this_family(folders, tmp_path) 
     assert manager._source_fields(request, settings)["source"] == str(folders["max"])
     with pytest.raises(InvalidInputError, match="use family 'sparse-encoder'"):
         manager.handle(_load(str(folders["max"]), "sp"))
+
+
+# --- inference-free (a Router: static query weights, SPLADE documents) -----------------
+
+
+@pytest.fixture(scope="module")
+def free_folder(tmp_path_factory) -> Path:
+    from generator.fixtures.tiny_splade import create_tiny_inference_free_splade
+
+    return create_tiny_inference_free_splade(tmp_path_factory.mktemp("free") / "free", seed=2)
+
+
+def test_an_inference_free_folder_is_served_here_and_refused_by_the_dense_family(free_folder):
+    from generator.declared_kind import declared_kind
+
+    kind = declared_kind(free_folder)
+    assert kind.routes == (("document", ("Transformer", "SpladePooling")),
+                           ("query", ("SparseStaticEmbedding",)))
+    assert kind.default_route == "document" and kind.transformer_task == "fill-mask"
+    check_source(SPARSE.name, SPARSE.served, str(free_folder), "free")
+    SPARSE.check_folder(free_folder)
+    with pytest.raises(UnsupportedModelError, match=re.escape("(use family 'sparse-encoder')")):
+        check_source("sentence-transformers", FAMILIES["sentence-transformers"].served,
+                     str(free_folder), "free")
+
+
+def _edited_router(folder: Path, tmp_path: Path, edit) -> Path:
+    import shutil
+
+    copy = shutil.copytree(folder, tmp_path / "edited")
+    path = copy / "router_config.json"
+    config = json.loads(path.read_text())
+    edit(config)
+    path.write_text(json.dumps(config))
+    return copy
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda c: c["structure"].update(query=c["structure"]["document"]),
+     "routes \\[document: Transformer \\+ SpladePooling; query: Transformer \\+ SpladePooling\\]"),
+    (lambda c: c["structure"].update(extra=c["structure"]["query"]), "routes \\[document"),
+    (lambda c: c["parameters"].update(default_route="query"), "default route other than"),
+    (lambda c: c["parameters"].update(route_mappings={"query,text": "document"}),
+     "route mappings"),
+])
+def test_other_routers_are_refused_naming_what_differs(free_folder, tmp_path, edit, message):
+    edited = _edited_router(free_folder, tmp_path, edit)
+    with pytest.raises(UnsupportedModelError, match=message):
+        check_source(SPARSE.name, SPARSE.served, str(edited), "free")
+
+
+def test_inference_free_build_serves_both_routes_as_the_library(free_folder, tmp_path):
+    """Two model dirs: the routing encoder (TEXT in, the query route's tokenizer and
+    weights beside the SPLADE graph) and the ensemble; the serving objects built from
+    the rendered config answer encode_query / encode_document, capped too."""
+    from sentence_transformers import SparseEncoder
+
+    from generator.families.sparse_encoder import inference_free
+
+    dirs = _build(free_folder, tmp_path, max_active_dims=9)
+    assert [d.name for d in dirs] == ["sp_encode", "sp"]
+    encode = dirs[0]
+    assert set(encode.files) == {"model.onnx", "tokenizer.json", "query_tokenizer.json",
+                                 "query_weights.npy"}
+    config = parse_config(encode.config)
+    assert [i.name for i in config.input] == ["TEXT"]
+    assert [o.name for o in config.output] == ["SPARSE_INDICES", "SPARSE_VALUES"]
+    router = inference_free._serving_router(encode, tmp_path / "work")
+    reference = SparseEncoder(str(free_folder), device="cpu")
+    diffs = inference_free.served_parity(reference, router, parity_texts(), 9)
+    print(f"\ninference-free parity (k=9): {diffs}")
+    assert max(diffs.values()) <= MAX_ABS_DIFF
+    assert router.max_active_dims == 9

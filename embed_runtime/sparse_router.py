@@ -1,0 +1,122 @@
+"""Inference-free sparse encoders: queries by static token weights, documents by SPLADE.
+
+A sentence-transformers ``SparseEncoder`` whose ``Router`` sends queries to a
+``SparseStaticEmbedding`` (each token of the query, counted once, weighs a fixed amount,
+e.g. its IDF) and documents to an MLM transformer with ``SpladePooling``. The request
+parameter ``task`` picks the route as ``encode_query`` / ``encode_document`` do
+(``document`` by default, the Router's default route). Query rows need no graph at all:
+the tokens present in a row select their weights. Document rows go through the SPLADE
+graph like any sparse encoder's. Either way each request answers the active dimensions of
+its rows (``embed_runtime.sparse``), at most ``max_active_dims`` per row.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .fused_encoder import TextEncoder, TextRequest
+from .request_options import resolve_dimensions, resolve_task
+from .sparse import request_max_active_dims, sparse_rows
+from .tokenizer import BatchTokenizer, TokenizerParams, decode_texts, keeps_end, prompted_texts
+
+QUERY = "query"
+
+
+def query_tokenizer(parameters: Mapping[str, str], model_dir: str) -> BatchTokenizer:
+    """The query route's tokenizer: its own file and length, no special tokens, no prompts.
+
+    ``SparseStaticEmbedding`` tokenizes without special tokens and cuts at its tokenizer's
+    ``model_max_length`` (config parameters ``query_tokenizer_file``, ``query_max_length``,
+    ``query_pad_id``, ``query_lowercase``); the byte caps are the document route's.
+    """
+    params = replace(
+        TokenizerParams.from_parameters(dict(parameters)),
+        max_length=int(parameters["query_max_length"]),
+        pad_id=int(parameters.get("query_pad_id", "0")),
+        lowercase=parameters.get("query_lowercase", "false").lower() == "true",
+        output_names=("input_ids", "attention_mask"),
+        add_special_tokens=False,
+        max_dimensions=0,
+    )
+    return BatchTokenizer(os.path.join(model_dir, parameters["query_tokenizer_file"]), params)
+
+
+@dataclass(frozen=True)
+class RoutedRequest:
+    """One valid request: its route, its texts and its cap on active dimensions."""
+
+    task: str
+    text: TextRequest
+    max_active_dims: int
+
+
+def static_rows(
+    input_ids: np.ndarray, attention_mask: np.ndarray, weights: np.ndarray
+) -> np.ndarray:
+    """``[rows, V]``: each row's weight at every token it holds (once), zero elsewhere.
+
+    As ``SparseStaticEmbedding.forward``: presence of each unmasked token (a token twice
+    counts once) times the static weight of that token.
+    """
+    rows = np.zeros((len(input_ids), weights.shape[0]), dtype=np.float32)
+    for row, (ids, mask) in enumerate(zip(input_ids, attention_mask, strict=True)):
+        present = ids[mask.astype(bool)]
+        rows[row, present] = weights[present]
+    return rows
+
+
+class SparseRouter:
+    """The query route (a tokenizer and static weights) beside the document route."""
+
+    def __init__(
+        self,
+        document: TextEncoder,
+        query: BatchTokenizer,
+        weights: np.ndarray,
+        max_active_dims: int = 0,
+    ):
+        self.document = document
+        self.query = query
+        self.weights = np.asarray(weights, dtype=np.float32)
+        self.max_active_dims = max_active_dims
+
+    def read(self, rows: np.ndarray, parameters: Mapping[str, Any]) -> RoutedRequest:
+        """Validate one request's ``TEXT`` and options; raises ``InvalidInputError``."""
+        task = resolve_task(parameters)
+        k = request_max_active_dims(parameters, self.max_active_dims)
+        if task != QUERY:
+            return RoutedRequest(task, self.document.read(rows, parameters), k)
+        tok = self.query.params
+        texts = decode_texts(rows, "TEXT", tok.max_text_bytes, tok.max_request_bytes)
+        texts = prompted_texts(texts, dict(parameters), tok)
+        resolve_dimensions(parameters, 0)  # no width to cut: any dimensions is refused
+        self.query.refuse_overlong(texts, parameters)
+        return RoutedRequest(task, TextRequest(texts, 0, keeps_end(parameters)), k)
+
+    def embed(self, requests: Sequence[RoutedRequest]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``(SPARSE_INDICES, SPARSE_VALUES)`` per request; each route in one batched pass."""
+        dense: list[np.ndarray | None] = [None] * len(requests)
+        documents = [i for i, r in enumerate(requests) if r.task != QUERY]
+        if documents:
+            done = self.document.embed([requests[i].text for i in documents])
+            for i, (rows, _counts) in zip(documents, done, strict=True):
+                dense[i] = rows
+        queries = [i for i, r in enumerate(requests) if r.task == QUERY]
+        if queries:
+            texts = [t for i in queries for t in requests[i].text.texts]
+            keep_end = [requests[i].text.keep_end for i in queries for _ in requests[i].text.texts]
+            tokens = self.query.encode(texts, keep_end)
+            rows = static_rows(tokens["input_ids"], tokens["attention_mask"], self.weights)
+            start = 0
+            for i in queries:
+                count = len(requests[i].text.texts)
+                dense[i] = rows[start : start + count]
+                start += count
+        return [
+            sparse_rows(rows, r.max_active_dims) for rows, r in zip(dense, requests, strict=True)
+        ]
