@@ -4,54 +4,41 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from .config_params import ConfigParams, json_text, param
 from .errors import InvalidInputError
 from .request_options import apply_prompt, parse_prompts, resolve_dimensions, resolve_prompt
 
 
 @dataclass(frozen=True)
-class TokenizerParams:
-    """How ``tokenizer.json`` is applied at serve time.
+class TokenizerParams(ConfigParams):
+    """How ``tokenizer.json`` is applied at serve time (the tokenizer's config parameters).
 
     ``max_length`` 0 sets no truncation: the file's own, if it has one, applies (as a
     sentence-transformers ``StaticEmbedding`` keeps it); the byte caps then bound a row.
     ``add_special_tokens`` false leaves out the post-processor's ``[CLS]`` / ``[SEP]``.
+    The build writes them with :meth:`to_parameters`, the stub reads them back with
+    :meth:`from_parameters`.
     """
+
+    params_name: ClassVar[str] = "tokenizer"
 
     max_length: int
     pad_to_max_length: bool
     output_names: tuple[str, ...]
-    pad_id: int = 0
-    lowercase: bool = False
-    max_text_bytes: int = 16384
-    max_request_bytes: int = 262144
-    prompts: tuple[tuple[str, str], ...] = ()
+    pad_id: int = param(0, always=True)
+    lowercase: bool = param(False, always=True)
+    max_text_bytes: int = param(16384, required=True)
+    max_request_bytes: int = param(262144, key="max_request_text_bytes", required=True)
+    prompts: tuple[tuple[str, str], ...] = param(
+        (), encode=json_text, decode=lambda text: tuple(parse_prompts(text).items())
+    )
     default_prompt_name: str = ""
     max_dimensions: int = 0
     add_special_tokens: bool = True
-
-    @classmethod
-    def from_parameters(cls, params: dict[str, str]) -> TokenizerParams:
-        """Read the model's string config parameters; fail loudly on a missing key."""
-        try:
-            return cls(
-                max_length=int(params["max_length"]),
-                pad_to_max_length=params["pad_to_max_length"].lower() == "true",
-                output_names=tuple(n for n in params["output_names"].split(",") if n),
-                pad_id=int(params.get("pad_id", "0")),
-                lowercase=params.get("lowercase", "false").lower() == "true",
-                max_text_bytes=int(params["max_text_bytes"]),
-                max_request_bytes=int(params["max_request_text_bytes"]),
-                prompts=tuple(parse_prompts(params.get("prompts", "{}")).items()),
-                default_prompt_name=params.get("default_prompt_name", ""),
-                max_dimensions=int(params.get("max_dimensions", "0")),
-                add_special_tokens=params.get("add_special_tokens", "true").lower() == "true",
-            )
-        except KeyError as exc:
-            raise ValueError(f"tokenizer config parameter {exc.args[0]!r} is missing") from exc
 
 
 def prompted_texts(texts: list[str], parameters: dict, params: TokenizerParams) -> list[str]:

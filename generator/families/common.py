@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +61,7 @@ def tokenize_dir(
         entry.max_batch_size,
         [IOSpec("TEXT", "TYPE_STRING", (1,))],
         [IOSpec(n, "TYPE_INT64", (dims,)) for n in params.output_names],
-        {**tokenizer_parameters(entry, params), **_prompt_parameters(params), **only},
+        {**tokenizer_parameters(entry, params), **only},
         step_batching(entry, entry.max_queue_delay_us // 2),
         Instances(entry.preprocess_instances),
     )
@@ -69,31 +69,13 @@ def tokenize_dir(
 
 
 def tokenizer_parameters(entry: ModelEntry, params: TokenizerParams) -> dict[str, str]:
-    """Config parameters every tokenizer model reads (``TokenizerParams.from_parameters``)."""
-    special = {} if params.add_special_tokens else {"add_special_tokens": "false"}
-    return {
-        **special,
-        "max_length": str(params.max_length),
-        "pad_to_max_length": str(params.pad_to_max_length).lower(),
-        "pad_id": str(params.pad_id),
-        "lowercase": str(params.lowercase).lower(),
-        "output_names": ",".join(params.output_names),
-        "tokenizer_file": "tokenizer.json",
-        "max_text_bytes": str(entry.max_text_bytes),
-        "max_request_text_bytes": str(entry.max_request_text_bytes),
-    }
-
-
-def _prompt_parameters(params: TokenizerParams) -> dict[str, str]:
-    """Prompt and ``dimensions`` settings, only for models that have them (goldens stay)."""
-    out = {}
-    if params.prompts:
-        out["prompts"] = json.dumps(dict(params.prompts), ensure_ascii=False, sort_keys=True)
-    if params.default_prompt_name:
-        out["default_prompt_name"] = params.default_prompt_name
-    if params.max_dimensions:
-        out["max_dimensions"] = str(params.max_dimensions)
-    return out
+    """Config parameters of a tokenizer (``TokenizerParams``), the entry's byte caps on."""
+    caps = dataclasses.replace(
+        params,
+        max_text_bytes=entry.max_text_bytes,
+        max_request_bytes=entry.max_request_text_bytes,
+    )
+    return {**caps.to_parameters(), "tokenizer_file": "tokenizer.json"}
 
 
 def _trt_profiles(inputs: Sequence[IOSpec], max_batch_size: int) -> dict[str, str]:
@@ -269,7 +251,6 @@ def fused_encoder_dir(
     parameters = {
         **_python_encoder_parameters(entry, spec, False, limits, dims),
         **tokenizer_parameters(entry, tok_params),
-        **_prompt_parameters(tok_params),
         "fused_tokenize": "true",
     }
     output = spec.outputs[0]
@@ -365,7 +346,6 @@ def sparse_router_encoder_dir(
     parameters = {
         **_python_encoder_parameters(entry, spec, False, limits, 0),
         **tokenizer_parameters(entry, tok_params),
-        **_prompt_parameters(tok_params),
         **SparseOutput(max_active_dims).parameters(),
         **query.parameters(),
     }

@@ -1,0 +1,68 @@
+"""Settings that write and read their own config parameters (``ConfigParams``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import pytest
+
+from embed_runtime.config_params import ConfigParams, json_text, param
+from embed_runtime.tokenizer import TokenizerParams
+
+
+@dataclass(frozen=True)
+class Knobs(ConfigParams):
+    params_name: ClassVar[str] = "knob"
+
+    name: str
+    widths: tuple[str, ...]
+    ratio: float = param(0.5, always=True)
+    limit: int = param(8, required=True, key="the_limit")
+    cap: int = 0
+    cap_default: int = param(0, with_field="cap")
+    flag: bool = True
+    table: tuple[tuple[str, str], ...] = param(
+        (), encode=json_text, decode=lambda text: tuple(sorted(json.loads(text).items()))
+    )
+
+
+def test_defaults_are_left_out_unless_always_required_or_with_a_written_field() -> None:
+    knobs = Knobs("m", ("a", "b"))
+    assert knobs.to_parameters() == {
+        "name": "m", "widths": "a,b", "ratio": "0.5", "the_limit": "8",
+    }
+    capped = replace(knobs, cap=4, flag=False, table=(("q", "x"),))
+    assert capped.to_parameters() == {
+        "name": "m", "widths": "a,b", "ratio": "0.5", "the_limit": "8", "cap": "4",
+        "cap_default": "0", "flag": "false", "table": '{"q": "x"}',
+    }
+
+
+@pytest.mark.parametrize("knobs", [
+    Knobs("m", ("a",)),
+    Knobs("m", ("a", "b"), ratio=0.25, limit=3, cap=2, cap_default=1, flag=False,
+          table=(("a", "1"), ("b", "2"))),
+])
+def test_what_is_written_reads_back_to_the_same_settings(knobs) -> None:
+    assert Knobs.from_parameters(knobs.to_parameters()) == knobs
+
+
+@pytest.mark.parametrize("key", ["name", "widths", "the_limit"])
+def test_a_missing_required_parameter_is_named(key) -> None:
+    raw = Knobs("m", ("a",)).to_parameters()
+    del raw[key]
+    with pytest.raises(ValueError, match=f"knob config parameter '{key}' is missing"):
+        Knobs.from_parameters(raw)
+
+
+def test_tokenizer_params_round_trip_with_prompts_and_caps() -> None:
+    params = TokenizerParams(
+        128, False, ("input_ids", "attention_mask"), pad_id=3, lowercase=True,
+        max_text_bytes=100, max_request_bytes=1000, prompts=(("query", "q: "),),
+        default_prompt_name="query", max_dimensions=64, add_special_tokens=False,
+    )
+    raw = params.to_parameters()
+    assert raw["max_request_text_bytes"] == "1000" and raw["prompts"] == '{"query": "q: "}'
+    assert TokenizerParams.from_parameters(raw) == params
