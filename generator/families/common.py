@@ -45,7 +45,7 @@ def tokenize_dir(
         entry.max_batch_size,
         [IOSpec("TEXT", "TYPE_STRING", (1,))],
         [IOSpec(n, "TYPE_INT64", (dims,)) for n in params.output_names],
-        {**tokenizer_parameters(entry, params), **_prompt_parameters(params)},
+        {**tokenizer_parameters(entry, params), **prompt_parameters(params)},
         step_batching(entry, entry.max_queue_delay_us // 2),
         Instances(entry.preprocess_instances),
     )
@@ -68,7 +68,7 @@ def tokenizer_parameters(entry: ModelEntry, params: TokenizerParams) -> dict[str
     }
 
 
-def _prompt_parameters(params: TokenizerParams) -> dict[str, str]:
+def prompt_parameters(params: TokenizerParams) -> dict[str, str]:
     """Prompt and ``dimensions`` settings, only for models that have them (goldens stay)."""
     out = {}
     if params.prompts:
@@ -245,7 +245,7 @@ def fused_encoder_dir(
     parameters = {
         **_python_encoder_parameters(entry, spec, False, limits, dims),
         **tokenizer_parameters(entry, tok_params),
-        **_prompt_parameters(tok_params),
+        **prompt_parameters(tok_params),
         "fused_tokenize": "true",
     }
     output = spec.outputs[0]
