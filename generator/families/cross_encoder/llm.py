@@ -28,6 +28,7 @@ import numpy as np
 from embed_runtime.pair_template import PairTemplate, TemplatePairTokenizer
 from embed_runtime.tokenizer import TokenizerParams
 
+from ...declared_kind import UnsupportedModelError
 from ...onnx_export import GraphSpec, TensorSpec
 
 # Scores of the graph fed right-padded rows vs ``CrossEncoder.predict`` (left padding).
@@ -66,7 +67,7 @@ LLM_VALIDATION_PAIRS = (
 )
 
 
-class UnsupportedLLMRerankerError(ValueError):
+class UnsupportedLLMRerankerError(UnsupportedModelError):
     """An LLM reranker option the project does not reproduce exactly."""
 
 

@@ -228,7 +228,7 @@ def _plain_pairs(folder: Path) -> None:
 def test_llm_rerankers_the_server_cannot_reproduce_are_refused(exported, tmp_path, edit,
                                                                message):
     folder = _variant(exported, tmp_path, edit)
-    with pytest.raises((UnsupportedModelError, ValueError), match=message):
+    with pytest.raises(UnsupportedModelError, match=message):
         _build(folder, tmp_path / "work")
     assert not (tmp_path / "work" / "model.onnx").exists()
 
@@ -301,3 +301,11 @@ def test_the_tokenizer_gate_catches_a_template_that_differs(exported, change):
         exported.reference, TemplatePairTokenizer(str(path), params, template)
     )
     assert failures and all("differ from CrossEncoder.preprocess" in f for f in failures)
+
+
+def test_runtime_load_checks_pass_an_llm_reranker_folder(exported):
+    from generator.declared_kind import check_source
+    from generator.families.cross_encoder import FAMILY, check_cross_encoder_folder
+
+    check_cross_encoder_folder(exported.folder)
+    check_source(FAMILY.name, FAMILY.served, str(exported.folder), "llm")
