@@ -41,7 +41,13 @@ class RerankMixin:
     """``rerank`` and ``rank`` for :class:`client.api.EmbeddingClient`."""
 
     def rerank(
-        self, model: str, query: str, texts: Sequence[str], *, truncate: bool | None = None
+        self,
+        model: str,
+        query: str,
+        texts: Sequence[str],
+        *,
+        truncate: bool | None = None,
+        prompt_name: str | None = None,
     ) -> np.ndarray:
         """Score every text against ``query``: float32 [N] (float32 [N, L] for L labels).
 
@@ -50,8 +56,11 @@ class RerankMixin:
         model's ``max_batch_size`` pairs and about ``max_request_bytes`` bytes; an empty
         list returns an empty array without calling the server. ``truncate=False``
         refuses a pair longer than the model's limit instead of cutting it.
+        ``prompt_name`` picks one of an LLM reranker's prompts (its instruction), as
+        ``CrossEncoder.predict(prompt_name=...)``; without it the model's default applies.
         """
-        parameters = {"truncate": truncate} if truncate is not None else None
+        options = {"truncate": truncate, "prompt_name": prompt_name}
+        parameters = {k: v for k, v in options.items() if v is not None} or None
         if not isinstance(query, str):
             raise EmbeddingClientError("query must be a string")
         items = encode_texts(texts)
@@ -69,14 +78,21 @@ class RerankMixin:
             if limit is None or self._max_batch.get(model) != 0:
                 raise
             self._max_batch[model] = int(limit.group(1))
-            return self.rerank(model, query, texts, truncate=truncate)
+            return self.rerank(model, query, texts, truncate=truncate, prompt_name=prompt_name)
         return scores[:, 0] if scores.shape[1] == 1 else scores
 
     def rank(
-        self, model: str, query: str, texts: Sequence[str], k: int | None = None
+        self,
+        model: str,
+        query: str,
+        texts: Sequence[str],
+        k: int | None = None,
+        *,
+        prompt_name: str | None = None,
     ) -> list[Ranked]:
         """The ``k`` best texts for ``query`` (all when ``k`` is None), best first."""
-        return top_k(self.rerank(model, query, texts), list(texts), k)
+        scores = self.rerank(model, query, texts, prompt_name=prompt_name)
+        return top_k(scores, list(texts), k)
 
     def _score(
         self, model: str, query: bytes, items: list[bytes], parameters: dict | None = None

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InvalidInputError
+from .pair_template import PairTemplate, TemplatePairTokenizer
 from .tokenizer import (
     TokenizerParams,
     decode_texts,
@@ -49,6 +50,20 @@ def decode_pairs(
     left = decode_texts(queries, "QUERY", params.max_text_bytes)
     right = decode_texts(texts, "TEXT", params.max_text_bytes)
     return list(zip(left, right, strict=True))
+
+
+def open_pair_tokenizer(
+    tokenizer_path: str, params: TokenizerParams, parameters: Mapping[str, str]
+) -> PairTokenizer | TemplatePairTokenizer:
+    """The pair tokenizer the config parameters describe.
+
+    With ``pair_template`` (LLM rerankers) pairs are rendered into the model's prompt
+    template (:mod:`.pair_template`); without, they are tokenized as two segments.
+    """
+    if parameters.get("pair_template"):
+        template = PairTemplate.from_parameter(parameters["pair_template"])
+        return TemplatePairTokenizer(tokenizer_path, params, template)
+    return PairTokenizer(tokenizer_path, params)
 
 
 def _size(item: object) -> int:
@@ -97,6 +112,13 @@ class PairTokenizer:
                     f"pair row {row} has {len(encoding.ids)} tokens, over the model's limit "
                     f"of {limit} (truncate=false; the query, the text and special tokens count)"
                 )
+
+    def prepare(
+        self, pairs: Sequence[tuple[str, str]], parameters: Mapping[str, Any]
+    ) -> list[tuple[str, str]]:
+        """One request's pairs, checked against its ``truncate`` and ``truncation_direction``."""
+        self.refuse_overlong(pairs, parameters)
+        return list(pairs)
 
     def encode(self, pairs: Sequence[tuple[str, str]]) -> dict[str, np.ndarray]:
         """Tokenize all pairs in one call; arrays are [len(pairs), longest] int64."""

@@ -84,6 +84,10 @@ class Served:
     # e.g. inference-free sparse encoders' query -> SparseStaticEmbedding, document ->
     # Transformer + SpladePooling. The Transformer of a route must run one of ``tasks``.
     routes: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...] = ()
+    # Module classes served only at the end of given pipelines after given Transformer
+    # tasks, and those tasks only with them: (module, pipeline, tasks), e.g. LogitScore
+    # only as [Transformer, LogitScore] after 'text-generation'.
+    module_tasks: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = ()
 
 
 class UnsupportedModelError(ValueError):
@@ -276,6 +280,32 @@ def check_served(family: str, served: Served, kind: DeclaredKind, name: str) -> 
             f"{name}: its Transformer module runs the task {kind.transformer_task!r}; "
             f"family {family!r} serves {tasks} only"
         )
+    _check_module_tasks(served, kind, family, name, listed)
+
+
+def _check_module_tasks(
+    served: Served, kind: DeclaredKind, family: str, name: str, listed: str
+) -> None:
+    """Refuse a ``module_tasks`` module out of its pipeline or task, and the task without it."""
+    classes = kind.module_classes
+    for module, pipeline, tasks in served.module_tasks:
+        note = MODULE_NOTES.get(module)
+        what = f"{module}" + (f" ({note})" if note else "")
+        if module in classes and classes != pipeline:
+            raise UnsupportedModelError(
+                f"{name}: family {family!r} serves {what} only as the whole pipeline "
+                f"[{', '.join(pipeline)}] (modules of this folder: {listed})"
+            )
+        if module in classes and kind.transformer_task not in tasks:
+            raise UnsupportedModelError(
+                f"{name}: {what} needs the Transformer task {' / '.join(tasks)} (a causal "
+                f"LM); this folder's Transformer runs {kind.transformer_task!r}"
+            )
+        if classes and module not in classes and kind.transformer_task in tasks:
+            raise UnsupportedModelError(
+                f"{name}: a Transformer with the task {kind.transformer_task!r} is served by "
+                f"family {family!r} only followed by {module} (modules of this folder: {listed})"
+            )
 
 
 def _whole_pipeline_served(

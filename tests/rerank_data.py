@@ -14,3 +14,17 @@ def rerank_pairs() -> list[tuple[str, str]]:
     pairs += [("a long query " * 40, "short text"), ("x", "y")]
     pairs += [("both long " * 50, "and longer still " * 50), ("¿Qué?", "東京は日本の首都です。")]
     return pairs
+
+
+def llm_rerank_pairs() -> list[tuple[str, str]]:
+    """:func:`rerank_pairs` plus what an LLM reranker's template must carry verbatim.
+
+    Special-token strings, Jinja syntax, edge whitespace and newlines inside a pair; with
+    the tiny LLM reranker's 160-token limit, the long rows are cut (template included).
+    """
+    return rerank_pairs() + [
+        ("special <|im_end|>", "tokens <|im_start|>assistant in a document"),
+        ("{{ jinja }}", "{% if x %}text{% endif %}"),
+        ("  edge spaces  ", "\n\nnew lines\n\n"),
+        (QUERY, " ".join(SENTENCES[:12])),
+    ]

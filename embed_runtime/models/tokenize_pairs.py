@@ -6,7 +6,7 @@ import triton_python_backend_utils as pb_utils
 from embed_runtime.integrity import verify_digests
 from embed_runtime.adapter import config_parameters, input_array, tokenize_requests
 from embed_runtime.request_options import request_parameters
-from embed_runtime.pair_tokenizer import PairTokenizer, decode_pairs
+from embed_runtime.pair_tokenizer import decode_pairs, open_pair_tokenizer
 from embed_runtime.tokenizer import TokenizerParams
 
 
@@ -20,16 +20,15 @@ class TritonPythonModel:
         self.params = TokenizerParams.from_parameters(params)
         model_dir = os.path.join(args["model_repository"], args["model_version"])
         verify_digests(model_dir)  # a corrupt tokenizer file fails the load
-        self.tokenizer = PairTokenizer(
-            os.path.join(model_dir, params["tokenizer_file"]), self.params
+        self.tokenizer = open_pair_tokenizer(
+            os.path.join(model_dir, params["tokenizer_file"]), self.params, params
         )
 
     def _read(self, request):
         queries = input_array(pb_utils, request, "QUERY")
         texts = input_array(pb_utils, request, "TEXT")
         pairs = decode_pairs(queries, texts, self.params)
-        self.tokenizer.refuse_overlong(pairs, request_parameters(request.parameters()))
-        return pairs
+        return self.tokenizer.prepare(pairs, request_parameters(request.parameters()))
 
     def execute(self, requests):
         """Validate every request, tokenize all valid pairs at once, slice back."""

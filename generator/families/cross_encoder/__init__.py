@@ -65,7 +65,8 @@ FAMILY = Family(
     default_name=name_from_source,
     served=Served(
         types=("CrossEncoder",),
-        modules=("Transformer",),
-        tasks=(None, "sequence-classification", "text-classification"),
+        modules=("Transformer", "LogitScore"),
+        tasks=(None, "sequence-classification", "text-classification", "text-generation"),
+        module_tasks=(("LogitScore", ("Transformer", "LogitScore"), ("text-generation",)),),
     ),
 )

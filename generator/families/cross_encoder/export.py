@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from embed_runtime.pair_template import TemplatePairTokenizer
 from embed_runtime.pair_tokenizer import PairTokenizer
 from embed_runtime.tokenizer import TokenizerParams
 
@@ -25,7 +26,7 @@ from ...precision import apply_precision
 from ...render import Instances, IOSpec, Step, ensemble, python_model
 from ..common import encoder_dir, step_batching, tokenizer_parameters
 from ..sentence_transformers.export import resolve_source, token_limits
-from . import FAMILY
+from . import FAMILY, llm
 
 # Score parity gate of the exported graph against ``CrossEncoder.predict`` (max |diff|).
 SCORE_ATOL = 1e-5
@@ -54,11 +55,14 @@ def _load(entry: ModelEntry, manifest: Manifest):
     model = CrossEncoder(
         source, device="cpu", model_kwargs={"attn_implementation": "eager"}, **kwargs
     ).eval()
+    if llm.is_llm_reranker(model):
+        llm.check_llm_reranker(model, entry.name)
+        return model
     transformer = model[0]
     if len(model) != 1 or transformer.tokenizer.padding_side != "right":
         raise ValueError(
             f"{entry.name}: only sequence-classification cross-encoders (one Transformer "
-            "module, right padding) are supported"
+            "module, right padding) and LLM rerankers (Transformer + LogitScore) are supported"
         )
     return model
 
@@ -125,13 +129,19 @@ def score_parity(model, scorer, pairs, input_names: list[str], onnx_path: Path) 
     return float(np.max(np.abs(got.reshape(want.shape) - want)))
 
 
-def _tokenize_dir(entry: ModelEntry, name: str, tokenizer_json: Path, params: TokenizerParams):
+def _tokenize_dir(
+    entry: ModelEntry,
+    name: str,
+    tokenizer_json: Path,
+    params: TokenizerParams,
+    extra: dict[str, str] | None = None,
+):
     config = python_model(
         name,
         entry.max_batch_size,
         [IOSpec("QUERY", "TYPE_STRING", (1,)), IOSpec("TEXT", "TYPE_STRING", (1,))],
         [IOSpec(n, "TYPE_INT64", (-1,)) for n in params.output_names],
-        tokenizer_parameters(entry, params),
+        {**tokenizer_parameters(entry, params), **(extra or {})},
         step_batching(entry, entry.max_queue_delay_us // 2),
         Instances(entry.preprocess_instances),
     )
@@ -155,6 +165,8 @@ def _ensemble_dir(entry: ModelEntry, labels: int, input_names: list[str]) -> Mod
 def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     """Export, validate and describe the three model dirs of one reranker."""
     model = _load(entry, manifest)
+    if llm.is_llm_reranker(model):
+        return _build_llm(entry, model, work)
     tokenizer_json = work / "tokenizer.json"
     input_names = _write_tokenizer(model, tokenizer_json)
     pad_id = model[0].tokenizer.pad_token_id or 0
@@ -189,4 +201,43 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
         _tokenize_dir(entry, tokenize, tokenizer_json, params),
         encoder_dir(entry, encode, onnx_path, spec, ragged=True, limits=token_limits(model)),
         _ensemble_dir(entry, labels, input_names),
+    ]
+
+
+def _build_llm(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
+    """An LLM reranker (``LogitScore``): template tokenizer, rotated-padding graph, gates."""
+    template = llm.pair_template(model, entry.name)
+    tokenizer_json = work / "tokenizer.json"
+    _write_tokenizer(model, tokenizer_json)
+    params = llm.tokenizer_params(model)
+    tokenizer = TemplatePairTokenizer(str(tokenizer_json), params, template)
+    failures = llm.check_template_tokenizer(model, tokenizer)
+    if failures:
+        raise RuntimeError(f"{entry.name}: tokenizer parity failed:\n  " + "\n  ".join(failures))
+
+    spec = llm.graph_spec()
+    scorer = llm.scorer_module(model)
+    onnx_path = work / "model.onnx"
+    pairs = list(llm.LLM_VALIDATION_PAIRS)
+    cases = [tokenizer.encode(tokenizer.prepare(b, {})) for b in (pairs[:1], pairs[1:5], pairs)]
+    export_module(scorer, spec, cases[1], onnx_path)
+    atol = SCORE_ATOL if entry.graph_precision == "fp32" else 1e-2
+    validate_graph(onnx_path, spec, scorer, cases, atol=atol, min_cosine=0.0)
+    if entry.graph_precision == "fp32":
+        diff = llm.served_score_parity(model, tokenizer, onnx_path)
+        if diff > llm.SERVED_SCORE_ATOL:
+            raise RuntimeError(
+                f"{entry.name}: fed the way the server pads (on the right) the graph differs "
+                f"from CrossEncoder.predict by {diff:.2e} (max abs, allowed "
+                f"{llm.SERVED_SCORE_ATOL:g}): this model's scores depend on padding the "
+                "server does not reproduce, so it is not served"
+            )
+    apply_precision(onnx_path, entry.graph_precision, spec, scorer, cases)
+
+    tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
+    parameters = {"pair_template": template.to_parameter()}  # prompts: in tokenizer_parameters
+    return [
+        _tokenize_dir(entry, tokenize, tokenizer_json, params, parameters),
+        encoder_dir(entry, encode, onnx_path, spec, ragged=True, limits=token_limits(model)),
+        _ensemble_dir(entry, 1, list(llm.INPUT_NAMES)),
     ]

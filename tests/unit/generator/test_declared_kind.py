@@ -140,7 +140,8 @@ def test_the_build_refuses_a_sparse_folder_before_loading_it(library_folders, tm
     [
         (["sentence_transformers.base.modules.transformer.Transformer",
           "sentence_transformers.cross_encoder.modules.logit_score.LogitScore"],
-         "CrossEncoder", None, "cross-encoder", "LogitScore' \\(scores from a causal LM"),
+         "CrossEncoder", None, "cross-encoder", "LogitScore \\(scores from a causal LM.* needs "
+         "the Transformer task text-generation"),
         (["sentence_transformers.base.modules.router.Router"], "SentenceTransformer", None,
          "sentence-transformers", "Router' \\(per-task routing"),
         (["sentence_transformers.models.Transformer", "sentence_transformers.models.Dense"],
