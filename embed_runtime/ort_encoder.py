@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
+from .config_params import ConfigParams, param
 from .errors import InvalidInputError
 from .ragged import Chunk, chunk_inputs, merge_requests, plan_chunks, run_sorted, split_counts
 from .weight_cache import cached_model, graph_level
@@ -19,9 +21,23 @@ EXECUTION_PROVIDERS = ("cpu", "cuda", "tensorrt")
 AUTO_THREADS = -1  # shared_intra_op_threads "auto": the cores divided by the instances
 
 
+def _threads(value: str) -> int:
+    return AUTO_THREADS if value.strip().lower() == "auto" else int(value)
+
+
+def _threads_text(value: int) -> str:
+    return "auto" if value == AUTO_THREADS else str(value)
+
+
 @dataclass(frozen=True)
-class EncoderParams:
-    """How the encoder graph is run; read from the model's config parameters."""
+class EncoderParams(ConfigParams):
+    """How the encoder graph is run: the encoder's config parameters.
+
+    The build writes them with :meth:`to_parameters`, the stub reads them back with
+    :meth:`from_parameters`, which also checks the values.
+    """
+
+    params_name: ClassVar[str] = "encoder"
 
     onnx_file: str
     input_names: tuple[str, ...]
@@ -29,57 +45,30 @@ class EncoderParams:
     ragged: bool
     max_rows_per_run: int
     max_tokens_per_run: int = 0
-    max_padding_share: float = 1.0
-    intra_op_threads: int = 0
-    shared_intra_op_threads: int = 0
+    max_padding_share: float = param(1.0, always=True)
+    intra_op_threads: int = param(0, always=True)
+    shared_intra_op_threads: int = param(0, encode=_threads_text, decode=_threads)
     inter_op_threads: int = 1
-    allow_spinning: bool = True
+    allow_spinning: bool = param(True, always=True)
     spin_duration_us: int = 0
-    graph_optimization: str = "all"
-    execution_provider: str = "cpu"
+    graph_optimization: str = param("all", always=True)
+    execution_provider: str = param("cpu", always=True)
     vocab_size: int = 0
     type_vocab_size: int = 0
     max_width: int = 0
     max_dimensions: int = 0
-    default_dimensions: int = 0
-    normalize: bool = False
+    default_dimensions: int = param(0, with_field="max_dimensions")
+    normalize: bool = param(False, with_field="max_dimensions")
     weight_cache: bool = True
     # Sparse encoders: answer each request's rows as (indices, values) of their active
     # dimensions (embed_runtime.sparse), capped at max_active_dims (0: no cap).
     sparse: bool = False
-    max_active_dims: int = 0
+    max_active_dims: int = param(0, with_field="sparse")
 
     @classmethod
-    def from_parameters(cls, params: dict[str, str]) -> EncoderParams:
+    def from_parameters(cls, params: Mapping[str, str]) -> EncoderParams:
         """Parse string config parameters; fail loudly on a missing or bad value."""
-        try:
-            out = cls(
-                onnx_file=params["onnx_file"],
-                input_names=tuple(n for n in params["input_names"].split(",") if n),
-                output_name=params["output_name"],
-                ragged=params["ragged"].lower() == "true",
-                max_rows_per_run=int(params["max_rows_per_run"]),
-                max_tokens_per_run=int(params.get("max_tokens_per_run", "0")),
-                max_padding_share=float(params.get("max_padding_share", "1.0")),
-                intra_op_threads=int(params.get("intra_op_threads", "0")),
-                shared_intra_op_threads=_threads(params.get("shared_intra_op_threads", "0")),
-                inter_op_threads=int(params.get("inter_op_threads", "1")),
-                allow_spinning=params.get("allow_spinning", "true").lower() == "true",
-                spin_duration_us=int(params.get("spin_duration_us", "0")),
-                graph_optimization=params.get("graph_optimization", "all"),
-                execution_provider=params.get("execution_provider", "cpu"),
-                vocab_size=int(params.get("vocab_size", "0")),
-                type_vocab_size=int(params.get("type_vocab_size", "0")),
-                max_width=int(params.get("max_width", "0")),
-                max_dimensions=int(params.get("max_dimensions", "0")),
-                default_dimensions=int(params.get("default_dimensions", "0")),
-                normalize=params.get("normalize", "false").lower() == "true",
-                weight_cache=params.get("weight_cache", "true").lower() == "true",
-                sparse=params.get("sparse", "false").lower() == "true",
-                max_active_dims=int(params.get("max_active_dims", "0")),
-            )
-        except KeyError as exc:
-            raise ValueError(f"encoder config parameter {exc.args[0]!r} is missing") from exc
+        out = super().from_parameters(params)
         if out.graph_optimization not in GRAPH_OPT_LEVELS:
             raise ValueError(f"graph_optimization must be one of {GRAPH_OPT_LEVELS}")
         if out.execution_provider not in EXECUTION_PROVIDERS:
@@ -97,10 +86,6 @@ class EncoderParams:
         if out.shared_intra_op_threads and out.execution_provider != "cpu":
             raise ValueError("shared_intra_op_threads applies to the cpu provider only")
         return out
-
-
-def _threads(value: str) -> int:
-    return AUTO_THREADS if value.strip().lower() == "auto" else int(value)
 
 
 def available_cores(cgroup_cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:

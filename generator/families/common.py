@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embed_runtime.multivector import EMBEDDINGS, MultiVectorParams
-from embed_runtime.ort_encoder import AUTO_THREADS
+from embed_runtime.ort_encoder import EncoderParams
 from embed_runtime.output_precision import CALIBRATION_FILE, EXTRA_PRECISIONS, FORMS
 from embed_runtime.sparse import INDICES, VALUES
 from embed_runtime.tokenizer import TokenizerParams
@@ -202,32 +202,30 @@ def _python_encoder_parameters(
     limits: dict[str, int] | None,
     max_dimensions: int,
 ) -> dict[str, str]:
-    """Config parameters of the Python ORT runner (``EncoderParams.from_parameters``)."""
-    parameters = {
-        "onnx_file": "model.onnx",
-        "input_names": ",".join(spec.input_names),
-        "output_name": spec.output_names[0],
-        "ragged": str(ragged).lower(),
-        "max_rows_per_run": str(entry.max_rows_per_run),
-        "max_padding_share": repr(float(entry.max_padding_share)),
-        "intra_op_threads": str(entry.ort_threads),
-        "allow_spinning": str(entry.ort_spinning).lower(),
-        "graph_optimization": entry.graph_optimization,
-        "execution_provider": "cuda" if entry.device == "gpu" else "cpu",
-        **{key: str(value) for key, value in (limits or {}).items()},
-    }
-    if entry.ort_spin_us:
-        parameters["spin_duration_us"] = str(entry.ort_spin_us)
-    if not entry.ort_weight_cache and entry.device == "cpu":
-        parameters["weight_cache"] = "false"
-    if entry.ort_threads_shared and entry.device == "cpu":
-        shared = entry.ort_threads_shared
-        parameters["shared_intra_op_threads"] = "auto" if shared == AUTO_THREADS else str(shared)
-    if max_dimensions:
-        parameters["max_dimensions"] = str(max_dimensions)
-        parameters["default_dimensions"] = str(entry.truncate_dim or 0)
-        parameters["normalize"] = str(entry.normalize).lower()
-    return parameters
+    """Config parameters of the Python ORT runner (:class:`EncoderParams`) for ``entry``.
+
+    ``limits`` (``vocab_size``, ``type_vocab_size``, ``max_width``) are written as given.
+    """
+    cpu = entry.device == "cpu"
+    params = EncoderParams(
+        onnx_file="model.onnx",
+        input_names=tuple(spec.input_names),
+        output_name=spec.output_names[0],
+        ragged=ragged,
+        max_rows_per_run=entry.max_rows_per_run,
+        max_padding_share=float(entry.max_padding_share),
+        intra_op_threads=entry.ort_threads,
+        shared_intra_op_threads=entry.ort_threads_shared if cpu else 0,
+        allow_spinning=entry.ort_spinning,
+        spin_duration_us=entry.ort_spin_us or 0,
+        graph_optimization=entry.graph_optimization,
+        execution_provider="cpu" if cpu else "cuda",
+        max_dimensions=max_dimensions,
+        default_dimensions=(entry.truncate_dim or 0) if max_dimensions else 0,
+        normalize=entry.normalize if max_dimensions else False,
+        weight_cache=entry.ort_weight_cache or not cpu,
+    )
+    return {**params.to_parameters(), **{key: str(value) for key, value in (limits or {}).items()}}
 
 
 def fused_encoder_dir(

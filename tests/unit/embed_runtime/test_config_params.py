@@ -66,3 +66,24 @@ def test_tokenizer_params_round_trip_with_prompts_and_caps() -> None:
     raw = params.to_parameters()
     assert raw["max_request_text_bytes"] == "1000" and raw["prompts"] == '{"query": "q: "}'
     assert TokenizerParams.from_parameters(raw) == params
+
+
+@pytest.mark.parametrize("fields", [
+    {},
+    {"shared_intra_op_threads": -1, "spin_duration_us": 50, "weight_cache": False},
+    {"max_dimensions": 384, "normalize": True},
+    {"sparse": True},
+    {"sparse": True, "max_active_dims": 64, "max_padding_share": 0.25},
+])
+def test_encoder_params_round_trip(fields) -> None:
+    from embed_runtime.ort_encoder import AUTO_THREADS, EncoderParams
+
+    params = EncoderParams("model.onnx", ("input_ids", "attention_mask"), "EMBEDDING", True, 8,
+                           **fields)
+    raw = params.to_parameters()
+    assert EncoderParams.from_parameters(raw) == params
+    if params.shared_intra_op_threads == AUTO_THREADS:
+        assert raw["shared_intra_op_threads"] == "auto"
+    if params.max_dimensions:  # the default width and normalize go with it
+        assert raw["default_dimensions"] == "0" and raw["normalize"] == "true"
+    assert ("max_active_dims" in raw) == params.sparse
