@@ -10,17 +10,11 @@ of the same execution are answered.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-from generator.admin import KEY_ENV
-from generator.build import build_repository
 from generator.manifest import parse_manifest
-from generator.shared_models import startup_models
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
-from tests.integration.conftest import ADMIN_KEY, Server
+from tests.integration.conftest import serve
 from tests.integration.text_helpers import (
     INVALID,
     concurrent_round,
@@ -73,17 +67,8 @@ def static_setup(tmp_path_factory):
             )
         )
     manifest = parse_manifest({"models": entries}, base)
-    repo = base / "model_repository"
-    build_repository(manifest, repo, log=lambda _msg: None)
-    ports = TritonPorts(*free_ports(3))
-    launch = TritonLaunch(repo, ports, load_models=startup_models(manifest), admin_key=ADMIN_KEY)
-    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY})
-    process.start()
-    try:
-        process.wait_ready(timeout_s=float(os.environ.get("TRITON_START_TIMEOUT", 240)))
-        yield Server(ports, manifest, repo, process), references
-    finally:
-        process.stop()
+    with serve(manifest, base) as server:
+        yield server, references
 
 
 @pytest.mark.parametrize("variant", [SPLIT, FUSED], ids=lambda v: v.name)
