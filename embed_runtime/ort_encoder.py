@@ -13,6 +13,7 @@ import numpy as np
 
 from .config_params import ConfigParams, param
 from .errors import InvalidInputError
+from .integrity import verify_digests
 from .ragged import Chunk, chunk_inputs, merge_requests, plan_chunks, run_sorted, split_counts
 from .weight_cache import cached_model, graph_level
 
@@ -313,3 +314,26 @@ class OrtEncoder:
         with self._pick_session():
             parts = [self._run({name: merged[i : i + step]}) for i in range(0, len(merged), step)]
         return list(split_counts(np.concatenate(parts, axis=0), counts))
+
+
+@dataclass(frozen=True)
+class OpenedEncoder:
+    """What a text-taking encoder stub opens at load: its settings, folder and session."""
+
+    params: EncoderParams
+    model_dir: str
+    encoder: OrtEncoder
+
+
+def open_encoder(args: Mapping[str, str], parameters: Mapping[str, str]) -> OpenedEncoder:
+    """The model folder's digests checked, then its graph opened as ``EncoderParams`` say.
+
+    ``args`` are the ones Triton's Python backend passes to ``initialize``; ``parameters``
+    the model's config parameters. A corrupt model file fails the load, never an answer.
+    """
+    params = EncoderParams.from_parameters(parameters)
+    model_dir = os.path.join(args["model_repository"], args["model_version"])
+    verify_digests(model_dir)
+    device_id = int(args.get("model_instance_device_id") or 0)
+    encoder = OrtEncoder(os.path.join(model_dir, params.onnx_file), params, device_id)
+    return OpenedEncoder(params, model_dir, encoder)

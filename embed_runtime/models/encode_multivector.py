@@ -12,14 +12,13 @@ import os
 
 import triton_python_backend_utils as pb_utils
 from embed_runtime.adapter import config_parameters, embed_requests, input_array
-from embed_runtime.integrity import verify_digests
 from embed_runtime.multivector import (
     EMBEDDINGS,
     TOKEN_COUNT,
     MultiVectorParams,
     MultiVectorTextEncoder,
 )
-from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
+from embed_runtime.ort_encoder import open_encoder
 from embed_runtime.request_options import request_parameters
 from embed_runtime.tokenizer import TokenizerParams
 
@@ -31,13 +30,10 @@ class TritonPythonModel:
         """Build the tokenizers and the ONNX Runtime session once."""
         self.logger = pb_utils.Logger
         raw = config_parameters(json.loads(args["model_config"]))
-        params = EncoderParams.from_parameters(raw)
-        model_dir = os.path.join(args["model_repository"], args["model_version"])
-        verify_digests(model_dir)  # a corrupt model file fails the load, never an answer
-        device_id = int(args.get("model_instance_device_id") or 0)
-        encoder = OrtEncoder(os.path.join(model_dir, params.onnx_file), params, device_id)
+        opened = open_encoder(args, raw)
+        encoder = opened.encoder
         self.text = MultiVectorTextEncoder(
-            os.path.join(model_dir, raw["tokenizer_file"]),
+            os.path.join(opened.model_dir, raw["tokenizer_file"]),
             TokenizerParams.from_parameters(raw),
             MultiVectorParams.from_parameters(raw),
             encoder,
