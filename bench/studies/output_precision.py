@@ -24,6 +24,7 @@ import argparse
 import os
 import secrets
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -122,7 +123,8 @@ def main() -> None:
             for n in SIZES:  # warm-up
                 for _ in range(20):
                     _request(client, texts[:n], "EMBEDDING", {})
-            for _ in range(args.rounds):
+            started = time.perf_counter()
+            for round_no in range(args.rounds):
                 order = list(modes().items())
                 order = [order[i] for i in rng.permutation(len(order))]
                 for name, (output, parameters) in order:
@@ -131,6 +133,8 @@ def main() -> None:
                             batch = [texts[(i * n + j) % len(texts)] for j in range(n)]
                             seconds = _request(client, batch, output, parameters)
                             latencies[(name, n)].append(seconds)
+                elapsed = time.perf_counter() - started
+                print(f"round {round_no + 1}/{args.rounds}: {elapsed:.0f} s", file=sys.stderr)
             client.close()
         finally:
             process.stop()
