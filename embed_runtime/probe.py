@@ -68,13 +68,21 @@ def probe_inputs(config: dict, image: bytes) -> list[tuple[str, list[int], bytes
     return inputs or None
 
 
-def infer_body(inputs: list[tuple[str, list[int], bytes]]) -> tuple[bytes, int]:
-    """Triton's binary-tensor HTTP request: (body, length of its JSON header)."""
-    header = {"inputs": [
+def infer_body(
+    inputs: list[tuple[str, list[int], bytes]], output: str | None = None
+) -> tuple[bytes, int]:
+    """Triton's binary-tensor HTTP request: (body, length of its JSON header).
+
+    ``output`` names the one output asked for (answered as JSON); without it Triton
+    answers every output, and one it cannot write as JSON (FP16) fails the request.
+    """
+    header: dict = {"inputs": [
         {"name": name, "shape": shape, "datatype": "BYTES",
          "parameters": {"binary_data_size": 4 + len(payload)}}
         for name, shape, payload in inputs
     ]}
+    if output:
+        header["outputs"] = [{"name": output, "parameters": {"binary_data": False}}]
     head = json.dumps(header).encode()
     tensors = b"".join(struct.pack("<I", len(p)) + p for _, _, p in inputs)
     return head + tensors, len(head)
@@ -146,7 +154,8 @@ class EnsembleProbe:
 
     def _probe(self, model: str, inputs) -> None:
         state = self.states.setdefault(model, ProbeState())
-        body, header_length = infer_body(inputs)
+        outputs = self.configs[model].get("output") or [{}]
+        body, header_length = infer_body(inputs, outputs[0].get("name"))
         try:
             problem = answer_problem(self.infer(model, body, header_length))
         except Exception as exc:  # noqa: BLE001 - any failure is the probe's finding

@@ -91,6 +91,9 @@ class ModelEntry:
     truncate_dim: int | None = None
     fused_tokenize: bool = False
     max_active_dims: int | None = None
+    # Quantized forms of EMBEDDING the text model answers beside it, each an optional output
+    # (float16, int8, uint8, binary, ubinary); none by default.
+    output_precisions: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields (for hashing and display)."""
@@ -286,6 +289,8 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
     if len(errors) > before:
         return None
     entry = ModelEntry(**raw)
+    if isinstance(entry.output_precisions, list):
+        entry = dataclasses.replace(entry, output_precisions=tuple(entry.output_precisions))
     if not NAME_RE.match(entry.name):
         errors.append(f"{where}: name must match {NAME_RE.pattern}")
     choices = {

@@ -104,7 +104,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="output-precision-") as tmp:
         base = Path(tmp)
-        entry = bench_manifest_data()["models"][0]
+        entry = {**bench_manifest_data()["models"][0], "output_precisions": list(EXTRA_PRECISIONS)}
         manifest = parse_manifest({"models": [entry]}, base)
         build_repository(manifest, base / "repo", log=lambda _msg: None)
         calib_path = base / "repo" / f"{MODEL}_encode" / "1" / "calibration_embeddings.npy"

@@ -133,6 +133,7 @@ def encoder_dir(
     max_dimensions: int = 0,
     token_count: bool = False,
     sparse: SparseOutput | None = None,
+    forms: Sequence[IOSpec] = (),
     calibration: Path | None = None,
 ) -> ModelDir:
     """An encoder: the Python ORT runner, or Triton's native ``onnxruntime`` backend.
@@ -142,9 +143,9 @@ def encoder_dir(
     Python runner truncate to a request's ``dimensions`` (the output is then ``[-1]``).
     ``token_count`` adds the Python runner's ``TOKEN_COUNT`` output. ``sparse`` (Python
     runner only): the graph's dense rows are answered as the ``SPARSE_INDICES`` /
-    ``SPARSE_VALUES`` of their active dimensions. ``calibration`` (Python runner only,
-    calibration embeddings saved by :mod:`generator.calibration`) adds the quantized
-    outputs :data:`PRECISION_OUTPUTS`.
+    ``SPARSE_VALUES`` of their active dimensions. ``forms`` (Python runner only): the
+    quantized outputs of :data:`PRECISION_OUTPUTS` it answers; ``calibration`` (the
+    embeddings saved by :mod:`generator.calibration`) gives int8 / uint8 their ranges.
     """
     batching, instances = _encoder_scheduling(entry)
     outputs = [IOSpec.from_tensor(t) for t in spec.outputs]
@@ -169,8 +170,9 @@ def encoder_dir(
     elif token_count:
         outputs.append(TOKEN_COUNT)
     files = {"model.onnx": onnx_path}
+    if sparse is None:
+        outputs.extend(forms)
     if calibration is not None and sparse is None:
-        outputs.extend(PRECISION_OUTPUTS)
         files[CALIBRATION_FILE] = calibration
     inputs = [IOSpec.from_tensor(t, ragged=ragged) for t in spec.inputs]
     config = python_model(
@@ -236,6 +238,7 @@ def fused_encoder_dir(
     tokenizer_json: Path,
     tok_params: TokenizerParams,
     limits: dict[str, int] | None = None,
+    forms: Sequence[IOSpec] = (),
     calibration: Path | None = None,
 ) -> ModelDir:
     """The Python ORT encoder taking ``TEXT`` itself (``fused_tokenize``): no tokenize step.
@@ -243,7 +246,8 @@ def fused_encoder_dir(
     It reads the tokenizer's parameters beside its own and tokenizes each execution's
     rows in its own stub, so a request crosses one Python model instead of two.
     ``TEXT`` is a fixed [1] input: requests batch without ragged inputs. It also answers
-    ``TOKEN_COUNT``, and with ``calibration`` the quantized :data:`PRECISION_OUTPUTS`.
+    ``TOKEN_COUNT``, and ``forms`` (with ``calibration`` for int8 / uint8) as
+    :func:`encoder_dir` does.
     """
     dims = tok_params.max_dimensions
     parameters = {
@@ -255,8 +259,8 @@ def fused_encoder_dir(
     outputs = [IOSpec(output.name, output.triton_dtype, (-1,) if dims else output.dims)]
     outputs.append(TOKEN_COUNT)
     files = {"model.onnx": onnx_path, "tokenizer.json": tokenizer_json}
+    outputs.extend(forms)
     if calibration is not None:
-        outputs.extend(PRECISION_OUTPUTS)
         files[CALIBRATION_FILE] = calibration
     config = python_model(
         name,

@@ -46,6 +46,8 @@ def test_manifest_data(
                 # 16 rows of the default 16 KiB cap could never pass the default
                 # 256 KiB per request: a lower cap makes that refusal testable.
                 "max_request_text_bytes": 131072,
+                # every quantized form (tests/integration/test_output_precision.py)
+                "output_precisions": ["float16", "int8", "uint8", "binary", "ubinary"],
             },
             {
                 "name": INT8_MODEL,

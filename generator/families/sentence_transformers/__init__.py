@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from embed_runtime.errors import InvalidInputError
+from embed_runtime.output_precision import EXTRA_PRECISIONS
 
 from ...declared_kind import Served
 from ..spec import Errors, Family
@@ -41,6 +42,17 @@ def _check_entry(where: str, entry: ModelEntry, errors: Errors) -> None:
             f"{where}: fused_tokenize needs encoder_backend 'python-ort' (the tokenizer runs "
             "inside the Python encoder; Triton's native onnxruntime backend takes only "
             "token tensors)"
+        )
+    unknown = [p for p in entry.output_precisions if p not in EXTRA_PRECISIONS]
+    if unknown or len(set(entry.output_precisions)) != len(entry.output_precisions):
+        errors.append(
+            f"{where}: output_precisions must name distinct forms of {list(EXTRA_PRECISIONS)}, "
+            f"got {list(entry.output_precisions)}"
+        )
+    if entry.output_precisions and entry.encoder_backend != "python-ort":
+        errors.append(
+            f"{where}: output_precisions needs encoder_backend 'python-ort' (the Python "
+            "encoder computes the forms)"
         )
 
 
@@ -96,5 +108,5 @@ FAMILY = Family(
         tasks=(None, "feature-extraction"),
         pipelines=(("StaticEmbedding",), ("StaticEmbedding", "Normalize")),
     ),
-    own_options=(*PROMPT_OPTIONS, "fused_tokenize"),
+    own_options=(*PROMPT_OPTIONS, "fused_tokenize", "output_precisions"),
 )

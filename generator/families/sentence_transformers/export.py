@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from embed_runtime.output_precision import EXTRA_PRECISIONS
 from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
 
 from ...calibration import CALIBRATION_FILE, DEFAULT_CORPUS, calibration_embeddings, read_corpus
@@ -350,21 +351,23 @@ def _model_dirs(
     tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
     text = IOSpec("TEXT", "TYPE_STRING", (1,))
     out_dim = -1 if truncatable else dim
-    # The Python runner also answers the quantized forms (float16, int8, ...); int8 / uint8
-    # take their ranges from calibration embeddings made here. The native backend cannot.
+    # The Python runner also answers the quantized forms the entry names (output_precisions:
+    # float16, int8, ...); int8 / uint8 take their ranges from calibration embeddings made
+    # here. The native backend cannot (the manifest refuses the option for it).
+    forms = [o for p, o in zip(EXTRA_PRECISIONS, PRECISION_OUTPUTS, strict=True)
+             if p in entry.output_precisions]
     calibration = None
-    forms: list = []
-    if entry.encoder_backend == "python-ort":
+    if {"int8", "uint8"} & set(entry.output_precisions):
         calibration = onnx_path.parent / CALIBRATION_FILE
         corpus = read_corpus(DEFAULT_CORPUS)
         calibration_embeddings(onnx_path, tokenizer_json, tok_params, corpus, calibration)
-        forms = list(PRECISION_OUTPUTS)
     if entry.fused_tokenize:
         extra = [TOKEN_COUNT, *forms]
         outs = ["EMBEDDING", *(o.name for o in extra)]
         return [
             fused_encoder_dir(
-                entry, encode, onnx_path, spec, tokenizer_json, tok_params, limits, calibration
+                entry, encode, onnx_path, spec, tokenizer_json, tok_params, limits, forms,
+                calibration,
             ),
             chain_dir(entry, entry.name, text, out_dim, [(encode, ["TEXT"], outs)], extra),
         ]
@@ -375,7 +378,12 @@ def _model_dirs(
     outs = ["EMBEDDING", *(o.name for o in extra)]
     return [
         tokenize_dir(
-            entry, tokenize, tokenizer_json, tok_params, -1, float32_only=not forms
+            entry,
+            tokenize,
+            tokenizer_json,
+            tok_params,
+            -1,
+            float32_only=entry.encoder_backend != "python-ort",
         ),
         encoder_dir(
             entry,
@@ -386,6 +394,7 @@ def _model_dirs(
             limits=limits,
             max_dimensions=truncatable,
             token_count=counts,
+            forms=forms,
             calibration=calibration,
         ),
         chain_dir(

@@ -41,6 +41,14 @@ def test_the_request_is_tritons_binary_tensor_format() -> None:
     assert [(i["name"], i["datatype"], i["parameters"]["binary_data_size"])
             for i in header["inputs"]] == [("QUERY", "BYTES", 6), ("DOCUMENT", "BYTES", 7)]
     assert body[head:] == struct.pack("<I", 2) + b"ab" + struct.pack("<I", 3) + b"xyz"
+    assert "outputs" not in header
+
+
+def test_the_probe_asks_for_the_ensembles_first_output_only() -> None:
+    """Every output would include ones Triton cannot write as JSON (FP16 forms)."""
+    body, head = p.infer_body([("TEXT", [1, 1], b"x")], "EMBEDDING")
+    header = json.loads(body[:head])
+    assert header["outputs"] == [{"name": "EMBEDDING", "parameters": {"binary_data": False}}]
 
 
 def test_an_answer_must_hold_finite_outputs() -> None:

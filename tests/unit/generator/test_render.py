@@ -162,6 +162,7 @@ def test_sentence_transformers_model_dirs_match_golden(tmp_path: Path) -> None:
         TOKEN_SPEC,
         ragged=True,
         max_dimensions=384,
+        forms=PRECISION_OUTPUTS,
         calibration=calibration,
     )
     chain = chain_dir(
@@ -218,6 +219,7 @@ def test_fused_encoder_takes_text_and_carries_tokenizer_and_encoder_parameters(
         tmp_path / "t.json",
         params,
         limits,
+        PRECISION_OUTPUTS,
         calibration,
     )
     extra = [TOKEN_COUNT, *PRECISION_OUTPUTS]

@@ -55,12 +55,15 @@ def _parameters(config: str) -> dict[str, str]:
     return {k: v.string_value for k, v in parse_config(config).parameters.items()}
 
 
+ALL_FORMS = ("float16", "int8", "uint8", "binary", "ubinary")
+
+
 @pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: v.name)
 def exported(request, tmp_path_factory) -> Exported:
     variant = request.param
     base = tmp_path_factory.mktemp(variant.name)
     folder = build_tiny_model(variant, base / "model")
-    entry = ModelEntry(**manifest_entry(variant, folder))
+    entry = ModelEntry(**manifest_entry(variant, folder, output_precisions=ALL_FORMS))
     work = base / "work"
     work.mkdir()
     dirs = family.build(entry, Manifest(models=(entry,), base_dir=base), work)
@@ -214,3 +217,22 @@ def test_native_backend_models_refuse_other_precisions_in_their_tokenize_step(tm
         tokenize = next(d for d in dirs if d.name.endswith("_tokenize"))
         flag = _parameters(tokenize.config).get("float32_only")
         assert flag == ("true" if flagged else None), backend
+
+
+def test_quantized_forms_are_declared_only_when_the_entry_names_them(tmp_path):
+    """By default EMBEDDING (and TOKEN_COUNT) alone, so a plain JSON request, which gets
+    every output, never meets an FP16 one; output_precisions = ["ubinary"] adds that one,
+    with no calibration file (only int8 / uint8 need ranges)."""
+    variant = VARIANTS[0]
+    folder = build_tiny_model(variant, tmp_path / "model")
+    for forms, outputs in (((), []), (("ubinary",), ["EMBEDDING_UBINARY"])):
+        entry = ModelEntry(**manifest_entry(variant, folder, output_precisions=forms))
+        work = tmp_path / f"work{len(forms)}"
+        work.mkdir()
+        dirs = {d.name: d for d in family.build(entry, Manifest(models=(entry,)), work)}
+        encode = dirs[f"{variant.name}_encode"]
+        names = [o.name for o in parse_config(encode.config).output]
+        assert names == ["EMBEDDING", "TOKEN_COUNT", *outputs]
+        ensemble = [o.name for o in parse_config(dirs[variant.name].config).output]
+        assert ensemble == ["EMBEDDING", "TOKEN_COUNT", *outputs]
+        assert "calibration_embeddings.npy" not in encode.files
