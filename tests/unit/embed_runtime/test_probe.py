@@ -65,6 +65,7 @@ class Server:
         self.models = models
         self.replies: dict[str, object] = {}
         self.sent: list[str] = []
+        self.headers: list[dict] = []
 
     def call(self, path: str, body: dict | None) -> bytes:
         if path == "/v2/repository/index":
@@ -73,6 +74,7 @@ class Server:
 
     def infer(self, model: str, body: bytes, head: int) -> dict:
         self.sent.append(model)
+        self.headers.append(json.loads(body[:head]))
         reply = self.replies.get(model, {"outputs": [{"name": "EMBEDDING", "data": [0.5]}]})
         if isinstance(reply, Exception):
             raise reply
@@ -100,6 +102,17 @@ def test_two_failures_in_a_row_make_an_ensemble_failing_until_it_passes() -> Non
     del server.replies["t"]
     probe.run()
     assert probe.failing() == {}
+
+
+def test_a_probe_of_an_ensemble_with_an_fp16_output_asks_for_its_first_output() -> None:
+    """Asked for no output, Triton would answer all as JSON and fail on the FP16 one."""
+    outputs = [{"name": "EMBEDDING", "data_type": "TYPE_FP32"},
+               {"name": "EMBEDDING_FP16", "data_type": "TYPE_FP16"}]
+    server = Server({"t": {**TEXT, "output": outputs}})
+    _probe(server).run()
+    assert server.headers[0]["outputs"] == [
+        {"name": "EMBEDDING", "parameters": {"binary_data": False}}
+    ]
 
 
 def test_a_busy_refusal_is_neither_a_failure_nor_a_pass() -> None:
