@@ -128,7 +128,7 @@ def _check_query_tokenizer(model, route: QueryRoute, doc_params: TokenizerParams
     from embed_runtime.sparse_router import query_tokenizer  # noqa: PLC0415
 
     static = model[0].sub_modules["query"][0]
-    raw = {**_tokenizer_config(doc_params), **route.parameters()}
+    raw = {**doc_params.to_parameters(), **route.parameters()}
     runtime = query_tokenizer(raw, str(route.tokenizer_json.parent))
     failures = []
     for text in VALIDATION_TEXTS:
@@ -137,16 +137,6 @@ def _check_query_tokenizer(model, route: QueryRoute, doc_params: TokenizerParams
         if want != got:
             failures.append(f"query tokenizer differs from the library on {text[:40]!r}")
     return failures
-
-
-def _tokenizer_config(params: TokenizerParams) -> dict[str, str]:
-    return {
-        "max_length": str(params.max_length),
-        "pad_to_max_length": "false",
-        "output_names": ",".join(params.output_names),
-        "max_text_bytes": str(params.max_text_bytes),
-        "max_request_text_bytes": str(params.max_request_bytes),
-    }
 
 
 def served_parity(model, router, texts, max_active_dims: int) -> dict[str, float]:
