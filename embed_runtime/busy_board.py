@@ -24,12 +24,21 @@ from collections.abc import Iterator
 SLOTS = 64
 
 
+def board_dir() -> str:
+    """Where the boards live: /dev/shm, else the temp directory."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()  # noqa: S108
+
+
+def board_prefix(server_pid: int) -> str:
+    """The start of the file names of every board of the server ``server_pid``."""
+    return f"embed-busy-{server_pid}-"
+
+
 def board_path(model_name: str, version: str, server_pid: int | None = None) -> str:
     """The shared file of one model version of one server process."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()  # noqa: S108
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{model_name}-{version}")
     pid = os.getppid() if server_pid is None else server_pid
-    return os.path.join(base, f"embed-busy-{pid}-{safe}")
+    return os.path.join(board_dir(), board_prefix(pid) + safe)
 
 
 class BusyBoard:

@@ -174,13 +174,17 @@ class RepositoryApi:
         with self.opener.open(request, timeout=self.timeout_s) as response:
             return response.read()
 
-    def is_ready(self, model: str) -> bool:
-        """``/v2/models/<model>/ready`` answered 200."""
+    def answers(self, path: str) -> bool:
+        """A GET of ``path`` answered 200 (``/v2/health/live``, a model's ``/ready``)."""
         try:
-            self.call(f"/v2/models/{model}/ready")
+            self.call(path)
             return True
         except (urllib.error.URLError, OSError):
             return False
+
+    def is_ready(self, model: str) -> bool:
+        """``/v2/models/<model>/ready`` answered 200."""
+        return self.answers(f"/v2/models/{model}/ready")
 
     def reload(self, model: str) -> None:
         """Load ``model`` with its own config and a new ``stub_generation``: fresh stubs."""

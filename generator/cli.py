@@ -30,7 +30,7 @@ from .families import FAMILIES
 from .manifest import ManifestError, load_serving_manifest
 from .manifest_edit import append_entry, remove_entry_text, restored_on_error
 from .shared_models import startup_models
-from .supervisor import DrainSettings, Supervisor
+from .supervisor import DrainSettings, Supervisor, max_restarts
 from .tracing import ENDPOINT_ENV, EXPORT_DELAY_ENV, RATE_ENV, RESOURCE_ENV, TraceSettings
 from .triton_local import (
     TritonLaunch,
@@ -206,7 +206,8 @@ def _cmd_random_text(args) -> int:
 
 
 def _cmd_serve(args) -> int:
-    drain = DrainSettings.from_env()  # a typo in the drain settings fails before the build
+    drain = DrainSettings.from_env()  # a typo in these settings fails before the build
+    restarts = max_restarts()
     trace = TraceSettings.resolve(
         args.trace_endpoint, args.trace_rate, args.trace_resource, args.trace_export_delay_ms
     )
@@ -249,7 +250,7 @@ def _cmd_serve(args) -> int:
     )
     supervisor = Supervisor(
         cmd, launch_env(launch), local_http_url(launch), launch.admin_key,
-        health_path(launch.ports.http), drain,
+        health_path(launch.ports.http), drain, restarts=restarts, shm_prefix=launch.shm_prefix,
     )
     return supervisor.run()
 

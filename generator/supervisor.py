@@ -27,7 +27,22 @@ A rollout needs the opposite: finish what was accepted, refuse what comes next. 
 A second signal during the drain skips to the stop. The drain as a whole is bounded by
 ``EMBED_DRAIN_TIMEOUT_S`` (default 20 s); past it the stop proceeds with whatever is left
 (Triton's own exit timeout then applies). The exit status is ``tritonserver``'s (0 after a
-clean stop); a server that dies by itself ends this process with its status.
+clean stop). Whatever way the server ended, the shared memory it leaves behind is removed:
+its Python-backend regions (``/dev/shm/<shm_prefix>*``, hundreds of MiB for an image
+instance that held a large batch) and its busy boards; a crash leaves them all.
+
+A server that dies by itself after it had been serving is started again. Measured here:
+Triton 2.51 aborts as a whole ("terminate called after throwing an instance of
+'boost::interprocess::lock_exception'", then ``exit(1)`` from its signal handler) when a
+Python-backend stub is killed at the moment it holds a lock in the shared memory it
+shares with the server, as the OOM killer may do; upstream reports the same abort under
+load in later releases too. Without a restart one such kill ends the replica. So, once
+``/v2/health/live`` has answered, a server that exits with a non-zero status or a signal
+other than ours is started again after ``RESTART_DELAY_S``, at most
+``EMBED_MAX_RESTARTS`` times (default 3) within ``RESTART_WINDOW_S``; past that, or if it
+never came up (a bad model or config: a restart would fail the same way), this process
+exits with its status so that Docker or Kubernetes sees a crash loop. ``0`` turns the
+restarts off. The health check fails while the new server loads (it probes readiness).
 """
 
 from __future__ import annotations
@@ -43,6 +58,7 @@ import urllib.error
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from embed_runtime.busy_board import board_dir, board_prefix
 from embed_runtime.stub_watch import RepositoryApi
 
 DRAIN_SUFFIX = ".draining"
@@ -50,6 +66,10 @@ DELAY_ENV = "EMBED_DRAIN_DELAY_S"
 TIMEOUT_ENV = "EMBED_DRAIN_TIMEOUT_S"
 DEFAULT_DELAY_S = 0.0
 DEFAULT_TIMEOUT_S = 20.0
+RESTARTS_ENV = "EMBED_MAX_RESTARTS"
+DEFAULT_MAX_RESTARTS = 3
+RESTART_WINDOW_S = 600.0
+RESTART_DELAY_S = 1.0
 STOP_WAIT_S = 3.0
 MANAGER_MODEL = "model_manager"
 PR_SET_PDEATHSIG = 1
@@ -71,6 +91,27 @@ def _seconds(env: dict[str, str], name: str, default: float) -> float:
     if not 0 <= value <= 3600:
         raise ValueError(f"{name}={raw!r}: expected seconds between 0 and 3600")
     return value
+
+
+def max_restarts(env: dict[str, str] | None = None) -> int:
+    """``EMBED_MAX_RESTARTS``: crashes restarted within ``RESTART_WINDOW_S`` (0 to 100)."""
+    env = os.environ if env is None else env
+    raw = env.get(RESTARTS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_RESTARTS
+    if not raw.isdigit() or int(raw) > 100:
+        raise ValueError(f"{RESTARTS_ENV}={raw!r}: expected a whole number from 0 to 100")
+    return int(raw)
+
+
+def describe_status(status: int) -> str:
+    """``exit status 1`` or ``signal SIGABRT``, for a ``Popen.returncode``."""
+    if status >= 0:
+        return f"exit status {status}"
+    try:
+        return f"signal {signal.Signals(-status).name}"
+    except ValueError:
+        return f"signal {-status}"
 
 
 @dataclass(frozen=True)
@@ -142,17 +183,26 @@ class Supervisor:
 
     def __init__(self, cmd: list[str], env: dict[str, str], http_url: str, admin_key: str,
                  health_file: str, settings: DrainSettings,
-                 log: Callable[[str], None] = lambda m: print(m, flush=True)):
+                 log: Callable[[str], None] = lambda m: print(m, flush=True),
+                 restarts: int = DEFAULT_MAX_RESTARTS,
+                 is_live: Callable[[], bool] | None = None, shm_prefix: str = "",
+                 shm_dir: str = "/dev/shm"):  # noqa: S108 - where shm_open puts regions
         self.cmd = cmd
         self.env = env
-        self.drainer = Drainer(RepositoryApi(http_url, admin_key, timeout_s=10.0), log)
+        api = RepositoryApi(http_url, admin_key, timeout_s=10.0)
+        self.drainer = Drainer(api, log)
         self.marker = drain_marker(health_file)
         self.settings = settings
         self.log = log
+        self.max_restarts = restarts
+        self.is_live = is_live or (lambda: api.answers("/v2/health/live"))
         self.child: subprocess.Popen[bytes] | None = None
         self.drained = False
         self.signals: list[int] = []
         self.wake = threading.Event()
+        self.restarts: list[float] = []  # when each crash was restarted (monotonic)
+        self.shm_prefix = shm_prefix
+        self.shm_dir = shm_dir
 
     def _on_signal(self, signum: int, _frame) -> None:
         self.signals.append(signum)
@@ -174,22 +224,75 @@ class Supervisor:
             pass
 
     def run(self) -> int:
-        """Start the server; returns its exit status once it has stopped."""
+        """Start the server; returns its exit status once it has stopped for good."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         self._clear_marker()
-        self.child = subprocess.Popen(  # noqa: S603 - fixed binary, no shell
-            self.cmd, env=self.env, start_new_session=True, preexec_fn=_die_with_parent,
-        )
-        while self.child.poll() is None and not self.signals:
-            self.wake.wait(0.5)
-        if self.signals and self.child.poll() is None:
-            self.drain(self.signals[0])
-        status = self.child.wait()
+        while True:
+            status, served = self._serve_once()
+            if self.signals or status == 0 or not served or not self._restart(status):
+                break
         self._clear_marker()
         if self.drained and status in (0, -signal.SIGTERM, -signal.SIGKILL):
             return 0  # every model unloaded: the kill of an idle server loses nothing
         return status if status >= 0 else 128 - status
+
+    def _serve_once(self) -> tuple[int, bool]:
+        """Run one ``tritonserver`` until it exits; (its status, whether it came up)."""
+        self.child = subprocess.Popen(  # noqa: S603 - fixed binary, no shell
+            self.cmd, env=self.env, start_new_session=True, preexec_fn=_die_with_parent,
+        )
+        served = False
+        while self.child.poll() is None and not self.signals:
+            self.wake.wait(0.5)
+            served = served or (self.child.poll() is None and self.is_live())
+        if self.signals and self.child.poll() is None:
+            self.drain(self.signals[0])
+        status = self.child.wait()
+        self.remove_leftovers(self.child.pid)
+        return status, served
+
+    def remove_leftovers(self, server_pid: int) -> list[str]:
+        """Unlink the shared memory of the stopped server ``server_pid``; the paths removed.
+
+        Safe while a stub of it still runs: an unlinked region lives on until unmapped.
+        """
+        found = []
+        for directory, prefix in ((self.shm_dir, self.shm_prefix),
+                                  (board_dir(), board_prefix(server_pid))):
+            try:
+                names = os.listdir(directory) if prefix else []
+            except OSError:
+                continue
+            found += [os.path.join(directory, n) for n in names if n.startswith(prefix)]
+        removed, size = [], 0
+        for path in found:
+            try:
+                size += os.stat(path).st_blocks * 512
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                continue
+        if removed:
+            self.log(f"removed {len(removed)} shared-memory files the server left behind "
+                     f"({size / 2**20:.1f} MiB)")
+        return removed
+
+    def _restart(self, status: int) -> bool:
+        """Whether a server that died with ``status`` is started again (module doc)."""
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_S]
+        died = f"tritonserver died ({describe_status(status)})"
+        if len(self.restarts) >= self.max_restarts:
+            self.log(f"{died}; not restarted: {len(self.restarts)} restarts within the last "
+                     f"{RESTART_WINDOW_S:g} s ({RESTARTS_ENV}={self.max_restarts})")
+            return False
+        self.restarts.append(now)
+        self.log(f"{died}; starting it again in {RESTART_DELAY_S:g} s (restart "
+                 f"{len(self.restarts)} of at most {self.max_restarts} within "
+                 f"{RESTART_WINDOW_S:g} s)")
+        self.wake.wait(RESTART_DELAY_S)
+        return not self.signals
 
     def drain(self, signum: int) -> None:
         """Steps 1-4 of the module doc."""

@@ -60,6 +60,9 @@ class TritonLaunch:
     host: str = "127.0.0.1"
     admin_key: str = field(default="", repr=False)
     trace: TraceSettings | None = None  # OpenTelemetry export; None: no tracing
+    # Names the Python backend's shared-memory regions (/dev/shm/<prefix><uuid>): a server
+    # that crashed leaves its regions behind, and this prefix finds them (supervisor.py).
+    shm_prefix: str = field(default_factory=lambda: f"embed-shm-{secrets.token_hex(6)}-")
 
     def __post_init__(self) -> None:
         """An empty ``admin_key`` becomes a random one: the admin APIs are never open."""
@@ -194,6 +197,7 @@ def server_command(launch: TritonLaunch, backend_dir: Path) -> list[str]:
         f"--log-verbose={launch.log_verbose}",
         "--strict-readiness=true",
         "--exit-on-error=true",
+        f"--backend-config=python,shm-region-prefix-name={launch.shm_prefix}",
     ]
     cmd += restriction_args(launch.admin_key)
     if launch.model_control_mode == "explicit":

@@ -98,6 +98,8 @@ elif mode == "exit3":
     sys.exit(3)
 elif mode == "kill9":
     import os; os.kill(os.getpid(), 9)
+elif mode == "abort":  # up a moment, then the crash Triton's lock_exception ends in
+    import os; time.sleep(1.2); os.abort()
 print("up", flush=True)
 time.sleep(60)
 """
@@ -113,11 +115,13 @@ class FakeDrainer:
         return self.complete
 
 
-def _supervisor(tmp_path: Path, mode: str, complete: bool = True, delay: float = 0.0):
+def _supervisor(tmp_path: Path, mode: str, complete: bool = True, delay: float = 0.0,
+                restarts: int = sup.DEFAULT_MAX_RESTARTS, live: bool = False):
     health = str(tmp_path / "health.json")
     lines: list[str] = []
     run = sup.Supervisor([sys.executable, "-c", CHILD, mode], dict(os.environ), "127.0.0.1:1",
-                         "k" * 20, health, sup.DrainSettings(delay, 10.0), lines.append)
+                         "k" * 20, health, sup.DrainSettings(delay, 10.0), lines.append,
+                         restarts=restarts, is_live=lambda: live)
     run.drainer = FakeDrainer(sup.drain_marker(health), complete)
     return run, lines
 
@@ -159,9 +163,103 @@ def test_a_server_that_ignores_sigterm_after_a_full_drain_is_killed_as_idle(tmp_
     assert sup.STOP_WAIT_S <= time.monotonic() - start < sup.STOP_WAIT_S + 5
 
 
-def test_a_server_that_dies_by_itself_ends_serve_with_its_status(tmp_path) -> None:
-    assert _supervisor(tmp_path, "exit3")[0].run() == 3
-    assert _supervisor(tmp_path, "kill9")[0].run() == 128 + signal.SIGKILL
+def test_a_server_that_never_came_up_ends_serve_with_its_status(tmp_path) -> None:
+    assert _supervisor(tmp_path, "exit3", live=True)[0].run() == 3
+    assert _supervisor(tmp_path, "kill9", live=True)[0].run() == 128 + signal.SIGKILL
+    run, lines = _supervisor(tmp_path, "abort", live=False)  # up, never live
+    assert run.run() == 128 + signal.SIGABRT
+    assert lines == []
+
+
+def test_a_server_that_crashes_after_coming_up_is_restarted_until_the_budget(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr(sup, "RESTART_DELAY_S", 0.05)
+    run, lines = _supervisor(tmp_path, "abort", restarts=2, live=True)
+    pids = []
+    started = sup.Supervisor._serve_once
+
+    def serve_once(self):
+        result = started(self)
+        pids.append(self.child.pid)
+        return result
+
+    monkeypatch.setattr(sup.Supervisor, "_serve_once", serve_once)
+    assert run.run() == 128 + signal.SIGABRT
+    assert len(set(pids)) == 3  # the first server and two restarts
+    assert lines == [
+        "tritonserver died (signal SIGABRT); starting it again in 0.05 s "
+        "(restart 1 of at most 2 within 600 s)",
+        "tritonserver died (signal SIGABRT); starting it again in 0.05 s "
+        "(restart 2 of at most 2 within 600 s)",
+        "tritonserver died (signal SIGABRT); not restarted: 2 restarts within the last "
+        "600 s (EMBED_MAX_RESTARTS=2)",
+    ]
+
+
+def test_restarts_older_than_the_window_do_not_count(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(sup, "RESTART_DELAY_S", 0.0)
+    run, lines = _supervisor(tmp_path, "abort", restarts=1, live=True)
+    run.restarts = [time.monotonic() - sup.RESTART_WINDOW_S - 1]
+    assert run._restart(-signal.SIGSEGV)
+    assert not run._restart(-signal.SIGSEGV)
+    assert lines[0].startswith("tritonserver died (signal SIGSEGV); starting it again")
+    assert "not restarted: 1 restarts" in lines[1]
+
+
+def test_zero_restarts_and_a_clean_exit_end_serve_at_once(tmp_path) -> None:
+    run, lines = _supervisor(tmp_path, "abort", restarts=0, live=True)
+    assert run.run() == 128 + signal.SIGABRT
+    assert "not restarted" in lines[0]
+    assert sup.describe_status(0) == "exit status 0"
+    assert sup.describe_status(-99) == "signal 99"
+
+
+def test_a_signal_during_the_restart_delay_ends_serve(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(sup, "RESTART_DELAY_S", 5.0)
+    run, lines = _supervisor(tmp_path, "abort", restarts=3, live=True)
+    start = time.monotonic()
+    assert _run_with_signal(run, signal.SIGTERM, after_s=2.0) == 128 + signal.SIGABRT
+    assert time.monotonic() - start < 4.5
+    assert len(lines) == 1 and "starting it again" in lines[0]
+
+
+def test_max_restarts_come_from_the_environment_and_refuse_nonsense() -> None:
+    assert sup.max_restarts({}) == sup.DEFAULT_MAX_RESTARTS
+    assert sup.max_restarts({sup.RESTARTS_ENV: "0"}) == 0
+    assert sup.max_restarts({sup.RESTARTS_ENV: " 7 "}) == 7
+    for bad in ("-1", "2.5", "many", "101"):
+        with pytest.raises(ValueError, match=sup.RESTARTS_ENV):
+            sup.max_restarts({sup.RESTARTS_ENV: bad})
+
+
+def test_the_dead_servers_shared_memory_is_removed_and_nothing_else(tmp_path) -> None:
+    from embed_runtime.busy_board import board_dir, board_prefix
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    mine = [shm / "embed-shm-abc-1111", shm / "embed-shm-abc-2222"]
+    others = [shm / "embed-shm-abd-3333", shm / "triton_python_backend_shm_region_x"]
+    for path in mine + others:
+        path.write_bytes(b"x" * 8192)
+    dead_pid = 2**22 + 11  # beyond pid_max: no live process owns these boards
+    boards = [Path(board_dir()) / f"{board_prefix(dead_pid)}m-1",
+              Path(board_dir()) / f"{board_prefix(dead_pid + 1)}m-1"]
+    for path in boards:
+        path.write_bytes(b"\0" * 64)
+    lines: list[str] = []
+    run = sup.Supervisor(["true"], {}, "127.0.0.1:1", "k" * 20, str(tmp_path / "h.json"),
+                         sup.DrainSettings(), lines.append, shm_prefix="embed-shm-abc-",
+                         shm_dir=str(shm))
+    try:
+        removed = run.remove_leftovers(dead_pid)
+        assert sorted(removed) == sorted(str(p) for p in [*mine, boards[0]])
+        assert all(p.exists() for p in [*others, boards[1]])
+        assert len(lines) == 1
+        assert lines[0].startswith("removed 3 shared-memory files the server left behind (")
+    finally:
+        for path in boards:
+            path.unlink(missing_ok=True)
 
 
 def test_the_health_check_fails_while_draining_and_not_for_a_dead_drainer(tmp_path) -> None:
