@@ -142,6 +142,29 @@ def default_url(protocol: str) -> str:
     return f"localhost:{DEFAULT_PORTS[protocol]}"
 
 
+GRPC_MAX_MESSAGE_BYTES = 2**31 - 1  # Triton's own limit, as tritonclient sets it
+# The gRPC channel waits this long (ms) before its first reconnect attempt to a server it
+# lost, growing to the second: gRPC's defaults (1 s, growing to 120 s) keep a client
+# failing for up to two minutes after a restarted server is back.
+RECONNECT_BACKOFF_MS = (250, 1000)
+
+
+def grpc_channel_args(keepalive) -> list[tuple[str, int]]:
+    """The channel options tritonclient sets itself, and a reconnect backoff capped at 1 s."""
+    first, largest = RECONNECT_BACKOFF_MS
+    return [
+        ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.initial_reconnect_backoff_ms", first),
+        ("grpc.min_reconnect_backoff_ms", first),
+        ("grpc.max_reconnect_backoff_ms", largest),
+    ]
+
+
 class EmbeddingClient(LifecycleMixin, RerankMixin, MultiVectorMixin):
     """Embed texts and images with models served by Triton; query server state.
 
@@ -195,7 +218,9 @@ class EmbeddingClient(LifecycleMixin, RerankMixin, MultiVectorMixin):
                 self._call: dict[str, Any] = {}
                 self._json: dict[str, Any] = {}
             else:
-                self._client = self._tc.InferenceServerClient(self.url)
+                self._client = self._tc.InferenceServerClient(
+                    self.url, channel_args=grpc_channel_args(self._tc.KeepAliveOptions())
+                )
                 self._call = {"client_timeout": timeout_s}
                 self._json = {"as_json": True}
 

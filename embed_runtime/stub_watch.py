@@ -13,6 +13,10 @@ an instance that was running is gone while its model is still loaded, it reloads
 model through the repository API with the model's own config plus a new
 ``stub_generation`` parameter. A model unloaded on purpose is not ready, so it is left
 alone. The model that runs the watch never watches itself.
+
+Triton does not remove the shared-memory region of a stub that died (measured: one
+region left in /dev/shm per killed stub, 25 after 25 kills; an image instance's region
+grows to hundreds of MiB), so once the model is reloaded the watch unlinks it.
 """
 
 from __future__ import annotations
@@ -27,26 +31,35 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 STUB_BINARY = "triton_python_backend_stub"
 INSTANCE_RE = re.compile(r"\d+_\d+")  # <model>_<group>_<index>
 GENERATION_PARAMETER = "stub_generation"
 
 
+class Stub(NamedTuple):
+    """One running stub process: its model, its pid and its shared-memory region's name."""
+
+    model: str
+    pid: int
+    region: str
+
+
 def live_stubs(server_pid: int, proc: str = "/proc") -> dict[str, str]:
     """Instance name -> model name of every running stub of the server ``server_pid``."""
-    return {instance: model for instance, (model, _) in stub_processes(server_pid, proc).items()}
+    return {instance: stub.model for instance, stub in stub_processes(server_pid, proc).items()}
 
 
-def stub_processes(server_pid: int, proc: str = "/proc") -> dict[str, tuple[str, int]]:
-    """Instance name -> (model name, pid) of every running stub of the server ``server_pid``.
+def stub_processes(server_pid: int, proc: str = "/proc") -> dict[str, Stub]:
+    """Instance name -> :class:`Stub` of every running stub of the server ``server_pid``.
 
     A stub's command line is ``<stub> <repo>/<model>/<version>/model.py <shm region> ...
     <parent pid> <backend dir> <ipc handle> <instance name> ...``; zombies (killed stubs
     not yet reaped), stubs of other servers and the short-lived stub a model load starts
     to complete the model's config (named after the model, not an instance) are left out.
     """
-    stubs: dict[str, tuple[str, int]] = {}
+    stubs: dict[str, Stub] = {}
     for entry in os.listdir(proc):
         if not entry.isdigit():
             continue
@@ -64,7 +77,8 @@ def stub_processes(server_pid: int, proc: str = "/proc") -> dict[str, tuple[str,
         model = os.path.basename(os.path.dirname(os.path.dirname(args[1].decode())))
         instance = args[8].decode()
         if INSTANCE_RE.fullmatch(instance.removeprefix(model + "_")) and instance != model:
-            stubs[instance] = (model, int(entry))  # not the short-lived stub of a load
+            # not the short-lived stub of a load
+            stubs[instance] = Stub(model, int(entry), args[2].decode())
     return stubs
 
 
@@ -88,11 +102,15 @@ class StubWatch:
     degraded: dict[str, list[str]] = field(default_factory=dict)
     failures_in_a_row: int = 0
     failing_probes: dict[str, str] = field(default_factory=dict)  # runtime/probe.py
+    regions: dict[str, str] = field(default_factory=dict)  # instance -> its shm region
+    shm_dir: str = "/dev/shm"  # noqa: S108 - where shm_open puts the regions
 
     def poll(self) -> list[str]:
         """One look at the stubs; returns the models reloaded."""
-        live = live_stubs(self.server_pid, self.proc)
+        stubs = stub_processes(self.server_pid, self.proc)
+        live = {instance: stub.model for instance, stub in stubs.items()}
         self.seen.update({i: m for i, m in live.items() if m != self.own_model})
+        self.regions.update({i: s.region for i, s in stubs.items() if i in self.seen})
         dead: dict[str, list[str]] = {}
         for instance, model in self.seen.items():
             if instance not in live:
@@ -116,8 +134,18 @@ class StubWatch:
                     continue
             for instance in instances:  # seen again once the new stubs are up
                 del self.seen[instance]
+                self._remove_region(self.regions.pop(instance, ""))
         self.write_health()
         return reloaded
+
+    def _remove_region(self, region: str) -> None:
+        """Unlink a dead stub's region (the server unmaps it with the old instance)."""
+        if not region or os.sep in region or region in (".", ".."):
+            return
+        try:
+            os.unlink(os.path.join(self.shm_dir, region))
+        except OSError:
+            pass  # already gone (a server that does clean up), or never there
 
     def end_hung(self, instances: set[str]) -> list[str]:
         """SIGKILL the stubs of ``instances`` that still run; the next poll replaces them.
@@ -127,10 +155,10 @@ class StubWatch:
         the instances killed.
         """
         killed = []
-        for instance, (_, pid) in stub_processes(self.server_pid, self.proc).items():
+        for instance, stub in stub_processes(self.server_pid, self.proc).items():
             if instance in instances:
                 try:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(stub.pid, signal.SIGKILL)
                     killed.append(instance)
                 except ProcessLookupError:
                     pass

@@ -27,7 +27,9 @@ A rollout needs the opposite: finish what was accepted, refuse what comes next. 
 A second signal during the drain skips to the stop. The drain as a whole is bounded by
 ``EMBED_DRAIN_TIMEOUT_S`` (default 20 s); past it the stop proceeds with whatever is left
 (Triton's own exit timeout then applies). The exit status is ``tritonserver``'s (0 after a
-clean stop). Whatever way the server ended, the shared memory it leaves behind is removed:
+clean stop). Whatever way the server ended, what it leaves behind goes: the stubs of its
+process group that still run (after an abort, measured: an encoder stub still running
+9 s later, holding its model), then its shared memory:
 its Python-backend regions (``/dev/shm/<shm_prefix>*``, hundreds of MiB for an image
 instance that held a large batch) and its busy boards; a crash leaves them all.
 
@@ -249,6 +251,10 @@ class Supervisor:
         if self.signals and self.child.poll() is None:
             self.drain(self.signals[0])
         status = self.child.wait()
+        try:  # stubs the dead server left running (measured: an encoder stub, 9 s on)
+            os.killpg(self.child.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         self.remove_leftovers(self.child.pid)
         return status, served
 

@@ -19,8 +19,8 @@ def _process(proc: Path, pid: int, args: list[str], state: str = "S") -> None:
 
 
 def _stub(proc: Path, pid: int, model: str, instance: str, parent: int = SERVER,
-          state: str = "S") -> None:
-    _process(proc, pid, [STUB, f"/models/{model}/1/model.py", "shm", "1048576", "1048576",
+          state: str = "S", region: str = "shm") -> None:
+    _process(proc, pid, [STUB, f"/models/{model}/1/model.py", region, "1048576", "1048576",
                          str(parent), "/opt/backends/python", "336", instance, "DEFAULT", ""],
              state)
 
@@ -80,6 +80,33 @@ def test_a_failed_reload_is_recorded_and_retried_at_the_next_poll(tmp_path: Path
     assert watch.poll() == []
     assert watch.events[0][3] == "OSError: connection refused"
     assert watch.poll() == ["m"] and watch.events[1][3] == "" and answers == []
+
+
+def test_a_dead_stubs_region_is_unlinked_once_its_model_is_reloaded(tmp_path: Path) -> None:
+    proc, shm = tmp_path / "proc", tmp_path / "shm"
+    shm.mkdir()
+    for name in ("r-dead", "r-alive", "r-other", "r-tok"):
+        (shm / name).write_bytes(b"x")
+    _stub(proc, 10, "m", "m_0_0", region="r-dead")
+    _stub(proc, 11, "m", "m_0_1", region="r-alive")
+    _stub(proc, 12, "t", "t_0_0", region="../r-tok")  # never a path outside the folder
+    answers = [OSError("refused"), None, None]
+
+    def reload(model: str) -> None:
+        answer = answers.pop(0)
+        if answer is not None:
+            raise answer
+
+    watch = StubWatch(SERVER, lambda m: True, reload, proc=str(proc), shm_dir=str(shm))
+    watch.poll()
+    (proc / "10" / "stat").write_text("10 (x) Z 4242")
+    assert watch.poll() == [] and (shm / "r-dead").exists()  # reload failed: kept
+    assert watch.poll() == ["m"]
+    assert sorted(p.name for p in shm.iterdir()) == ["r-alive", "r-other", "r-tok"]
+    (proc / "12" / "stat").write_text("12 (x) Z 4242")
+    assert watch.poll() == ["t"]
+    assert sorted(p.name for p in shm.iterdir()) == ["r-alive", "r-other", "r-tok"]
+    assert watch.regions == {"m_0_1": "r-alive"}
 
 
 def test_the_servers_http_address_comes_from_its_command_line(tmp_path: Path) -> None:

@@ -100,6 +100,11 @@ elif mode == "kill9":
     import os; os.kill(os.getpid(), 9)
 elif mode == "abort":  # up a moment, then the crash Triton's lock_exception ends in
     import os; time.sleep(1.2); os.abort()
+elif mode.startswith("orphan:"):  # a "stub" that outlives its aborted server
+    import os, subprocess
+    stub = subprocess.Popen(["sleep", "60"])
+    open(mode[7:], "w").write(str(stub.pid))
+    time.sleep(1.2); os.abort()
 print("up", flush=True)
 time.sleep(60)
 """
@@ -222,6 +227,24 @@ def test_a_signal_during_the_restart_delay_ends_serve(tmp_path, monkeypatch) -> 
     assert _run_with_signal(run, signal.SIGTERM, after_s=2.0) == 128 + signal.SIGABRT
     assert time.monotonic() - start < 4.5
     assert len(lines) == 1 and "starting it again" in lines[0]
+
+
+def test_processes_the_dead_server_left_running_are_killed(tmp_path) -> None:
+    pid_file = tmp_path / "stub.pid"
+    run, _ = _supervisor(tmp_path, f"orphan:{pid_file}", restarts=0, live=True)
+    assert run.run() == 128 + signal.SIGABRT
+    stub = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{stub}/stat", encoding="ascii") as handle:
+                if handle.read().rsplit(")", 1)[-1].split()[0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the orphan {stub} still runs")
 
 
 def test_max_restarts_come_from_the_environment_and_refuse_nonsense() -> None:
