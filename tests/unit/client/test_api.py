@@ -471,3 +471,27 @@ def test_admin_key_comes_from_the_environment_or_its_file(tmp_path) -> None:
     assert admin_key_from_env({"EMBED_ADMIN_KEY_FILE": str(key)}) == "from-a-file"
     with pytest.raises(EmbeddingClientError, match="cannot read EMBED_ADMIN_KEY_FILE"):
         admin_key_from_env({"EMBED_ADMIN_KEY_FILE": str(tmp_path / "missing")})
+
+
+def test_the_grpc_channel_keeps_tritonclients_options_and_retries_a_lost_server_within_1_s(
+    monkeypatch,
+) -> None:
+    import grpc
+    import tritonclient.grpc as grpcclient
+
+    keepalive = grpcclient.KeepAliveOptions()
+    opened: list[dict] = []
+    real = grpc.insecure_channel
+
+    def channel(url, options=None, **kwargs):
+        opened.append(dict(options or []))
+        return real(url, options=options, **kwargs)
+
+    monkeypatch.setattr(grpc, "insecure_channel", channel)
+    EmbeddingClient("127.0.0.1:1", protocol="grpc", admin_key="").close()
+    args = opened[0]
+    assert args["grpc.max_send_message_length"] == args["grpc.max_receive_message_length"] == (
+        2**31 - 1)
+    assert args["grpc.keepalive_time_ms"] == keepalive.keepalive_time_ms
+    assert args["grpc.max_reconnect_backoff_ms"] == 1000
+    assert args["grpc.initial_reconnect_backoff_ms"] == args["grpc.min_reconnect_backoff_ms"] == 250
