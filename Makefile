@@ -15,7 +15,7 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 # Unset, torch installs exactly as before (PyPI and any local wheel cache).
 TORCH_INDEX_URL ?=
 
-.PHONY: serve test build stop lint unit integration clean perf perf-analyzer test-docker
+.PHONY: serve test build stop lint unit integration clean perf perf-analyzer test-docker pylate-reference
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	touch $@
 
 TINY_CLIP := .build/tiny-clip/open_clip_pytorch_model.bin
+PYLATE_REF_DIR := .build/pylate-ref
+PYLATE_REF := $(PYLATE_REF_DIR)/.installed
 
 $(TINY_CLIP): | $(STAMP)
 	$(PY) -m generator tiny-clip .build/tiny-clip
@@ -50,11 +52,21 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q
 
-integration: $(STAMP) perf-analyzer
+integration: $(STAMP) perf-analyzer $(PYLATE_REF)
 	$(PY) -m pytest tests/integration -q
 
-test: $(STAMP) perf-analyzer lint
+test: $(STAMP) perf-analyzer lint $(PYLATE_REF)
 	$(PY) -m pytest tests -q
+
+# PyLate 1.6.0, pinned with the packages it needs beside the project's (sentence-
+# transformers 5.3 among them), in a folder of its own: the build's reference for PyLate
+# ColBERT folders (generator/pylate_reference.py), which are refused without it.
+$(PYLATE_REF): requirements/pylate-reference.txt | $(STAMP)
+	rm -rf $(PYLATE_REF_DIR)
+	$(PY) -m pip install -q --no-deps --target $(PYLATE_REF_DIR) -r requirements/pylate-reference.txt
+	touch $@
+
+pylate-reference: $(PYLATE_REF)
 
 # The real perf_analyzer (Triton 2.51, the local server's release) outside Docker, beside
 # the venv's own tritonclient: the binary from the hash-pinned tritonclient==2.51.0 wheel,

@@ -10,6 +10,8 @@ embeddings ``[B, T, D]`` (projection and normalisation inside):
 - queries with query expansion are padded to the expansion length with the expansion
   token (``[MASK]``), attended to or not as the model says, and every expansion
   position is scored (``Transformer.preprocess`` and ``MultiVectorMask``);
+- a PyLate ColBERT's marker is a token id put right after the first token (``[CLS]``),
+  the text cut one token shorter to make room (``ColBERT.tokenize``);
 - tokens of the skiplist (punctuation, for documents) are dropped from the output;
 - each row is answered as its scored vectors, padded with zeros to the longest row of
   the request: ``EMBEDDINGS`` ``[N, T, D]`` and ``TOKEN_COUNT`` (rows of ``[N, 1]``).
@@ -39,10 +41,11 @@ EMBEDDINGS, TOKEN_COUNT = "EMBEDDINGS", "TOKEN_COUNT"
 class TaskParams:
     """How one task's texts are tokenized and which of their tokens are scored.
 
-    ``max_length`` is the truncation length (special tokens and prompt included).
-    ``expansion_length`` > 0 pads shorter rows to that many tokens with
-    ``expansion_id`` (all of them scored; attended to by the encoder when
-    ``expansion_attend``); ``skip_ids`` are dropped from the output.
+    ``max_length`` is the truncation length (special tokens, prompt and prefix
+    included). ``prefix_id`` >= 0 is inserted after each row's first token, the text cut
+    at ``max_length - 1`` tokens first. ``expansion_length`` > 0 pads shorter rows to
+    that many tokens with ``expansion_id`` (all of them scored; attended to by the
+    encoder when ``expansion_attend``); ``skip_ids`` are dropped from the output.
     """
 
     max_length: int
@@ -50,6 +53,12 @@ class TaskParams:
     expansion_id: int = 0
     expansion_attend: bool = False
     skip_ids: tuple[int, ...] = ()
+    prefix_id: int = -1
+
+    @property
+    def text_length(self) -> int:
+        """Tokens the tokenizer keeps: ``max_length`` less the room for the prefix."""
+        return self.max_length - (1 if self.prefix_id >= 0 else 0)
 
 
 @dataclass(frozen=True)
@@ -70,8 +79,8 @@ class MultiVectorParams:
     def parameters(self) -> dict[str, str]:
         """The config parameter that :meth:`from_parameters` reads back."""
         value = {
-            "query": asdict(self.query),
-            "document": asdict(self.document),
+            "query": _task_dict(self.query),
+            "document": _task_dict(self.document),
             "prompts": dict(self.prompts),
             "default_prompt_name": self.default_prompt_name,
         }
@@ -95,6 +104,21 @@ class MultiVectorParams:
             prompts=tuple(sorted(raw.get("prompts", {}).items())),
             default_prompt_name=raw.get("default_prompt_name", ""),
         )
+
+
+def _task_dict(task: TaskParams) -> dict:
+    value = asdict(task)
+    if task.prefix_id < 0:  # no prefix: written as before prefixes existed
+        del value["prefix_id"]
+    return value
+
+
+def insert_prefix(arrays: dict[str, np.ndarray], prefix_id: int) -> dict[str, np.ndarray]:
+    """Put ``prefix_id`` after each row's first token (mask 1, token type 0)."""
+    fill = {"input_ids": prefix_id, "attention_mask": 1}
+    return {
+        name: np.insert(array, 1, fill.get(name, 0), axis=1) for name, array in arrays.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -183,7 +207,7 @@ class MultiVectorTextEncoder:
         self.encoder = encoder
         self.tokenizers = {
             name: BatchTokenizer(
-                tokenizer_path, _task_tokenizer(tok_params, params.task(name).max_length)
+                tokenizer_path, _task_tokenizer(tok_params, params.task(name).text_length)
             )
             for name in TASKS
         }
@@ -210,7 +234,10 @@ class MultiVectorTextEncoder:
     def tokenize(self, texts: Sequence[str], task: str) -> TaskTokens:
         """Tokenize ``texts`` as ``task``: expansion, skiplist, fed widths."""
         arrays = self.tokenizers[task].encode(list(texts))
-        return expand_and_score(arrays, self.params.task(task), task in self.skip_tasks)
+        params = self.params.task(task)
+        if params.prefix_id >= 0:
+            arrays = insert_prefix(arrays, params.prefix_id)
+        return expand_and_score(arrays, params, task in self.skip_tasks)
 
     def embed(self, requests: Sequence[MultiVectorRequest]) -> list[tuple[np.ndarray, np.ndarray]]:
         """One ``(EMBEDDINGS, TOKEN_COUNT)`` pair per request; all rows in one sorted run."""

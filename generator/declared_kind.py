@@ -24,6 +24,12 @@ KNOWN_KINDS = {
     "SentenceTransformer": "a dense embedding model",
     "PyLate ColBERT": "a multi-vector, ColBERT-style encoder saved by PyLate",
 }
+PYLATE = "PyLate ColBERT"  # the declared kind of a folder saved by PyLate
+# Module types of a PyLate ColBERT pipeline: a sentence-transformers Transformer, then
+# PyLate's Dense projections (family 'multi-vector', generator/families/multi_vector/pylate.py).
+PYLATE_MODULES = (("sentence_transformers.models.Transformer",
+                   "sentence_transformers.base.modules.Transformer"),
+                  "pylate.models.Dense.Dense")
 # Keys PyLate writes into config_sentence_transformers.json for its ColBERT models (whose
 # modules, a Transformer and a Dense projection, look like a dense pipeline's).
 PYLATE_KEYS = ("query_prefix", "document_prefix", "query_length", "document_length",
@@ -41,19 +47,15 @@ MODULE_NOTES = {
     "HierarchicalTokenPooling": "token pooling (fewer vectors per document)",
     "LambdaTokenPooling": "token pooling (fewer vectors per document)",
 }
-# Why a declared kind is refused by every family, where no family builds it.
-KIND_NOTES = {
-    "PyLate ColBERT": "PyLate's pipeline (its marker tokens, query expansion and skiplist "
-                      "handling) has no reference here to check parity against; family "
-                      "'multi-vector' serves folders saved by sentence-transformers' "
-                      "MultiVectorEncoder",
-}
+# Why a declared kind is refused by a family (none today).
+KIND_NOTES: dict[str, str] = {}
 # The family that builds each declared model type (named in a refusal).
 KIND_FAMILIES = {
     "SentenceTransformer": "sentence-transformers",
     "CrossEncoder": "cross-encoder",
     "SparseEncoder": "sparse-encoder",
     "MultiVectorEncoder": "multi-vector",
+    PYLATE: "multi-vector",
 }
 # First modules of a pipeline every family's export starts from (MLMTransformer: the
 # sparse encoders' Transformer as sentence-transformers < 6 saved it).
@@ -142,13 +144,13 @@ def declared_kind(folder: Path) -> DeclaredKind:
         if isinstance(config, dict) and isinstance(config.get("model_type"), str):
             model_type = config["model_type"]
             if model_type == "ColBERT":  # PyLate <= 3
-                model_type = "PyLate ColBERT"
+                model_type = PYLATE
         versions = config.get("__version__") if isinstance(config, dict) else None
         if isinstance(config, dict) and (
             any(k in config for k in PYLATE_KEYS)
             or (isinstance(versions, dict) and "pylate" in versions)
         ):
-            model_type = "PyLate ColBERT"
+            model_type = PYLATE
     first = modules[0].get("path", "") if modules else ""
     if [t.rsplit(".", 1)[-1] for t in types] == ["Router"]:
         return _router_kind(folder / first, model_type, tuple(types))
@@ -255,6 +257,9 @@ def check_served(family: str, served: Served, kind: DeclaredKind, name: str) -> 
             f"{' / '.join(served_types)}, since sentence-transformers would build one around "
             "an undeclared folder (a bare transformer gets a randomly initialised projection)"
         )
+    if kind.model_type == PYLATE:
+        _check_pylate(family, kind, name, listed)
+        return
     if kind.routes:
         _check_routes(family, served, kind, name)
         return
@@ -281,6 +286,26 @@ def check_served(family: str, served: Served, kind: DeclaredKind, name: str) -> 
             f"family {family!r} serves {tasks} only"
         )
     _check_module_tasks(served, kind, family, name, listed)
+
+
+def _check_pylate(family: str, kind: DeclaredKind, name: str, listed: str) -> None:
+    """A PyLate folder: a Transformer, then PyLate Dense projections, nothing else."""
+    transformers, dense = PYLATE_MODULES
+    modules = kind.modules
+    odd = ([] if modules and modules[0] in transformers else list(modules[:1])) + [
+        m for m in modules[1:] if m != dense]
+    if odd or len(modules) < 2:
+        what = f"module {odd[0]!r}" if odd else "a pipeline without a PyLate Dense"
+        raise UnsupportedModelError(
+            f"{name}: {what} is not supported in a PyLate ColBERT folder by family "
+            f"{family!r}, which serves a Transformer followed by {dense} projections "
+            f"(modules of this folder: {listed})"
+        )
+    if kind.transformer_task not in (None, "feature-extraction"):
+        raise UnsupportedModelError(
+            f"{name}: its Transformer module runs the task {kind.transformer_task!r}; a "
+            "PyLate ColBERT is served with feature extraction only"
+        )
 
 
 def _check_module_tasks(

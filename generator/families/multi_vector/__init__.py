@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...declared_kind import Served
+from ...declared_kind import PYLATE, Served
 from ..sentence_transformers import check_sentence_transformers_folder, name_from_source
 from ..spec import Errors, Family
 
@@ -42,7 +42,7 @@ FAMILY = Family(
     check_folder=check_sentence_transformers_folder,
     default_name=name_from_source,
     served=Served(
-        types=("MultiVectorEncoder",),
+        types=("MultiVectorEncoder", PYLATE),
         modules=("Transformer", "Dense", "Normalize", "MultiVectorMask"),
         tasks=(None, "feature-extraction"),
         declared_only=True,

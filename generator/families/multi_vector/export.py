@@ -1,4 +1,4 @@
-"""Family ``multi-vector``: a sentence-transformers ``MultiVectorEncoder`` (ColBERT).
+"""Family ``multi-vector``: a sentence-transformers ``MultiVectorEncoder`` or PyLate ColBERT.
 
 Served pipelines: a text ``Transformer`` (feature extraction, right padding), then any
 token-level ``Dense`` projections and ``Normalize``, and one ``MultiVectorMask`` (its
@@ -10,6 +10,10 @@ The build runs that serving code on the exported graph over the validation texts
 queries and as documents, and compares every row with ``encode_query`` /
 ``encode_document`` of the folder loaded as the ``MultiVectorEncoder`` it declares;
 anything over the gate, or any other pipeline, is refused before anything is written.
+
+A folder saved by PyLate is rebuilt from sentence-transformers' modules (``pylate.py``)
+and gated against PyLate's own ``ColBERT.encode``, run from its pinned reference
+packages (``generator.pylate_reference``).
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ from embed_runtime.multivector import (
 from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
 from embed_runtime.tokenizer import TokenizerParams
 
-from ...declared_kind import UnsupportedModelError, check_source
+from ...declared_kind import PYLATE, UnsupportedModelError, check_source
 from ...manifest import Manifest, ModelEntry
 from ...model_dir import ModelDir
 from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
+from ...pylate_reference import PyLateReference
 from ...render import IOSpec, Step, ensemble, parse_config
 from ..common import multi_vector_encoder_dir
 from ..sentence_transformers.export import (
@@ -42,7 +47,7 @@ from ..sentence_transformers.export import (
     token_limits,
     write_tokenizer,
 )
-from . import FAMILY
+from . import FAMILY, pylate
 
 # Parity gate of every served row against encode_query / encode_document: max |diff|.
 MULTI_VECTOR_ATOL = 1e-5
@@ -51,18 +56,23 @@ PARITY_TEXTS = (*VALIDATION_TEXTS, "What is the capital of France?", "a, b; c!")
 
 
 def _load(entry: ModelEntry, manifest: Manifest):
+    """(the pipeline, its serving settings, the library reference the gate compares with)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from sentence_transformers import MultiVectorEncoder  # noqa: PLC0415
 
     source = resolve_source(entry, manifest)
-    check_source(FAMILY.name, FAMILY.served, source, entry.name)  # before anything converts it
+    kind = check_source(FAMILY.name, FAMILY.served, source, entry.name)  # before converting
+    if kind.model_type == PYLATE:
+        reference = PyLateReference(source, entry.name)  # refused here when not installed
+        model = pylate.load(source, entry.name, entry.max_seq_length)
+        return model, pylate.params(model), reference
     model = MultiVectorEncoder(
         source, device="cpu", model_kwargs={"attn_implementation": "eager"}
     ).eval()
     if entry.max_seq_length:
         model.max_seq_length = entry.max_seq_length
     _check_pipeline(entry.name, model)
-    return model
+    return model, multi_vector_params(model), model
 
 
 def _check_pipeline(name: str, model) -> None:
@@ -187,13 +197,18 @@ def _encoder_module(model, input_names: list[str]):
 
 
 def _features(model, texts, task: str, input_names: list[str]) -> dict[str, np.ndarray]:
+    if isinstance(model, pylate.PyLateModel):
+        return pylate.features(model, texts, task, input_names)
     prompt = model.prompts.get(task) if model.prompts else None
     enc = model.preprocess(list(texts), prompt=prompt, task=task)
     return {n: enc[n].numpy().astype(np.int64) for n in input_names}
 
 
 def served_parity(model, text: MultiVectorTextEncoder, texts) -> dict[str, float]:
-    """Max |served row - library row| per task over ``texts`` (shapes must agree)."""
+    """Max |served row - library row| per task over ``texts`` (shapes must agree).
+
+    ``model`` has the library's ``encode_query`` / ``encode_document``.
+    """
     from embed_runtime.multivector import MultiVectorRequest, unpad  # noqa: PLC0415
 
     out = {}
@@ -202,7 +217,7 @@ def served_parity(model, text: MultiVectorTextEncoder, texts) -> dict[str, float
         embeddings, counts = text.embed([MultiVectorRequest(request.texts, request.task)])[0]
         got = unpad(embeddings, counts)
         library = model.encode_query if task == "query" else model.encode_document
-        want = [w.numpy() for w in library(list(texts), batch_size=len(texts))]
+        want = [np.asarray(w) for w in library(list(texts), batch_size=len(texts))]
         worst = 0.0
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             if g.shape != w.shape:
@@ -230,8 +245,7 @@ def _ensemble_dir(entry: ModelEntry, dim: int) -> ModelDir:
 
 def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     """Export, validate and describe the two model dirs of one multi-vector model."""
-    model = _load(entry, manifest)
-    mv_params = multi_vector_params(model)
+    model, mv_params, reference = _load(entry, manifest)
     tokenizer_json = work / "tokenizer.json"
     input_names = write_tokenizer(model, tokenizer_json)
     if set(input_names) - {"input_ids", "attention_mask", "token_type_ids"}:
@@ -270,11 +284,13 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     )
     served = _serving_encoder(model_dir, onnx_path, tokenizer_json)
     for texts in (PARITY_TEXTS[:1], PARITY_TEXTS):
-        for task, diff in served_parity(model, served, texts).items():
+        for task, diff in served_parity(reference, served, texts).items():
             if diff > MULTI_VECTOR_ATOL:
+                library = ("PyLate ColBERT.encode" if reference is not model
+                           else "MultiVectorEncoder.encode")
                 raise RuntimeError(
-                    f"{entry.name}: served {task} vectors differ from MultiVectorEncoder."
-                    f"encode_{task} by {diff:.2e} (max abs, gate {MULTI_VECTOR_ATOL:.0e})"
+                    f"{entry.name}: served {task} vectors differ from {library}_{task} by "
+                    f"{diff:.2e} (max abs, gate {MULTI_VECTOR_ATOL:.0e})"
                 )
     return [model_dir, _ensemble_dir(entry, dim)]
 

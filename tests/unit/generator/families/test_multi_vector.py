@@ -176,19 +176,31 @@ def _folder(root: Path, modules: list[str], config: dict) -> Path:
     return root
 
 
-def test_pylate_undeclared_and_other_kinds_are_refused_by_name(tmp_path) -> None:
+def test_pylate_folders_are_read_as_pylate_and_other_pipelines_refused_by_name(
+    tmp_path,
+) -> None:
     from tests.st_factory import tokenizer_dir
 
-    transformer = "sentence_transformers.models.Transformer"
-    pylate = _folder(tmp_path / "pylate", [transformer, "pylate.models.Dense.Dense"],
+    transformer, dense = "sentence_transformers.models.Transformer", "pylate.models.Dense.Dense"
+    pylate = _folder(tmp_path / "pylate", [transformer, dense, dense],
                      {"query_prefix": "[unused0]", "document_prefix": "[unused1]",
                       "query_length": 32, "attend_to_expansion_tokens": False})
-    with pytest.raises(UnsupportedModelError, match="'PyLate ColBERT'.*no reference here"):
-        check_source(MULTI.name, MULTI.served, str(pylate), "p")
-    v3 = _folder(tmp_path / "v3", [transformer, "pylate.models.Dense.Dense"],
-                 {"model_type": "ColBERT"})
-    with pytest.raises(UnsupportedModelError, match="'PyLate ColBERT'"):
-        check_source(MULTI.name, MULTI.served, str(v3), "p")
+    assert check_source(MULTI.name, MULTI.served, str(pylate), "p").model_type == (
+        "PyLate ColBERT")
+    v3 = _folder(tmp_path / "v3", [transformer, dense], {"model_type": "ColBERT"})
+    assert check_source(MULTI.name, MULTI.served, str(v3), "p").model_type == "PyLate ColBERT"
+    for name, modules, what in (
+        ("extra", [transformer, dense, "sentence_transformers.models.Normalize"],
+         "module 'sentence_transformers.models.Normalize'"),
+        ("custom", ["my_package.Encoder", dense], "module 'my_package.Encoder'"),
+        ("alone", [transformer], "a pipeline without a PyLate Dense"),
+    ):
+        folder = _folder(tmp_path / name, modules, {"model_type": "ColBERT"})
+        with pytest.raises(UnsupportedModelError, match=f"{what} is not supported in a PyLate"):
+            check_source(MULTI.name, MULTI.served, str(folder), "p")
+    with pytest.raises(UnsupportedModelError, match="use family 'multi-vector'"):
+        dense_family = FAMILIES["sentence-transformers"]
+        check_source(dense_family.name, dense_family.served, str(pylate), "p")
     bare = tmp_path / "bare"  # a transformers folder: the library would add a random projection
     bare.mkdir()
     (bare / "config.json").write_text("{}")
@@ -257,3 +269,61 @@ def test_model_manager_checks_a_colbert_folder_by_this_family(folders, tmp_path)
     assert manager._source_fields(request, settings)["source"] == str(folder)
     with pytest.raises(InvalidInputError, match="use family 'multi-vector'"):
         manager.handle(_load(str(folder), "cb"))
+
+
+def test_a_prefix_token_goes_after_the_first_token_and_the_text_is_cut_one_shorter() -> None:
+    from embed_runtime.multivector import MultiVectorParams, insert_prefix
+
+    arrays = {"input_ids": np.array([[101, 7, 8, 102], [101, 9, 102, 0]]),
+              "attention_mask": np.array([[1, 1, 1, 1], [1, 1, 1, 0]]),
+              "token_type_ids": np.zeros((2, 4), dtype=np.int64)}
+    got = insert_prefix(arrays, 1)
+    assert got["input_ids"].tolist() == [[101, 1, 7, 8, 102], [101, 1, 9, 102, 0]]
+    assert got["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    assert not got["token_type_ids"].any()
+    task = TaskParams(max_length=16, expansion_length=16, expansion_id=103, prefix_id=1)
+    assert task.text_length == 15 and TaskParams(max_length=16).text_length == 16
+    params = MultiVectorParams(task, TaskParams(max_length=48, skip_ids=(5,)))
+    raw = json.loads(params.parameters()["multi_vector"])
+    assert raw["query"]["prefix_id"] == 1 and "prefix_id" not in raw["document"]
+    assert MultiVectorParams.from_parameters(params.parameters()) == params
+
+
+def test_a_pylate_folder_is_refused_without_its_pinned_reference(tmp_path, monkeypatch) -> None:
+    from generator import pylate_reference
+
+    folder = _folder(tmp_path / "pylate", ["sentence_transformers.models.Transformer",
+                                           "pylate.models.Dense.Dense"], {"model_type": "ColBERT"})
+    empty = tmp_path / "no-reference"
+    empty.mkdir()
+    monkeypatch.setenv(pylate_reference.ENV, str(empty))
+    manifest = parse_manifest({"models": [{"name": "p", "family": "multi-vector",
+                                           "source": str(folder)}]}, tmp_path)
+    with pytest.raises(UnsupportedModelError, match=r"built only against PyLate's own encode.*"
+                       r"found nothing.*make pylate-reference"):
+        family.build(manifest.models[0], manifest, tmp_path / "work")
+    (empty / "pylate-1.5.2.dist-info").mkdir()
+    with pytest.raises(UnsupportedModelError, match="found PyLate 1.5.2"):
+        family.build(manifest.models[0], manifest, tmp_path / "work")
+
+
+def test_pylate_settings_refuse_prompts_odd_lengths_and_foreign_activations(tmp_path) -> None:
+    from generator.families.multi_vector import pylate
+
+    def settings(config: dict) -> dict:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        (folder / "config_sentence_transformers.json").write_text(json.dumps(config))
+        return pylate.settings_of(folder, "p")
+
+    got = settings({"prompts": {"query": "", "document": ""}, "query_length": 20})
+    assert got["query_length"] == 20 and got["document_length"] == 180
+    assert got["query_prefix"] == "[Q] " and got["do_query_expansion"] is True
+    assert "," in got["skiplist_words"]
+    with pytest.raises(UnsupportedModelError, match="prompts"):
+        settings({"prompts": {"query": "search_query: "}})
+    with pytest.raises(UnsupportedModelError, match="query_length 1"):
+        settings({"query_length": 1})
+    with pytest.raises(UnsupportedModelError, match="activation 'os.system'"):
+        pylate._activation("p", "os.system")
+    assert type(pylate._activation("p", "torch.nn.modules.activation.Tanh")).__name__ == "Tanh"
