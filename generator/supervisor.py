@@ -35,7 +35,7 @@ instance that held a large batch) and its busy boards; a crash leaves them all.
 
 A server that dies by itself after it had been serving is started again. Measured here:
 Triton 2.51 aborts as a whole ("terminate called after throwing an instance of
-'boost::interprocess::lock_exception'", then ``exit(1)`` from its signal handler) when a
+'boost::interprocess::lock_exception'", then death by SIGABRT) when a
 Python-backend stub is killed at the moment it holds a lock in the shared memory it
 shares with the server, as the OOM killer may do; upstream reports the same abort under
 load in later releases too. Without a restart one such kill ends the replica. So, once

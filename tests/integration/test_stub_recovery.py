@@ -197,21 +197,29 @@ def _run(serving: Supervised, call, check, kill) -> tuple[Load, Outcome]:
 
 
 def _kill_stub(model: str):
-    def kill(server_pid: int) -> tuple[str, tuple[str, int]]:
-        victim = sorted(_stubs_of(server_pid, model).items())[0]
-        os.kill(victim[1], signal.SIGKILL)
-        return model, victim
+    """A ``kill`` for :func:`_run` of the first stub of ``model``; ``kill.region`` its shm."""
 
+    def kill(server_pid: int) -> tuple[str, tuple[str, int]]:
+        instance, stub = sorted(
+            (i, s) for i, s in stub_processes(server_pid).items() if s.model == model)[0]
+        kill.region = stub.region
+        os.kill(stub.pid, signal.SIGKILL)
+        return model, (instance, stub.pid)
+
+    kill.region = ""
     return kill
 
 
-def _assert_recovered(serving: Supervised, load: Load, outcome: Outcome, what: str) -> None:
+def _assert_recovered(serving: Supervised, load: Load, outcome: Outcome, what: str,
+                      region: str) -> None:
     print(f"\n{what}: {outcome.stats}")
     if outcome.restarted:  # the kill took tritonserver down: only Triton's known abort
         output = serving.output()
         assert TRITON_ABORT in output and RESTARTED in output, output[-3000:]
     _assert_back(outcome, RESTART_S if outcome.restarted else RECOVERY_S)
     assert not load.wrong
+    # Triton leaves a dead stub's region in /dev/shm: the watch (or the restart) removes it
+    assert region and not os.path.exists(f"/dev/shm/{region}")
 
 
 def _assert_back(outcome: Outcome, within_s: float) -> None:
@@ -243,8 +251,9 @@ def test_a_killed_text_stub_is_replaced_and_no_answer_is_wrong(supervised, refer
                                                                 step) -> None:
     call, check = _text_case(reference)
     model = f"{TEXT_MODEL}_{step}"
-    load, outcome = _run(supervised, call, check, _kill_stub(model))
-    _assert_recovered(supervised, load, outcome, f"kill -9 {model}")
+    kill = _kill_stub(model)
+    load, outcome = _run(supervised, call, check, kill)
+    _assert_recovered(supervised, load, outcome, f"kill -9 {model}", kill.region)
     assert outcome.stats["requests"] > outcome.stats["failed"] > 0 or (
         outcome.stats["failed"] == 0)
 
@@ -263,9 +272,10 @@ def test_a_killed_image_stub_is_replaced_and_no_answer_is_wrong(
     def call(c):
         return c.embed_images(CLIP_MODEL, [item])
 
+    kill = _kill_stub(model)
     load, outcome = _run(supervised, call, lambda got: np.abs(got[0] - want).max() <= 1e-6,
-                         _kill_stub(model))
-    _assert_recovered(supervised, load, outcome, f"kill -9 {model}")
+                         kill)
+    _assert_recovered(supervised, load, outcome, f"kill -9 {model}", kill.region)
 
 
 def test_a_crashed_server_is_restarted_by_serve(supervised, reference) -> None:
