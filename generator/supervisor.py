@@ -60,8 +60,9 @@ import urllib.error
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from embed_runtime.busy_board import board_dir, board_prefix
 from embed_runtime.stub_watch import RepositoryApi
+
+from .triton_local import kill_group, remove_server_shm
 
 DRAIN_SUFFIX = ".draining"
 DELAY_ENV = "EMBED_DRAIN_DELAY_S"
@@ -251,34 +252,13 @@ class Supervisor:
         if self.signals and self.child.poll() is None:
             self.drain(self.signals[0])
         status = self.child.wait()
-        try:  # stubs the dead server left running (measured: an encoder stub, 9 s on)
-            os.killpg(self.child.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_group(self.child.pid)  # stubs it left running (measured: an encoder stub, 9 s on)
         self.remove_leftovers(self.child.pid)
         return status, served
 
     def remove_leftovers(self, server_pid: int) -> list[str]:
-        """Unlink the shared memory of the stopped server ``server_pid``; the paths removed.
-
-        Safe while a stub of it still runs: an unlinked region lives on until unmapped.
-        """
-        found = []
-        for directory, prefix in ((self.shm_dir, self.shm_prefix),
-                                  (board_dir(), board_prefix(server_pid))):
-            try:
-                names = os.listdir(directory) if prefix else []
-            except OSError:
-                continue
-            found += [os.path.join(directory, n) for n in names if n.startswith(prefix)]
-        removed, size = [], 0
-        for path in found:
-            try:
-                size += os.stat(path).st_blocks * 512
-                os.unlink(path)
-                removed.append(path)
-            except OSError:
-                continue
+        """Unlink the shared memory of the stopped server ``server_pid``; the paths removed."""
+        removed, size = remove_server_shm(server_pid, self.shm_prefix, self.shm_dir)
         if removed:
             self.log(f"removed {len(removed)} shared-memory files the server left behind "
                      f"({size / 2**20:.1f} MiB)")

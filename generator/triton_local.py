@@ -21,6 +21,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from embed_runtime.busy_board import board_dir, board_prefix
 from embed_runtime.stub_watch import loopback_for
 
 from .admin import restriction_args
@@ -207,6 +208,41 @@ def server_command(launch: TritonLaunch, backend_dir: Path) -> list[str]:
     return cmd + list(launch.extra_args)
 
 
+def kill_group(pid: int) -> None:
+    """SIGKILL what is left of the process group of the stopped server ``pid`` (its stubs)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def remove_server_shm(
+    server_pid: int, shm_prefix: str, shm_dir: str = "/dev/shm"  # noqa: S108 - shm_open's place
+) -> tuple[list[str], int]:
+    """Unlink what a stopped server left in shared memory; (paths removed, bytes freed).
+
+    Its Python-backend regions (``<shm_dir>/<shm_prefix>*``: a server that crashed or was
+    killed leaves them all) and its busy boards. Safe while a stub of it still runs: an
+    unlinked region lives on until it is unmapped.
+    """
+    found = []
+    for directory, prefix in ((shm_dir, shm_prefix), (board_dir(), board_prefix(server_pid))):
+        try:
+            names = os.listdir(directory) if prefix else []
+        except OSError:
+            continue
+        found += [os.path.join(directory, n) for n in names if n.startswith(prefix)]
+    removed, size = [], 0
+    for path in found:
+        try:
+            size += os.stat(path).st_blocks * 512
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            continue
+    return removed, size
+
+
 class ServerProcess:
     """A server process in its own session, stopped by its own PID.
 
@@ -300,6 +336,13 @@ class TritonProcess(ServerProcess):
         env = {**launch_env(self.launch), **self.extra_env}
         self.spawn(server_command(self.launch, backend_dir), env)
         return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop it (:meth:`ServerProcess.stop`), then its leftover stubs and shared memory."""
+        super().stop(timeout_s)
+        if self.process is not None:
+            kill_group(self.process.pid)
+            remove_server_shm(self.process.pid, self.launch.shm_prefix)
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -308,3 +308,36 @@ def test_liveness_ignores_a_degraded_model_but_not_failing_reloads(tmp_path) -> 
     path.write_text(json.dumps({**state, "failures_in_a_row": 3}))
     assert "failed in a row" in check.watch_problem(str(path), now=1e18, live=True)
     assert check.main(["--bogus"]) == 2
+
+
+def test_a_stopped_test_server_leaves_no_stub_and_no_shared_memory(tmp_path) -> None:
+    """``TritonProcess.stop`` (tests, benchmarks) cleans up as ``generator serve`` does."""
+    import secrets
+    import subprocess
+
+    from generator.triton_local import TritonLaunch, TritonProcess
+
+    launch = TritonLaunch(tmp_path, shm_prefix=f"embed-shm-unit{secrets.token_hex(4)}-")
+    region = Path("/dev/shm") / f"{launch.shm_prefix}region"
+    stub_pid = tmp_path / "stub.pid"
+    server = (  # a "server" that ignores SIGINT, with a "stub" in its process group
+        "import signal, subprocess, time\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        f"open({str(region)!r}, 'wb').write(b'x' * 4096)\n"
+        f"open({str(stub_pid)!r}, 'w').write(str(subprocess.Popen(['sleep', '60']).pid))\n"
+        "time.sleep(60)\n"
+    )
+    process = TritonProcess(launch, tmp_path)
+    process.process = subprocess.Popen([sys.executable, "-c", server], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not (stub_pid.exists() and stub_pid.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        process.stop(timeout_s=1.0)
+        stub = int(stub_pid.read_text())
+        time.sleep(0.2)
+        state = Path(f"/proc/{stub}/stat")
+        assert not state.exists() or state.read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+        assert not region.exists()
+    finally:
+        region.unlink(missing_ok=True)
