@@ -117,6 +117,9 @@ clean:
 # docs/benchmarks.md (BENCH_ARGS="--quick" for a smoke test, "--device gpu" on a GPU), the
 # rerank load (bench.rerank, RERANK_ARGS="--quick"),
 # then the precision / graph-optimisation knobs in-process, written to docs/precision.md,
+# then the rate of each model kind beyond dense text (static, sparse, multi-vector, LLM
+# reranker) served against the library in-process, written to docs/model-kinds.md
+# (KINDS_ARGS="--texts 128 --repeats 1" for a smoke test),
 # then the faults benchmarks, each writing bench/results/ (OVERLOAD_ARGS / SOAK_ARGS="--quick"):
 # all-MiniLM-L6-v2 at 3 x its sustainable rate, queues unbounded and bounded (bench.faults.overload,
 # about 10 min), and 10 min of mixed load with the server's memory sampled (bench.faults.soak,
@@ -127,6 +130,7 @@ bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)
 	$(PY) -m bench.run $(BENCH_ARGS)
 	$(PY) -m bench.rerank $(RERANK_ARGS)
 	$(PY) -m bench.studies.precision $(PRECISION_ARGS)
+	$(PY) -m bench.studies.model_kinds $(KINDS_ARGS)
 	$(PY) -m bench.faults.overload $(OVERLOAD_ARGS)
 	$(PY) -m bench.faults.soak $(SOAK_ARGS)
 

