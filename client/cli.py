@@ -26,8 +26,8 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from typing import TextIO
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -178,24 +178,27 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _write_json_lines(inputs: Sequence[str], vectors: np.ndarray, stream: TextIO) -> None:
-    for item, vector in zip(inputs, vectors, strict=True):
-        stream.write(json.dumps({"input": item, "embedding": vector.tolist()}) + "\n")
+def _write_json_lines(records: Iterable[dict[str, Any]], out: str | None) -> None:
+    """One JSON object per line, to the file ``out`` or to standard output."""
+    lines = [json.dumps(record) + "\n" for record in records]
+    if out:
+        with open(out, "w", encoding="utf-8") as stream:
+            stream.writelines(lines)
+    else:
+        sys.stdout.writelines(lines)
 
 
 def _cmd_embed_sparse(client: EmbeddingClient, args: argparse.Namespace) -> int:
     if args.images or args.dimensions is not None or args.format != "json":
         raise SystemExit("--sparse takes texts only, printed as json (no --image, --dimensions)")
     rows = client.embed_sparse(args.model, args.texts, prompt_name=args.prompt_name)
-    lines = [
-        json.dumps({"input": text, "indices": i.tolist(), "values": v.tolist()}) + "\n"
-        for text, (i, v) in zip(args.texts, rows, strict=True)
-    ]
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as stream:
-            stream.writelines(lines)
-    else:
-        sys.stdout.writelines(lines)
+    _write_json_lines(
+        (
+            {"input": text, "indices": i.tolist(), "values": v.tolist()}
+            for text, (i, v) in zip(args.texts, rows, strict=True)
+        ),
+        args.out,
+    )
     return 0
 
 
@@ -205,15 +208,13 @@ def _cmd_embed_multivector(client: EmbeddingClient, args: argparse.Namespace) ->
                          "--dimensions, --prompt-name)")
     is_query = args.multivector == "query"
     rows = client.embed_multivector(args.model, args.texts, is_query=is_query)
-    lines = [
-        json.dumps({"input": text, "task": args.multivector, "embeddings": r.tolist()}) + "\n"
-        for text, r in zip(args.texts, rows, strict=True)
-    ]
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as stream:
-            stream.writelines(lines)
-    else:
-        sys.stdout.writelines(lines)
+    _write_json_lines(
+        (
+            {"input": text, "task": args.multivector, "embeddings": r.tolist()}
+            for text, r in zip(args.texts, rows, strict=True)
+        ),
+        args.out,
+    )
     return 0
 
 
@@ -235,11 +236,14 @@ def _cmd_embed(client: EmbeddingClient, args: argparse.Namespace) -> int:
         np.save(args.out, vectors)
         shape = f"{vectors.shape[0]}x{vectors.shape[1]} {vectors.dtype}"
         print(f"wrote {shape} to {args.out}", file=sys.stderr)
-    elif args.out:
-        with open(args.out, "w", encoding="utf-8") as stream:
-            _write_json_lines(inputs, vectors, stream)
     else:
-        _write_json_lines(inputs, vectors, sys.stdout)
+        _write_json_lines(
+            (
+                {"input": item, "embedding": vector.tolist()}
+                for item, vector in zip(inputs, vectors, strict=True)
+            ),
+            args.out,
+        )
     return 0
 
 

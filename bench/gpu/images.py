@@ -231,6 +231,18 @@ def served_safety(grpc_url: str, model: str, good: list[bytes], bad: dict[str, b
             "server_still_ready": grpcclient.InferenceServerClient(grpc_url).is_server_ready()}
 
 
+def _run_steps(steps: dict[str, Callable[[], object]]) -> dict:
+    """Each step's result by key; a failing step records its traceback, the rest still run."""
+    out: dict = {}
+    for key, step in steps.items():
+        try:
+            out[key] = step()
+        except Exception as exc:  # noqa: BLE001 - recorded; the next step still runs
+            out[key] = {"error": traceback.format_exc()[-1500:]}
+            print(f"[gpu_images] {key} failed: {exc}", flush=True)
+    return out
+
+
 def stubs_gpu_memory(nvidia_smi: Callable[..., list[list[str]]], models: list[str]) -> dict:
     """MiB of GPU memory held by each model's stub processes, and how many stubs hold some."""
     held: dict[str, dict[str, int]] = {}
@@ -280,7 +292,6 @@ def served_image_checks(url: str, repo: Path, photos: dict[str, bytes], nvidia_s
     model = f"{CLIP_MODEL}_image"
     jpegs = [d for n, d in photos.items() if n.endswith(".jpg")]
     models = sorted(p.name for p in repo.iterdir() if p.is_dir() and not p.name.startswith("."))
-    out: dict = {}
     steps = {
         "stub_gpu_memory": lambda: stubs_gpu_memory(nvidia_smi, models),
         "served_parity": lambda: served_image_parity(
@@ -288,20 +299,13 @@ def served_image_checks(url: str, repo: Path, photos: dict[str, bytes], nvidia_s
         ),
         "safety": lambda: served_safety(url, model, jpegs[:4], corrupt_jpegs(jpegs[0])),
     }
-    for key, step in steps.items():
-        try:
-            out[key] = step()
-        except Exception as exc:  # noqa: BLE001 - recorded; the next check still runs
-            out[key] = {"error": traceback.format_exc()[-1500:]}
-            print(f"[gpu_images] {key} failed: {exc}", flush=True)
-    return out
+    return _run_steps(steps)
 
 
 def in_process_image_gpu(repo: Path, photos: dict[str, bytes]) -> dict:
     """Parity table and rate of the GPU image path in this process (server stopped)."""
     params, onnx_path = _clip_image(repo)
     jpegs = {n: d for n, d in photos.items() if n.endswith(".jpg")}
-    out: dict = {}
     steps = {
         "image_gpu_parity": lambda: image_parity(onnx_path, params, parity_photos()),
         "image_preprocess_gpu": lambda: gpu_preprocess_rate(params, photos),
@@ -310,13 +314,7 @@ def in_process_image_gpu(repo: Path, photos: dict[str, bytes]) -> dict:
             params, jpegs, options=""
         ),
     }
-    for key, step in steps.items():
-        try:
-            out[key] = step()
-        except Exception as exc:  # noqa: BLE001 - recorded; the next step still runs
-            out[key] = {"error": traceback.format_exc()[-1500:]}
-            print(f"[gpu_images] {key} failed: {exc}", flush=True)
-    return out
+    return _run_steps(steps)
 
 
 def probe() -> dict:

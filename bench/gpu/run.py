@@ -36,6 +36,7 @@ from bench.gpu.images import (
     clip_gpu_decode,
     in_process_image_gpu,
     served_image_checks,
+    stubs_gpu_memory,
     write_jpeg_only,
 )
 from bench.gpu.rates import (
@@ -217,16 +218,7 @@ def serve_folder(folder: Path, port: int) -> subprocess.Popen:
 
 def encoder_stubs_on_gpu(models: Sequence[str]) -> dict[str, int]:
     """MiB of GPU memory held by the Python-backend stub of each encoder model."""
-    held: dict[str, int] = {}
-    for pid, used in nvidia_smi("--query-compute-apps=pid,used_memory"):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        for model in models:
-            if f"/{model}/" in cmdline:
-                held[model] = held.get(model, 0) + int(used)
-    return held
+    return {m: held["mib"] for m, held in stubs_gpu_memory(nvidia_smi, list(models)).items()}
 
 
 def text_parity(grpc_url: str, text_dir: Path, sentences: list[str], precision: str) -> dict:

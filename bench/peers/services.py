@@ -64,6 +64,22 @@ def _uvicorn(app: str, port: int) -> list[str]:
     ]
 
 
+def _started(
+    name: str, command: list[str], port: int, log_dir: Path, env: dict, cwd: Path | None,
+    timeout_s: float,
+) -> PeerProcess:
+    """A peer's process started (log ``<log_dir>/<name>.log``) and answering ``/health``."""
+    process = PeerProcess(name, command, port, "/health", log_dir / f"{name}.log", env, cwd)
+    process.start()
+    process.wait_ready(timeout_s=timeout_s)
+    return process
+
+
+def _json_senders(port: int, path: str, body, count) -> SenderFactory:
+    """A factory of JSON POST senders to ``path`` (``body(texts)``, ``count(reply)``)."""
+    return lambda: JsonPostSender("127.0.0.1", port, path, body, count)
+
+
 def _fastapi_versions() -> str:
     import fastapi
     import sentence_transformers
@@ -83,19 +99,10 @@ def fastapi_peer(root: Path, model_path: str, port: int, log_dir: Path, device: 
         "BENCH_DEVICE": "cuda" if device == "gpu" else "cpu",
     }
     command = _uvicorn("bench.peers.fastapi_st:app", port)
-    process = PeerProcess("fastapi", command, port, "/health", log_dir / "fastapi.log", env, root)
-    process.start()
-    process.wait_ready(timeout_s=180)
-
-    def factory() -> JsonPostSender:
-        return JsonPostSender(
-            "127.0.0.1",
-            port,
-            "/embed",
-            lambda texts: {"texts": texts},
-            lambda reply: len(reply["embeddings"]),
-        )
-
+    process = _started("fastapi", command, port, log_dir, env, root, timeout_s=180)
+    factory = _json_senders(
+        port, "/embed", lambda texts: {"texts": texts}, lambda reply: len(reply["embeddings"])
+    )
     return Peer("fastapi", process, factory, _fastapi_versions())
 
 
@@ -103,11 +110,7 @@ def fastapi_ce_peer(root: Path, model_path: str, port: int, log_dir: Path) -> Pe
     """Start the FastAPI + ``CrossEncoder.predict`` service (CPU); its factory is unused."""
     env = {**OFFLINE_ENV, "BENCH_MODEL_PATH": model_path, "BENCH_DEVICE": "cpu"}
     command = _uvicorn("bench.peers.fastapi_ce:app", port)
-    process = PeerProcess(
-        "fastapi-ce", command, port, "/health", log_dir / "fastapi-ce.log", env, root
-    )
-    process.start()
-    process.wait_ready(timeout_s=180)
+    process = _started("fastapi-ce", command, port, log_dir, env, root, timeout_s=180)
     return Peer("fastapi-ce", process, lambda: None, _fastapi_versions())
 
 
@@ -190,18 +193,13 @@ def infinity_peer(
         "warning",
     ]
     cwd = None if engine == "torch" else Path(model_path)
-    process = PeerProcess(name, command, port, "/health", log_dir / f"{name}.log", OFFLINE_ENV, cwd)
-    process.start()
-    process.wait_ready(timeout_s=300)
-
-    def factory() -> JsonPostSender:
-        return JsonPostSender(
-            "127.0.0.1",
-            port,
-            "/embeddings",
-            lambda texts: {"model": served, "input": texts},
-            lambda reply: len(reply["data"]),
-        )
+    process = _started(name, command, port, log_dir, OFFLINE_ENV, cwd, timeout_s=300)
+    factory = _json_senders(
+        port,
+        "/embeddings",
+        lambda texts: {"model": served, "input": texts},
+        lambda reply: len(reply["data"]),
+    )
 
     label = "torch engine" if engine == "torch" else "ONNX Runtime engine via optimum"
     return Peer(name, process, factory, f"infinity-emb {version} ({label})")
