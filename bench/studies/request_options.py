@@ -4,8 +4,8 @@
 
 Builds all-MiniLM-L6-v2 with the knobs of ``models.toml`` (python-ort, fused tokenizer,
 two encoder instances: what ``make serve`` runs) and every output precision, on a Triton
-of its own (free ports) that exports OpenTelemetry spans to a local sink at rate 0 (no
-request traced until the study turns it up). Times, side by side in one run, one gRPC
+of its own (free ports) that exports OpenTelemetry spans of every request to a local
+sink, with the trace level OFF until the study turns it on. Times, side by side in one run, one gRPC
 client sending requests one after another, in rotation (each round runs every mode once,
 in a new order), for requests of 1 and of 32 texts (texts of at most the model's 256
 tokens, so that ``truncate=false`` refuses none):
@@ -19,8 +19,8 @@ tokens, so that ``truncate=false`` refuses none):
 - ``ubinary``, output only (no parameter: every form computed, one returned);
 - ``truncate=false`` and ``truncation_direction=left`` (with the baseline's parameter);
 - ``TOKEN_COUNT`` asked beside ``EMBEDDING`` (with the baseline's parameter);
-- traced: the baseline with Triton's trace rate set to 1 through the trace API for the
-  mode's requests (every request exported as spans), back to 0 after it.
+- traced: the baseline with Triton's trace level set to ``TIMESTAMPS`` through the trace
+  API for the mode's requests (rate 1: every request exported as spans), ``OFF`` after.
 
 Prints the median latency per mode and its difference from the baseline, the spans the
 sink received, and the in-process numpy cost of computing the forms.
@@ -87,7 +87,7 @@ def modes() -> dict[str, Mode]:
         ("EMBEDDING",), {**NOTHING_EXTRA, "truncation_direction": "left"}
     )
     out["TOKEN_COUNT asked too"] = Mode(("EMBEDDING", "TOKEN_COUNT"), NOTHING_EXTRA)
-    out["traced (trace rate 1)"] = Mode(("EMBEDDING",), NOTHING_EXTRA, traced=True)
+    out["traced (every request)"] = Mode(("EMBEDDING",), NOTHING_EXTRA, traced=True)
     return out
 
 
@@ -152,12 +152,16 @@ def _request(client, texts: list[str], mode: Mode) -> float:
     return elapsed
 
 
-def _trace_rate(client, rate: int, headers: dict[str, str]) -> None:
-    """Set Triton's trace rate through the (admin-only) trace API and check it took."""
-    client.update_trace_settings(settings={"trace_rate": str(rate)}, headers=headers)
-    got = client.get_trace_settings(headers=headers, as_json=True)["settings"]["trace_rate"]
-    if got["value"] != [str(rate)]:
-        raise RuntimeError(f"trace rate is {got}, not {rate}")
+def _trace_level(client, level: str, headers: dict[str, str]) -> None:
+    """Set Triton's trace level (``TIMESTAMPS`` or ``OFF``) through the admin-only trace API.
+
+    The rate stays at 1 (every request); Triton refuses a rate of 0 at run time, so the
+    level is what turns tracing on and off.
+    """
+    client.update_trace_settings(settings={"trace_level": [level]}, headers=headers)
+    got = client.get_trace_settings(headers=headers, as_json=True)["settings"]["trace_level"]
+    if got.get("value", []) not in ([level], [] if level == "OFF" else [level]):
+        raise RuntimeError(f"trace level is {got}, not {level}")
 
 
 def in_process_cost(calibration: Calibration, rows: int, repeats: int = 2000) -> dict[str, float]:
@@ -196,7 +200,7 @@ def main() -> None:
         ports = TritonPorts(*free_ports(3))
         launch = TritonLaunch(
             base / "repo", ports, load_models=startup_models(manifest), admin_key=key,
-            trace=TraceSettings(sink.url, rate=0, export_delay_ms=200),
+            trace=TraceSettings(sink.url, rate=1, export_delay_ms=200),
         )
         process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: key})
         process.start()
@@ -205,6 +209,7 @@ def main() -> None:
             process.wait_ready(timeout_s=240)
             client = grpcclient.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
             headers = request_headers(key, "grpc")
+            _trace_level(client, "OFF", headers)
             for n in SIZES:  # warm-up
                 for _ in range(20):
                     _request(client, texts[:n], modes()[BASE])
@@ -214,14 +219,14 @@ def main() -> None:
                 order = [order[i] for i in rng.permutation(len(order))]
                 for name, mode in order:
                     if mode.traced:
-                        _trace_rate(client, 1, headers)
+                        _trace_level(client, "TIMESTAMPS", headers)
                     posts = sink.posts
                     for n in SIZES:
                         for i in range(args.requests):
                             batch = [texts[(i * n + j) % len(texts)] for j in range(n)]
                             latencies[(name, n)].append(_request(client, batch, mode))
                     if mode.traced:
-                        _trace_rate(client, 0, headers)
+                        _trace_level(client, "OFF", headers)
                         time.sleep(1.0)  # the exporter's batch delay: its spans go out now
                     spans_posts[name] = spans_posts.get(name, 0) + sink.posts - posts
                 elapsed = time.perf_counter() - started

@@ -12,15 +12,21 @@ prompt left out differ from the prompted reference far beyond the tolerance.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from generator.fixtures.common import (
+    QWEN3_HEADS,
+    minilm_tokenizer,
+    pretrained_folder,
+    seeded_model,
+    tiny_config,
+)
 from generator.manifest import parse_manifest
 from tests.integration.conftest import serve
-from tests.st_factory import TOKENIZER_FILES, parity_texts, tokenizer_dir
+from tests.st_factory import parity_texts
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +38,6 @@ NAME = "tiny-qwen3"
 
 def _build_decoder_embedder(folder: Path) -> Path:
     """A seeded random Qwen3 with last-token pooling and left padding, saved by the library."""
-    import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import (
         Normalize,
@@ -41,32 +46,16 @@ def _build_decoder_embedder(folder: Path) -> Path:
     )
     from transformers import Qwen3Config, Qwen3Model
 
-    torch.manual_seed(3)
-    backbone = folder.parent / f".{folder.name}-qwen3"
-    shutil.rmtree(backbone, ignore_errors=True)
-    config = Qwen3Config(
-        vocab_size=30522,
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        intermediate_size=64,
-        max_position_embeddings=512,
-    )
-    Qwen3Model(config).save_pretrained(backbone)
-    for name in TOKENIZER_FILES:
-        shutil.copy(tokenizer_dir() / name, backbone / name)
-    transformer = Transformer(
-        str(backbone), max_seq_length=128, tokenizer_args={"padding_side": "left"}
-    )
-    model = SentenceTransformer(
-        modules=[transformer, Pooling(HIDDEN, pooling_mode="lasttoken"), Normalize()],
-        prompts={"query": QUERY_PROMPT},
-        device="cpu",
-    )
-    model.save(str(folder))
-    shutil.rmtree(backbone)
+    tokenizer = minilm_tokenizer()
+    config = tiny_config(Qwen3Config, tokenizer.vocab_size, hidden_size=HIDDEN, **QWEN3_HEADS)
+    with pretrained_folder(seeded_model(Qwen3Model, config, 3), tokenizer, folder) as raw:
+        transformer = Transformer(raw, max_seq_length=128, tokenizer_args={"padding_side": "left"})
+        model = SentenceTransformer(
+            modules=[transformer, Pooling(HIDDEN, pooling_mode="lasttoken"), Normalize()],
+            prompts={"query": QUERY_PROMPT},
+            device="cpu",
+        )
+        model.save(str(folder))
     return folder
 
 
