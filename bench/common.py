@@ -6,6 +6,7 @@ The prose of the documents the benchmarks write lives in ``bench/templates/*.md`
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import time
@@ -15,6 +16,19 @@ from pathlib import Path
 from typing import Any, TextIO
 
 TEMPLATES = Path(__file__).with_name("templates")
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def save_results(results: dict[str, Any], prefix: str) -> str:
+    """Write ``bench/results/<prefix>-<results["started"], compact>.json``; its path from the root.
+
+    The path is what the documents a benchmark renders name as their source.
+    """
+    stamp = results["started"].replace(":", "").replace("-", "")
+    out = RESULTS / f"{prefix}-{stamp}.json"
+    out.write_text(json.dumps(results, indent=1), encoding="utf-8")
+    return str(out.relative_to(ROOT))
 
 
 def logger(tag: str, stream: TextIO | None = None) -> Callable[[str], None]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from embed_runtime.stub_watch import health_path
@@ -171,38 +173,40 @@ def _cmd_list(args) -> int:
     return 0
 
 
+def _write_fixture(
+    name: Path, markers: tuple[Path, ...], create: Callable[[], object], detail: str = ""
+) -> int:
+    """Create the fixture model ``name`` unless its ``markers`` exist (then say so)."""
+    if all(marker.is_file() for marker in markers):
+        print(f"{name} exists")
+        return 0
+    create()
+    print(f"wrote {name}{detail}")
+    return 0
+
+
 def _cmd_tiny_clip(args) -> int:
     from .fixtures.tiny_clip import TINY_ARCH, create_tiny_checkpoint  # noqa: PLC0415
 
     checkpoint = args.out_dir / "open_clip_pytorch_model.bin"
-    if checkpoint.is_file() and (args.out_dir / f"{TINY_ARCH}.json").is_file():
-        print(f"{checkpoint} exists")
-        return 0
-    create_tiny_checkpoint(checkpoint, seed=args.seed)
-    print(f"wrote {checkpoint} and {args.out_dir / (TINY_ARCH + '.json')}")
-    return 0
+    arch = args.out_dir / f"{TINY_ARCH}.json"
+    create = partial(create_tiny_checkpoint, checkpoint, seed=args.seed)
+    return _write_fixture(checkpoint, (checkpoint, arch), create, f" and {arch}")
 
 
 def _cmd_tiny_rerank(args) -> int:
     from .fixtures.tiny_rerank import create_tiny_cross_encoder  # noqa: PLC0415
 
-    if (args.out_dir / "modules.json").is_file():
-        print(f"{args.out_dir} exists")
-        return 0
-    create_tiny_cross_encoder(args.out_dir, seed=args.seed)
-    print(f"wrote {args.out_dir}")
-    return 0
+    create = partial(create_tiny_cross_encoder, args.out_dir, seed=args.seed)
+    return _write_fixture(args.out_dir, (args.out_dir / "modules.json",), create)
 
 
 def _cmd_random_text(args) -> int:
     from .fixtures.random_text import create_random_text_model  # noqa: PLC0415
 
-    if (args.out_dir / "modules.json").is_file():
-        print(f"{args.out_dir} exists")
-        return 0
-    create_random_text_model(args.out_dir, args.shape, args.tokenizer, args.seed)
-    print(f"wrote {args.out_dir} ({args.shape}, random weights)")
-    return 0
+    create = partial(create_random_text_model, args.out_dir, args.shape, args.tokenizer, args.seed)
+    detail = f" ({args.shape}, random weights)"
+    return _write_fixture(args.out_dir, (args.out_dir / "modules.json",), create, detail)
 
 
 def _cmd_serve(args) -> int:

@@ -113,6 +113,25 @@ def render(template: str, **values: object) -> str:
     return text
 
 
+def _model_config(
+    template: str,
+    name: str,
+    max_batch_size: int,
+    inputs: Sequence[IOSpec],
+    outputs: Sequence[IOSpec],
+    **values: object,
+) -> str:
+    """Render ``template`` with what every config has, its name and tensors, and ``values``."""
+    return render(
+        template,
+        name=name,
+        max_batch_size=max_batch_size,
+        inputs=list(inputs),
+        outputs=list(outputs),
+        **values,
+    )
+
+
 def python_model(
     name: str,
     max_batch_size: int,
@@ -123,12 +142,12 @@ def python_model(
     instances: Instances,
 ) -> str:
     """Config of a Python-backend model."""
-    return render(
+    return _model_config(
         "python_model",
-        name=name,
-        max_batch_size=max_batch_size,
-        inputs=list(inputs),
-        outputs=list(outputs),
+        name,
+        max_batch_size,
+        inputs,
+        outputs,
         parameters=sorted(parameters.items()),
         batching=batching,
         instances=instances,
@@ -146,12 +165,12 @@ def onnxruntime_model(
     parameters: dict[str, str] | None = None,
 ) -> str:
     """Config of an encoder served by Triton's native ``onnxruntime`` backend."""
-    return render(
+    return _model_config(
         "onnxruntime_model",
-        name=name,
-        max_batch_size=max_batch_size,
-        inputs=list(inputs),
-        outputs=list(outputs),
+        name,
+        max_batch_size,
+        inputs,
+        outputs,
         batching=batching,
         instances=instances,
         accelerator=accelerator,
@@ -167,11 +186,4 @@ def ensemble(
     steps: Sequence[Step],
 ) -> str:
     """Config of an ensemble chaining ``steps``."""
-    return render(
-        "ensemble",
-        name=name,
-        max_batch_size=max_batch_size,
-        inputs=list(inputs),
-        outputs=list(outputs),
-        steps=list(steps),
-    )
+    return _model_config("ensemble", name, max_batch_size, inputs, outputs, steps=list(steps))

@@ -58,6 +58,23 @@ class QuietHandler(BaseHTTPRequestHandler):
         """A redirect without a body."""
         self.reply(status, ctype=None, headers={"Location": location})
 
+    def image_headers(self, length: int) -> None:
+        """A 200 with image headers promising ``length`` bytes; the body is up to the caller."""
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(length))
+        self.end_headers()
+
+    def drip(self, length: int, count: int, every_s: float = 0.2) -> None:
+        """Image headers promising ``length`` bytes, then ``count`` single bytes, one every
+        ``every_s`` s, until the server's ``release`` is set."""
+        self.image_headers(length)
+        for _ in range(count):
+            if self.server.release.wait(every_s):
+                return
+            self.wfile.write(b"x")
+            self.wfile.flush()
+
 
 class LocalServer(ThreadingHTTPServer):
     """``handler`` on 127.0.0.1, a free port, in a daemon thread while the ``with`` lasts.
@@ -131,10 +148,7 @@ class _ImageHandler(QuietHandler):
 
     def _hold(self, drip_every_s: float | None) -> None:
         """Send image headers, then nothing (or one byte per ``drip_every_s``) for hang_s."""
-        self.send_response(200)
-        self.send_header("Content-Type", "image/png")
-        self.send_header("Content-Length", "100000")
-        self.end_headers()
+        self.image_headers(100000)
         self.wfile.flush()
         end = time.monotonic() + self.owner.hang_s
         while time.monotonic() < end:
@@ -165,14 +179,7 @@ class _ImageHandler(QuietHandler):
             time.sleep(self.owner.hang_s)
             self.reply(200, b"late")
         elif path == "/drip":
-            self.send_response(200)
-            self.send_header("Content-Type", "image/png")
-            self.send_header("Content-Length", "1000")
-            self.end_headers()
-            for _ in range(40):
-                self.wfile.write(b"x")
-                self.wfile.flush()
-                time.sleep(0.2)
+            self.drip(1000, 40)
         elif path in ("/loop/a", "/loop/b"):
             self.redirect("/loop/b" if path == "/loop/a" else "/loop/a")
         elif path == "/to-metadata":

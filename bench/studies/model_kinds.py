@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import logger, median, render_template, table
+from bench.common import logger, median, render_template, save_results, table
 from bench.machine import machine_info
 from bench.manifest import ROOT
 from client import EmbeddingClient
@@ -408,12 +408,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         DOC.write_text(render(results, str(path.relative_to(ROOT))), encoding="utf-8")
         return 0
     results = run(args)
-    stamp = results["started"].replace(":", "").replace("-", "")
-    out = ROOT / "bench" / "results" / f"kinds-cpu-{stamp}.json"
-    out.write_text(json.dumps(results, indent=1), encoding="utf-8")
-    log(f"wrote {out.relative_to(ROOT)}")
+    out = save_results(results, "kinds-cpu")
+    log(f"wrote {out}")
     if args.docs:
-        DOC.write_text(render(results, str(out.relative_to(ROOT))), encoding="utf-8")
+        DOC.write_text(render(results, out), encoding="utf-8")
         log(f"wrote {DOC.relative_to(ROOT)}")
     for key, data in results["kinds"].items():
         log(f"{key}: served 1 x {BATCH} {ratio(data, 'batches'):.2f} x, "

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from bench.ceiling import make_session, text_ceiling
-from bench.common import logger, median, render_template, table
+from bench.common import logger, median, render_template, save_results, table
 from bench.machine import CpuMonitor, machine_info
 from bench.manifest import ROOT, TEXT_MODEL, bench_manifest
 from client.load.workload import text_pool
@@ -216,12 +216,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_docs(json.loads(path.read_text(encoding="utf-8")), str(path.relative_to(ROOT)))
         return 0
     results = run(args)
-    stamp = results["started"].replace(":", "").replace("-", "")
-    out = ROOT / "bench" / "results" / f"precision-{args.device}-{stamp}.json"
-    out.write_text(json.dumps(results, indent=1), encoding="utf-8")
-    log(f"wrote {out.relative_to(ROOT)}")
+    out = save_results(results, f"precision-{args.device}")
+    log(f"wrote {out}")
     if args.docs:
-        write_docs(results, str(out.relative_to(ROOT)))
+        write_docs(results, out)
         log(f"wrote {DOC.relative_to(ROOT)}")
     for key in results["variants"]:
         log(

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from embed_runtime.multivector import EMBEDDINGS, MultiVectorParams
 from embed_runtime.ort_encoder import EncoderParams
 from embed_runtime.output_precision import CALIBRATION_FILE, EXTRA_PRECISIONS, FORMS
 from embed_runtime.sparse import INDICES, VALUES
@@ -41,6 +40,12 @@ PRECISION_OUTPUTS = tuple(IOSpec(FORMS[p][0], FORMS[p][2], (-1,)) for p in EXTRA
 TRT_ENGINE_CACHE_DIR = "/var/cache/triton-embeddings/tensorrt"
 TRT_WORKSPACE_BYTES = 1 << 30
 
+# The public input of text models: one string a row.
+TEXT = IOSpec("TEXT", "TYPE_STRING", (1,))
+# The files of an inference-free sparse encoder's query route (QueryRoute).
+QUERY_TOKENIZER_FILE = "query_tokenizer.json"
+QUERY_WEIGHTS_FILE = "query_weights.npy"
+
 
 def tokenize_dir(
     entry: ModelEntry,
@@ -59,7 +64,7 @@ def tokenize_dir(
     config = python_model(
         name,
         entry.max_batch_size,
-        [IOSpec("TEXT", "TYPE_STRING", (1,))],
+        [TEXT],
         [IOSpec(n, "TYPE_INT64", (dims,)) for n in params.output_names],
         {**tokenizer_parameters(entry, params), **only},
         step_batching(entry, entry.max_queue_delay_us // 2),
@@ -181,6 +186,28 @@ def encoder_dir(
     return ModelDir(name, config, "encode", files)
 
 
+def split_encoder_dirs(
+    entry: ModelEntry,
+    tokenizer_json: Path,
+    tok_params: TokenizerParams,
+    onnx_path: Path,
+    spec: GraphSpec,
+    limits: dict[str, int],
+    **encoder: object,
+) -> list[ModelDir]:
+    """``<name>_tokenize`` (``TEXT`` -> ragged token rows) and ``<name>_encode`` after it.
+
+    The encoder (:func:`encoder_dir`, ``encoder`` its further options) takes the rows
+    ragged. Before Triton's native backend, the tokenize step refuses a request
+    ``precision`` other than float32 (``float32_only``).
+    """
+    native = entry.encoder_backend != "python-ort"
+    return [
+        tokenize_dir(entry, f"{entry.name}_tokenize", tokenizer_json, tok_params, -1, native),
+        encoder_dir(entry, f"{entry.name}_encode", onnx_path, spec, True, limits, **encoder),
+    ]
+
+
 @dataclass(frozen=True)
 class SparseOutput:
     """A sparse encoder's answer: active dimensions, at most ``max_active_dims`` (0: all)."""
@@ -250,122 +277,80 @@ def fused_encoder_dir(
     :func:`encoder_dir` does.
     """
     dims = tok_params.max_dimensions
-    parameters = {
-        **_python_encoder_parameters(entry, spec, False, limits, dims),
-        **tokenizer_parameters(entry, tok_params),
-        "fused_tokenize": "true",
-    }
     output = spec.outputs[0]
     outputs = [IOSpec(output.name, output.triton_dtype, (-1,) if dims else output.dims)]
     outputs.append(TOKEN_COUNT)
-    files = {"model.onnx": onnx_path, "tokenizer.json": tokenizer_json}
     outputs.extend(forms)
-    if calibration is not None:
-        files[CALIBRATION_FILE] = calibration
-    config = python_model(
-        name,
-        entry.max_batch_size,
-        [IOSpec("TEXT", "TYPE_STRING", (1,))],
-        outputs,
-        parameters,
-        *_encoder_scheduling(entry),
+    files = {CALIBRATION_FILE: calibration} if calibration is not None else {}
+    return text_encoder_dir(
+        entry, name, "encode", onnx_path, spec, tokenizer_json, tok_params, limits,
+        outputs, {"fused_tokenize": "true"}, files, max_dimensions=dims,
     )
-    return ModelDir(name, config, "encode", files)
 
 
-def multi_vector_encoder_dir(
+def text_encoder_dir(
     entry: ModelEntry,
     name: str,
+    stub: str,
     onnx_path: Path,
     spec: GraphSpec,
     tokenizer_json: Path,
     tok_params: TokenizerParams,
-    params: MultiVectorParams,
-    limits: dict[str, int] | None = None,
+    limits: dict[str, int] | None,
+    outputs: Sequence[IOSpec],
+    parameters: dict[str, str],
+    files: dict[str, Path] | None = None,
+    max_dimensions: int = 0,
 ) -> ModelDir:
-    """A multi-vector encoder (``encode_multivector``): ``TEXT`` in, token vectors out.
+    """A Python encoder (model ``stub``) that takes ``TEXT`` and tokenizes it itself.
 
-    It tokenizes per request ``task`` itself (query expansion feeds positions the
-    attention mask leaves out, which the split tokenizer step would trim), runs the
-    token-level graph and answers ``EMBEDDINGS`` ``[N, T, D]`` and ``TOKEN_COUNT``.
+    Its config parameters are the ORT runner's, the tokenizer's, then ``parameters``; its
+    files the graph, the tokenizer, then ``files``. The fused encoder is one
+    (:func:`fused_encoder_dir`); so are the encoders that tokenize per request ``task``
+    (multi-vector, inference-free sparse), which the split tokenize step could not serve.
     """
-    dim = spec.outputs[0].dims[-1]
-    parameters = {
-        **_python_encoder_parameters(entry, spec, False, limits, 0),
-        **tokenizer_parameters(entry, tok_params),
-        **params.parameters(),
-    }
     config = python_model(
         name,
         entry.max_batch_size,
-        [IOSpec("TEXT", "TYPE_STRING", (1,))],
-        [IOSpec(EMBEDDINGS, "TYPE_FP32", (-1, dim)), TOKEN_COUNT],
-        parameters,
+        [TEXT],
+        outputs,
+        {
+            **_python_encoder_parameters(entry, spec, False, limits, max_dimensions),
+            **tokenizer_parameters(entry, tok_params),
+            **parameters,
+        },
         *_encoder_scheduling(entry),
     )
-    files = {"model.onnx": onnx_path, "tokenizer.json": tokenizer_json}
-    return ModelDir(name, config, "encode_multivector", files)
+    files = {"model.onnx": onnx_path, "tokenizer.json": tokenizer_json, **(files or {})}
+    return ModelDir(name, config, stub, files)
 
 
 @dataclass(frozen=True)
 class QueryRoute:
-    """An inference-free sparse encoder's query route: its tokenizer and static weights."""
+    """An inference-free sparse encoder's query route: its tokenizer and static weights.
 
-    tokenizer_json: Path
-    weights: Path
+    Both are files of ``folder``, named as in the encoder's model dir:
+    :data:`QUERY_TOKENIZER_FILE` and :data:`QUERY_WEIGHTS_FILE`.
+    """
+
+    folder: Path
     max_length: int
     pad_id: int = 0
     lowercase: bool = False
 
+    def files(self) -> dict[str, Path]:
+        """The route's files, by their name in the model dir."""
+        return {name: self.folder / name for name in (QUERY_TOKENIZER_FILE, QUERY_WEIGHTS_FILE)}
+
     def parameters(self) -> dict[str, str]:
         """Config parameters ``embed_runtime.sparse_router.query_tokenizer`` reads."""
         return {
-            "query_tokenizer_file": "query_tokenizer.json",
-            "query_weights_file": "query_weights.npy",
+            "query_tokenizer_file": QUERY_TOKENIZER_FILE,
+            "query_weights_file": QUERY_WEIGHTS_FILE,
             "query_max_length": str(self.max_length),
             "query_pad_id": str(self.pad_id),
             "query_lowercase": str(self.lowercase).lower(),
         }
-
-
-def sparse_router_encoder_dir(
-    entry: ModelEntry,
-    name: str,
-    onnx_path: Path,
-    spec: GraphSpec,
-    tokenizer_json: Path,
-    tok_params: TokenizerParams,
-    query: QueryRoute,
-    max_active_dims: int,
-    limits: dict[str, int] | None = None,
-) -> ModelDir:
-    """An inference-free sparse encoder (``encode_sparse_router``): ``TEXT`` in.
-
-    Queries (request parameter ``task=query``) are weighed by ``query``'s static weights,
-    documents go through the SPLADE graph; both answer ``SPARSE_INDICES`` /
-    ``SPARSE_VALUES``. It tokenizes itself, since each route has its own tokenizer.
-    """
-    parameters = {
-        **_python_encoder_parameters(entry, spec, False, limits, 0),
-        **tokenizer_parameters(entry, tok_params),
-        **SparseOutput(max_active_dims).parameters(),
-        **query.parameters(),
-    }
-    config = python_model(
-        name,
-        entry.max_batch_size,
-        [IOSpec("TEXT", "TYPE_STRING", (1,))],
-        list(SparseOutput.outputs()),
-        parameters,
-        *_encoder_scheduling(entry),
-    )
-    files = {
-        "model.onnx": onnx_path,
-        "tokenizer.json": tokenizer_json,
-        "query_tokenizer.json": query.tokenizer_json,
-        "query_weights.npy": query.weights,
-    }
-    return ModelDir(name, config, "encode_sparse_router", files)
 
 
 def chain_dir(

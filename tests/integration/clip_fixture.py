@@ -1,4 +1,5 @@
-"""The tiny random-init OpenCLIP model the integration server serves, and its images."""
+"""The tiny random-init OpenCLIP model the integration server serves, its images, and
+open_clip's own answers for a checkpoint (:class:`ClipReference`)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,47 @@ def tiny_clip_entry(directory: Path) -> dict:
         "max_queue_delay_us": 5000,
         "max_rows_per_run": 8,
     }
+
+
+class ClipReference:
+    """A served checkpoint in open_clip + PyTorch, the way users run it."""
+
+    def __init__(self, arch: str, checkpoint: str):
+        from generator.families.open_clip.assets import load_open_clip
+
+        self.model, self.preprocess, self.tokenizer = load_open_clip(arch, checkpoint=checkpoint)
+
+    def text(self, texts: list[str]) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            return self.model.encode_text(self.tokenizer(texts), normalize=True).numpy()
+
+    def pixels(self, blobs: list[bytes]):
+        """open_clip's preprocessing of each encoded image, stacked (a torch tensor)."""
+        import torch
+
+        return torch.stack([self.preprocess(Image.open(io.BytesIO(b))) for b in blobs])
+
+    def encode_pixels(self, pixels) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            return self.model.encode_image(pixels, normalize=True).numpy()
+
+    def images(self, blobs: list[bytes]) -> np.ndarray:
+        return self.encode_pixels(self.pixels(blobs))
+
+    def image(self, data: bytes) -> np.ndarray:
+        return self.images([data])[0]
+
+    def logits_per_image(self, blobs: list[bytes], texts: list[str]) -> np.ndarray:
+        """open_clip's own forward: normalised features, scaled dot products [images, texts]."""
+        import torch
+
+        with torch.no_grad():
+            image, text, scale = self.model(self.pixels(blobs), self.tokenizer(texts))[:3]
+            return (scale * image @ text.T).numpy()
 
 
 def _encode(image: Image.Image, fmt: str, **kwargs) -> bytes:

@@ -112,10 +112,13 @@ class Server:
     def grpc_url(self) -> str:
         return f"127.0.0.1:{self.ports.grpc}"
 
+    def url(self, protocol: str) -> str:
+        """The address of ``protocol`` (``http`` or ``grpc``)."""
+        return self.http_url if protocol == "http" else self.grpc_url
+
     def client(self, protocol: str = "http", admin_key: str | None = ADMIN_KEY) -> EmbeddingClient:
         """A client; ``admin_key=""`` makes an anonymous one."""
-        url = self.http_url if protocol == "http" else self.grpc_url
-        return EmbeddingClient(url, protocol=protocol, admin_key=admin_key)
+        return EmbeddingClient(self.url(protocol), protocol=protocol, admin_key=admin_key)
 
 
 @pytest.fixture(scope="session")

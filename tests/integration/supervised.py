@@ -23,6 +23,15 @@ from tests.integration.conftest import ADMIN_KEY, free_ports
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def answers_ok(port: int, path: str = "/v2/health/ready") -> bool:
+    """``GET path`` on the local HTTP ``port`` answers 200 within 2 s."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 @dataclass
 class Supervised:
     """A running ``generator serve``: its process, ports and log."""
@@ -53,12 +62,7 @@ class Supervised:
 
     def ready(self) -> bool:
         """``/v2/health/ready`` answers 200."""
-        try:
-            url = f"http://127.0.0.1:{self.http}/v2/health/ready"
-            with urllib.request.urlopen(url, timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
+        return answers_ok(self.http)
 
     def wait_ready(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

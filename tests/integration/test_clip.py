@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import io
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from client.load.corpus import varied_sentences
 from tests.http_servers import ImageServer, closed_port
 from tests.integration.clip_fixture import (
     CLIP_MODEL,
+    ClipReference,
     decompression_bomb,
     mirrored,
     sample_images,
@@ -62,46 +62,10 @@ DISTINCT_TEXT_MIN_COS_GAP = 1e-2
 LOGIT_MAX_ABS = 1e-4
 
 
-@dataclass(frozen=True)
-class ClipReference:
-    """The served checkpoint in open_clip + PyTorch, the way users run it."""
-
-    model: object
-    preprocess: object
-    tokenizer: object
-
-    def text(self, texts: list[str]) -> np.ndarray:
-        import torch
-
-        with torch.no_grad():
-            return self.model.encode_text(self.tokenizer(texts), normalize=True).numpy()
-
-    def images(self, blobs: list[bytes]) -> np.ndarray:
-        import torch
-
-        pixels = torch.stack([self.preprocess(Image.open(io.BytesIO(b))) for b in blobs])
-        with torch.no_grad():
-            return self.model.encode_image(pixels, normalize=True).numpy()
-
-    def image(self, data: bytes) -> np.ndarray:
-        return self.images([data])[0]
-
-    def logits_per_image(self, blobs: list[bytes], texts: list[str]) -> np.ndarray:
-        """open_clip's own forward: normalised features, scaled dot products [images, texts]."""
-        import torch
-
-        pixels = torch.stack([self.preprocess(Image.open(io.BytesIO(b))) for b in blobs])
-        with torch.no_grad():
-            image, text, scale = self.model(pixels, self.tokenizer(texts))[:3]
-            return (scale * image @ text.T).numpy()
-
-
 @pytest.fixture(scope="session")
 def clip_reference(server) -> ClipReference:
-    from generator.families.open_clip.assets import load_open_clip
-
     entry = server.manifest.get(CLIP_MODEL)
-    return ClipReference(*load_open_clip(entry.arch, checkpoint=entry.checkpoint))
+    return ClipReference(entry.arch, entry.checkpoint)
 
 
 @pytest.fixture(scope="session")

@@ -10,14 +10,12 @@ The whole module takes about 35 s on an idle 2-core machine (build 15 s, start 5
 
 from __future__ import annotations
 
-import io
 import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from client.load.corpus import varied_sentences
 from generator.admin import KEY_ENV
@@ -25,7 +23,7 @@ from generator.build import build_repository
 from generator.manifest import parse_manifest
 from generator.shared_models import startup_models
 from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
-from tests.integration.clip_fixture import sample_images
+from tests.integration.clip_fixture import ClipReference, sample_images
 from tests.integration.conftest import ADMIN_KEY, Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -58,17 +56,11 @@ def _reference(checkpoint: str) -> tuple[np.ndarray, ...]:
     """Token ids, pixels (the sample images, then 2 of noise) and open_clip's embeddings."""
     import torch
 
-    from generator.families.open_clip.assets import load_open_clip
-
-    model, preprocess, tokenizer = load_open_clip("ViT-B-32", checkpoint=checkpoint)
-    ids = tokenizer(TEXTS)
-    pixels = [preprocess(Image.open(io.BytesIO(IMAGES[name]))) for name in NAMES]
+    reference = ClipReference("ViT-B-32", checkpoint)
     noise = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
-    pixels = torch.cat([torch.stack(pixels), noise])
-    with torch.no_grad():
-        text = model.encode_text(ids, normalize=True)
-        image = model.encode_image(pixels, normalize=True)
-    return ids.numpy(), pixels.numpy(), text.numpy(), image.numpy()
+    pixels = torch.cat([reference.pixels([IMAGES[name] for name in NAMES]), noise])
+    ids = reference.tokenizer(TEXTS).numpy()
+    return ids, pixels.numpy(), reference.text(TEXTS), reference.encode_pixels(pixels)
 
 
 @pytest.fixture(scope="module")

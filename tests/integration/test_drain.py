@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.integration.conftest import TEXT_MODEL, free_ports, write_manifest
+from tests.integration.supervised import answers_ok
 
 pytestmark = pytest.mark.integration
 
@@ -42,14 +42,6 @@ def _healthy(port: int) -> bool:
     env = {**os.environ, "TRITON_HTTP_PORT": str(port)}
     return subprocess.run([sys.executable, str(HEALTHCHECK)], env=env, timeout=30,
                           capture_output=True).returncode == 0
-
-
-def _ready(port: int, path: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
 
 
 class Load:
@@ -128,10 +120,10 @@ def drained(tmp_path_factory):
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         health_during = _healthy(http)
-        triton_ready_during = _ready(http, "/v2/health/ready")
+        triton_ready_during = answers_ok(http)
         unready = None
         while proc.poll() is None and time.monotonic() - term < DELAY_S + 60:
-            if unready is None and not _ready(http, f"/v2/models/{TEXT_MODEL}/ready"):
+            if unready is None and not answers_ok(http, f"/v2/models/{TEXT_MODEL}/ready"):
                 unready = time.monotonic()
             time.sleep(0.02)
         exited = time.monotonic()

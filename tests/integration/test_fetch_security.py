@@ -8,13 +8,13 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from generator.shared_models import FETCH_IMAGE
 from tests.http_servers import ImageServer
 from tests.integration.clip_fixture import CLIP_MODEL, sample_images
+from tests.integration.text_helpers import INVALID, PROTOCOLS, infer
 
 URL_ENSEMBLE = f"{CLIP_MODEL}_image_url"
 
@@ -38,16 +38,11 @@ def limits(server) -> dict[str, float]:
 
 
 def _infer(server, model: str, urls: list[str]) -> np.ndarray | InferenceServerException:
-    client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
-    inp = httpclient.InferInput("IMAGE_URL", [len(urls), 1], "BYTES")
-    inp.set_data_from_numpy(np.array([[u.encode()] for u in urls], dtype=np.object_))
     output = "EMBEDDING" if model == URL_ENSEMBLE else "IMAGE"
     try:
-        return client.infer(model, [inp]).as_numpy(output)
+        return infer(server, "http", model, {"IMAGE_URL": urls}, [output])[0]
     except InferenceServerException as exc:
         return exc
-    finally:
-        client.close()
 
 
 class _Timed:
@@ -167,27 +162,15 @@ def test_tarpit_and_fast_request_in_one_execution_are_answered_apart(server, ima
     ],
     ids=["6to4", "site-local"],
 )
-def test_ipv6_6to4_and_site_local_urls_are_refused_over_http_and_grpc(server, url, reason):
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_ipv6_6to4_and_site_local_urls_are_refused_over_http_and_grpc(
+    server, url, reason, protocol
+):
     message = (
         f"in ensemble '{URL_ENSEMBLE}', IMAGE_URL '{url}' refused: {reason} "
         "(add the host to allow_hosts to permit it)"
     )
-    rows = np.array([[url.encode()]], dtype=np.object_)
-
-    http = httpclient.InferenceServerClient(server.http_url)
-    inp = httpclient.InferInput("IMAGE_URL", [1, 1], "BYTES")
-    inp.set_data_from_numpy(rows)
     with pytest.raises(InferenceServerException) as info:
-        http.infer(URL_ENSEMBLE, [inp])
-    http.close()
-    assert info.value.status() == "400"
-    assert info.value.message() == message
-
-    grpc = grpcclient.InferenceServerClient(server.grpc_url)
-    inp = grpcclient.InferInput("IMAGE_URL", [1, 1], "BYTES")
-    inp.set_data_from_numpy(rows)
-    with pytest.raises(InferenceServerException) as info:
-        grpc.infer(URL_ENSEMBLE, [inp])
-    grpc.close()
-    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+        infer(server, protocol, URL_ENSEMBLE, {"IMAGE_URL": [url]}, ["EMBEDDING"])
+    assert info.value.status() == INVALID[protocol]
     assert info.value.message() == message

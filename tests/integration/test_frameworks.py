@@ -23,9 +23,10 @@ from client.langchain import TritonEmbeddings, TritonReranker
 from client.llama_index import TritonEmbedding, TritonMultiModalEmbedding
 from client.load.corpus import varied_sentences
 from generator.fixtures.tiny_rerank import create_tiny_cross_encoder
-from generator.manifest import parse_manifest
 from tests.integration.clip_fixture import CLIP_MODEL, sample_images
-from tests.integration.conftest import MAX_BATCH, TEXT_MODEL, serve
+from tests.integration.conftest import MAX_BATCH, TEXT_MODEL
+from tests.integration.families import serve_models
+from tests.integration.text_helpers import PROTOCOLS
 
 pytestmark = pytest.mark.integration
 
@@ -38,23 +39,28 @@ def _success_count(server, model: str) -> int:
     return stats.success_count
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_langchain_embeddings_equal_the_plain_client(server, protocol) -> None:
-    url = server.http_url if protocol == "http" else server.grpc_url
-    texts = varied_sentences(24)
-    embeddings = TritonEmbeddings(TEXT_MODEL, url, protocol)
-    documents = embeddings.embed_documents(texts)
-    query = embeddings.embed_query(texts[0])
+def _assert_equal_to_the_plain_client(server, protocol: str, texts, answers) -> None:
+    """Each framework answer (``got``, ``rows``) equals the plain client's vectors of
+    ``texts[rows]`` to :data:`EXACT`."""
     with server.client(protocol) as client:
         want = client.embed_texts(TEXT_MODEL, texts)
+    for got, rows in answers:
+        assert np.abs(np.asarray(got) - want[rows]).max() <= EXACT
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_langchain_embeddings_equal_the_plain_client(server, protocol) -> None:
+    texts = varied_sentences(24)
+    embeddings = TritonEmbeddings(TEXT_MODEL, server.url(protocol), protocol)
+    documents = embeddings.embed_documents(texts)
     assert isinstance(documents, list) and isinstance(documents[0], list)
     assert isinstance(documents[0][0], float)
-    assert np.abs(np.asarray(documents) - want).max() <= EXACT
-    assert np.abs(np.asarray(query) - want[0]).max() <= EXACT
-    async_docs = asyncio.run(embeddings.aembed_documents(texts[:3]))
-    async_query = asyncio.run(embeddings.aembed_query(texts[1]))
-    assert np.abs(np.asarray(async_docs) - want[:3]).max() <= EXACT
-    assert np.abs(np.asarray(async_query) - want[1]).max() <= EXACT
+    _assert_equal_to_the_plain_client(server, protocol, texts, [
+        (documents, slice(None)),
+        (embeddings.embed_query(texts[0]), 0),
+        (asyncio.run(embeddings.aembed_documents(texts[:3])), slice(3)),
+        (asyncio.run(embeddings.aembed_query(texts[1])), 1),
+    ])
     embeddings.close()
 
 
@@ -78,23 +84,18 @@ def test_langchain_errors_surface_as_the_clients_error(server) -> None:
     assert TritonEmbeddings(TEXT_MODEL, server.http_url).embed_documents([]) == []
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_llama_index_embedding_equals_the_plain_client(server, protocol) -> None:
-    url = server.http_url if protocol == "http" else server.grpc_url
     texts = varied_sentences(40)
-    model = TritonEmbedding(model_name=TEXT_MODEL, url=url, protocol=protocol,
+    model = TritonEmbedding(model_name=TEXT_MODEL, url=server.url(protocol), protocol=protocol,
                             embed_batch_size=16)
     assert isinstance(model, BaseEmbedding)
-    batch = model.get_text_embedding_batch(texts)
-    query = model.get_query_embedding(texts[2])
-    with server.client(protocol) as client:
-        want = client.embed_texts(TEXT_MODEL, texts)
-    assert np.abs(np.asarray(batch) - want).max() <= EXACT
-    assert np.abs(np.asarray(query) - want[2]).max() <= EXACT
-    async_batch = asyncio.run(model.aget_text_embedding_batch(texts[:5]))
-    async_query = asyncio.run(model.aget_query_embedding(texts[3]))
-    assert np.abs(np.asarray(async_batch) - want[:5]).max() <= EXACT
-    assert np.abs(np.asarray(async_query) - want[3]).max() <= EXACT
+    _assert_equal_to_the_plain_client(server, protocol, texts, [
+        (model.get_text_embedding_batch(texts), slice(None)),
+        (model.get_query_embedding(texts[2]), 2),
+        (asyncio.run(model.aget_text_embedding_batch(texts[:5])), slice(5)),
+        (asyncio.run(model.aget_query_embedding(texts[3])), 3),
+    ])
 
 
 def test_llama_index_errors_surface_as_the_clients_error(server) -> None:
@@ -132,7 +133,7 @@ def reranker_server(tmp_path_factory):
     base = tmp_path_factory.mktemp("frameworks-rerank")
     folder = create_tiny_cross_encoder(base / "rr")
     entry = {"name": "rr", "family": "cross-encoder", "source": str(folder)}
-    with serve(parse_manifest({"models": [entry]}, base), base) as server:
+    with serve_models(base, [entry]) as server:
         yield server
 
 

@@ -10,28 +10,23 @@ request refused alone with its reason while good ones in the same execution succ
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
 
 from generator.manifest import parse_manifest
 from generator.render import parse_config
 from tests.integration.conftest import Server, serve
 from tests.integration.text_helpers import (
     INVALID,
+    PROTOCOLS,
+    assert_bad_requests_fail_alone,
     assert_parity,
-    concurrent_round,
-    model_stats,
-    protocol_of,
-    raw_client,
+    concurrently,
+    infer,
     refusal,
     text_tensor,
-    wait_stats,
 )
 
 pytestmark = pytest.mark.integration
@@ -40,7 +35,6 @@ MODEL = "fused"
 ENCODER = f"{MODEL}_encode"
 IN_ENSEMBLE = f"in ensemble '{MODEL}', "
 PROMPTS = {"query": "query: "}
-PROTOCOLS = ["http", "grpc"]
 
 
 @pytest.fixture(scope="module")
@@ -121,44 +115,11 @@ def test_fused_bad_text_is_refused_with_the_tokenizers_reason(fused_server, prot
 
 
 def test_fused_bad_requests_do_not_fail_good_ones_in_the_same_execution(fused_server, reference):
-    """Good and bad requests reach the fused encoder together; each gets its own answer.
-
-    A round counts once one encoder execution held more requests than there are good
-    ones, or bad ones: it then mixed both. Otherwise the round is repeated.
-    """
+    """Good and bad requests reach the fused encoder together; each gets its own answer."""
     bad = list(BAD)
     payloads = [GOOD[0], bad[0], bad[1], GOOD[1], GOOD[2], bad[2], bad[3], GOOD[3]]
     want = dict(zip(GOOD, reference.encode(GOOD, normalize_embeddings=True), strict=True))
-    rounds = []
-    for _ in range(8):
-        before = model_stats(fused_server, ENCODER)
-        results = concurrent_round(fused_server, payloads, model=MODEL)
-        delta = wait_stats(fused_server, ENCODER, before, len(payloads))
-        for i, (payload, result) in enumerate(zip(payloads, results, strict=True)):
-            if payload in want:
-                assert isinstance(result, np.ndarray), f"{payload!r} failed: {result}"
-                assert_parity(result[None], want[payload][None])
-            else:
-                got = (str(result.status()), str(result.message()))
-                assert got == (INVALID[protocol_of(i)], IN_ENSEMBLE + BAD[payload])
-        rounds.append(delta.batch_sizes)
-        if delta.largest_batch > max(len(GOOD), len(BAD)):
-            break
-    print(f"\n{ENCODER} executions by batch size, per round: {rounds}")
-    assert delta.largest_batch > max(len(GOOD), len(BAD)), rounds
-
-
-def _send(server, protocol: str, parameters: dict, text: str):
-    tc = raw_client(server, protocol)
-    try:
-        module = httpclient if protocol == "http" else grpcclient
-        inp = module.InferInput("TEXT", [1, 1], "BYTES")
-        inp.set_data_from_numpy(text_tensor([text]))
-        return tc.infer(MODEL, [inp], parameters=parameters or None).as_numpy("EMBEDDING")
-    except InferenceServerException as exc:
-        return str(exc.status()), str(exc.message())
-    finally:
-        tc.close()
+    assert_bad_requests_fail_alone(fused_server, ENCODER, payloads, want, BAD, model=MODEL)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -178,14 +139,10 @@ def test_fused_bad_option_fails_alone_beside_good_requests(
     fused_server, protocol, parameters, reason, reference
 ):
     jobs = [(parameters, GOOD[0]), ({"dimensions": 32}, GOOD[1]), ({}, GOOD[2])]
-    barrier = threading.Barrier(len(jobs))
-
-    def job(args):
-        barrier.wait()
-        return _send(fused_server, protocol, *args)
-
-    with ThreadPoolExecutor(len(jobs)) as pool:
-        bad, good_32, good_full = pool.map(job, jobs)
-    assert bad == (INVALID[protocol], IN_ENSEMBLE + reason)
+    send = partial(infer, fused_server, protocol, MODEL)
+    bad, (good_32,), (good_full,) = concurrently(
+        [partial(send, {"TEXT": [text]}, ["EMBEDDING"], options) for options, text in jobs]
+    )
+    assert (str(bad.status()), str(bad.message())) == (INVALID[protocol], IN_ENSEMBLE + reason)
     assert_parity(good_32, reference.encode(GOOD[1:2], truncate_dim=32, normalize_embeddings=True))
     assert_parity(good_full, reference.encode(GOOD[2:3], normalize_embeddings=True))

@@ -12,30 +12,21 @@ requests fail alone with INVALID_ARG.
 
 from __future__ import annotations
 
-import threading
-import time
-
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from client import EmbeddingClientError
 from generator.fixtures.tiny_llm_rerank import PROMPTS, create_tiny_llm_reranker
-from generator.manifest import parse_manifest
-from tests.integration.conftest import serve
+from tests.integration.families import MAX_BATCH, entry, score_pairs_together, serve_models
+from tests.integration.text_helpers import INVALID, PROTOCOLS, infer
 from tests.rerank_data import QUERY, llm_rerank_pairs
 
 pytestmark = pytest.mark.integration
 
 MODEL = "llm"
-MAX_BATCH = 8
 # Right padding in the server, left padding in the library: equal up to float rounding.
 MAX_ABS_DIFF = 1e-4
-PROTOCOLS = ["http", "grpc"]
-INVALID = {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}
-_MODULES = {"http": httpclient, "grpc": grpcclient}
 
 
 @pytest.fixture(scope="module")
@@ -47,40 +38,15 @@ def llm_setup(tmp_path_factory):
     folder = create_tiny_llm_reranker(
         base / "tiny-llm", seed=2, prompts=PROMPTS, default_prompt_name="web"
     )
-    entry = {
-        "name": MODEL,
-        "family": "cross-encoder",
-        "source": str(folder),
-        "max_batch_size": MAX_BATCH,
-        "max_queue_delay_us": 20000,
-        "max_rows_per_run": 4,
-    }
-    manifest = parse_manifest({"models": [entry]}, base)
     reference = CrossEncoder(str(folder), device="cpu")
-    with serve(manifest, base) as server:
+    with serve_models(base, [entry(MODEL, "cross-encoder", folder)]) as server:
         yield server, reference
-
-
-def _tensor(rows) -> np.ndarray:
-    items = [r.encode("utf-8") if isinstance(r, str) else r for r in rows]
-    return np.array(items, dtype=np.object_).reshape(-1, 1)
 
 
 def _score(server, protocol: str, pairs, parameters=None) -> np.ndarray:
     """One raw request of ``QUERY`` and ``TEXT`` rows; returns ``SCORE``."""
-    module = _MODULES[protocol]
-    url = server.http_url if protocol == "http" else server.grpc_url
-    tc = module.InferenceServerClient(url)
-    try:
-        inputs = []
-        for name, rows in (("QUERY", [q for q, _ in pairs]), ("TEXT", [t for _, t in pairs])):
-            array = _tensor(rows)
-            inp = module.InferInput(name, list(array.shape), "BYTES")
-            inp.set_data_from_numpy(array)
-            inputs.append(inp)
-        return tc.infer(MODEL, inputs, parameters=parameters).as_numpy("SCORE")
-    finally:
-        tc.close()
+    inputs = {"QUERY": [q for q, _ in pairs], "TEXT": [t for _, t in pairs]}
+    return infer(server, protocol, MODEL, inputs, ["SCORE"], parameters)[0]
 
 
 def _predict(reference, pairs, **kwargs) -> np.ndarray:
@@ -165,40 +131,14 @@ def test_concurrent_requests_of_different_lengths_share_executions(llm_setup):
     """Good and bad requests released together: the good ones score as predict does, the
     bad ones fail alone, and the encoder runs the good ones in fewer executions."""
     server, reference = llm_setup
-    encode = f"{MODEL}_encode"
-    with server.client() as client:
-        before = {s.name: s for s in client.model_statistics(encode)}[encode]
     pairs = llm_rerank_pairs()
     bad = {3: ("", "text"), 7: ("q", b"\xff")}
-    jobs = [bad.get(i, pairs[i]) for i in range(len(pairs))]
-    barrier = threading.Barrier(len(jobs))
-    results: list = [None] * len(jobs)
 
-    def send(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = _score(server, PROTOCOLS[i % 2], [jobs[i]])[0, 0]
-        except InferenceServerException as exc:
-            results[i] = exc
+    def score(protocol: str, pair: tuple) -> np.ndarray:
+        return _score(server, protocol, [pair])
 
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(jobs))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert "QUERY row 0 is empty or whitespace only" in str(results[3].message())
-    assert "TEXT row 0 is not valid UTF-8" in str(results[7].message())
-    good = [i for i in range(len(jobs)) if i not in bad]
-    got = np.asarray([results[i] for i in good], dtype=np.float32)
-    _check("llm concurrent", got, _predict(reference, [pairs[i] for i in good]))
-    deadline = time.monotonic() + 10
-    while True:
-        with server.client() as client:
-            after = {s.name: s for s in client.model_statistics(encode)}[encode]
-        if after.success_count - before.success_count >= len(good) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert after.success_count - before.success_count == len(good)
-    executions = after.execution_count - before.execution_count
-    print(f"llm concurrent: {len(good)} encoder requests in {executions} executions")
-    assert executions < len(good)
+    refused, got = score_pairs_together(server, MODEL, score, pairs, bad)
+    assert "QUERY row 0 is empty or whitespace only" in str(refused[3].message())
+    assert "TEXT row 0 is not valid UTF-8" in str(refused[7].message())
+    good = [pair for i, pair in enumerate(pairs) if i not in bad]
+    _check("llm concurrent", got, _predict(reference, good))

@@ -16,7 +16,6 @@ import stat
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -24,19 +23,12 @@ import pytest
 from client import EmbeddingClient, EmbeddingClientError
 from generator.admin import KEY_ENV, KEY_FILE_ENV, LOCAL_KEY_FILE_ENV
 from tests.integration.conftest import TEXT_MODEL, free_ports, write_manifest
+from tests.integration.supervised import answers_ok
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = float(os.environ.get("TRITON_START_TIMEOUT", 240))
-
-
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 class Serve:
@@ -71,7 +63,7 @@ class Serve:
                 start_new_session=True,
             )
         start = time.monotonic()
-        while not _ready(self.http):
+        while not answers_ok(self.http):
             if self.proc.poll() is not None or time.monotonic() - start > START_TIMEOUT_S:
                 pytest.fail(f"serve did not become ready:\n{self.output()[-4000:]}")
             time.sleep(0.3)

@@ -12,28 +12,23 @@ request alone.
 
 from __future__ import annotations
 
-import threading
+from functools import partial
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from client import EmbeddingClient, EmbeddingClientError
+from client import EmbeddingClientError
 from client.multivector import maxsim
 from generator.fixtures.tiny_colbert import create_tiny_colbert
-from generator.manifest import parse_manifest
-from tests.integration.conftest import serve
+from tests.integration.families import entry, serve_models
+from tests.integration.text_helpers import INVALID, PROTOCOLS, concurrently, infer
 from tests.st_factory import parity_texts
 
 pytestmark = pytest.mark.integration
 
-MAX_BATCH = 8
 MAX_ABS_DIFF = 1e-5
-PROTOCOLS = ["http", "grpc"]
-INVALID = {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}
-_MODULES = {"http": httpclient, "grpc": grpcclient}
+OUTPUTS = ("EMBEDDINGS", "TOKEN_COUNT")
 
 
 @pytest.fixture(scope="module")
@@ -43,17 +38,9 @@ def colbert_setup(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("multivector")
     folder = create_tiny_colbert(base / "tiny-colbert", seed=3)
-    manifest = parse_manifest({"models": [{
-        "name": "cb", "family": "multi-vector", "source": str(folder),
-        "max_batch_size": MAX_BATCH, "max_queue_delay_us": 20000, "max_rows_per_run": 4,
-    }]}, base)
     reference = MultiVectorEncoder(str(folder), device="cpu")
-    with serve(manifest, base) as server:
+    with serve_models(base, [entry("cb", "multi-vector", folder)]) as server:
         yield server, reference
-
-
-def _url(server, protocol: str) -> str:
-    return server.http_url if protocol == "http" else server.grpc_url
 
 
 def _library(reference, texts, task: str) -> list[np.ndarray]:
@@ -62,17 +49,8 @@ def _library(reference, texts, task: str) -> list[np.ndarray]:
 
 
 def _raw(server, protocol: str, texts, task: str | None, **parameters):
-    module = _MODULES[protocol]
-    tc = module.InferenceServerClient(_url(server, protocol))
-    try:
-        array = np.array([t.encode() for t in texts], dtype=np.object_).reshape(-1, 1)
-        inp = module.InferInput("TEXT", list(array.shape), "BYTES")
-        inp.set_data_from_numpy(array)
-        parameters = {**({"task": task} if task else {}), **parameters}
-        result = tc.infer("cb", [inp], parameters=parameters or None)
-        return result.as_numpy("EMBEDDINGS"), result.as_numpy("TOKEN_COUNT")
-    finally:
-        tc.close()
+    parameters = {**({"task": task} if task else {}), **parameters}
+    return infer(server, protocol, "cb", {"TEXT": texts}, OUTPUTS, parameters)
 
 
 def _worst(got: list[np.ndarray], want: list[np.ndarray]) -> float:
@@ -89,7 +67,7 @@ def test_queries_and_documents_equal_the_library_and_maxsim_too(colbert_setup, p
     texts = parity_texts()
     queries, documents = _library(reference, texts, "query"), _library(reference, texts,
                                                                          "document")
-    with EmbeddingClient(_url(server, protocol), protocol) as client:
+    with server.client(protocol) as client:
         got_queries = client.embed_multivector("cb", texts, is_query=True)
         got_docs = client.embed_multivector("cb", texts)
     diffs = _worst(got_queries, queries), _worst(got_docs, documents)
@@ -127,20 +105,7 @@ def test_an_empty_text_or_a_bad_task_fails_its_own_request_alone(colbert_setup, 
     good = [(["a cat sat on the mat", "late interaction"], "document"),
             (["what is colbert?"], "query"), (["one more request"], "document")]
     bad = [(["fine", "   "], "document"), (["fine"], "passage")]
-    results: dict[int, object] = {}
-
-    def send(i: int, texts, task) -> None:
-        try:
-            results[i] = _raw(server, protocol, texts, task)
-        except InferenceServerException as exc:
-            results[i] = exc
-
-    requests = [*good, *bad]
-    threads = [threading.Thread(target=send, args=(i, *r)) for i, r in enumerate(requests)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = concurrently([partial(_raw, server, protocol, *r) for r in [*good, *bad]])
     for i, message in ((len(good), "TEXT row 1 is empty or whitespace only"),
                        (len(good) + 1, "task must be one of ['query', 'document']")):
         assert isinstance(results[i], InferenceServerException)
@@ -150,8 +115,7 @@ def test_an_empty_text_or_a_bad_task_fails_its_own_request_alone(colbert_setup, 
         embeddings, counts = results[i]
         got = [e[: int(n)] for e, n in zip(embeddings, counts.reshape(-1), strict=True)]
         assert _worst(got, _library(reference, texts, task)) <= MAX_ABS_DIFF
-    with EmbeddingClient(_url(server, protocol), protocol) as client, pytest.raises(
-            EmbeddingClientError, match="empty"):
+    with server.client(protocol) as client, pytest.raises(EmbeddingClientError, match="empty"):
         client.embed_multivector("cb", [""])
 
 

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from client import EmbeddingClient
 from client.multivector import maxsim
 from generator import pylate_reference
-from generator.manifest import parse_manifest
-from tests.integration.conftest import serve
+from tests.integration.families import entry, serve_models
+from tests.integration.text_helpers import PROTOCOLS, infer
 from tests.st_factory import parity_texts
 
 pytestmark = pytest.mark.integration
@@ -43,23 +41,19 @@ def pylate_setup(tmp_path_factory):
     for seed, (name, flags) in enumerate(MODELS.items()):
         out = base / name
         pylate_reference.run(["create", str(out), "--seed", str(seed + 5), *flags], folder)
-        entries.append({"name": name, "family": "multi-vector", "source": str(out),
-                        "max_batch_size": 8, "max_queue_delay_us": 20000,
-                        "max_rows_per_run": 4})
+        entries.append(entry(name, "multi-vector", out))
         references[name] = pylate_reference.PyLateReference(str(out), name)
-    manifest = parse_manifest({"models": entries}, base)
-    with serve(manifest, base) as server:
+    with serve_models(base, entries) as server:
         yield server, references
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("model", list(MODELS))
 def test_queries_and_documents_equal_pylates_encode(pylate_setup, model, protocol) -> None:
     server, references = pylate_setup
     reference = references[model]
     texts = [*parity_texts(), "  spaces around  ", "Punctuation: a, b; c! (d) [e]?"]
-    url = server.http_url if protocol == "http" else server.grpc_url
-    with EmbeddingClient(url, protocol) as client:
+    with server.client(protocol) as client:
         queries = client.embed_multivector(model, texts, is_query=True)
         documents = client.embed_multivector(model, texts)
     want_q, want_d = reference.encode_query(texts), reference.encode_document(texts)
@@ -81,15 +75,7 @@ def test_queries_and_documents_equal_pylates_encode(pylate_setup, model, protoco
 
 
 def _infer(server, model: str, texts: list[str], **parameters):
-    client = httpclient.InferenceServerClient(server.http_url)
-    try:
-        array = np.array([t.encode() for t in texts], dtype=np.object_).reshape(-1, 1)
-        item = httpclient.InferInput("TEXT", list(array.shape), "BYTES")
-        item.set_data_from_numpy(array)
-        result = client.infer(model, [item], parameters=parameters)
-        return result.as_numpy("EMBEDDINGS"), result.as_numpy("TOKEN_COUNT")
-    finally:
-        client.close()
+    return infer(server, "http", model, {"TEXT": texts}, ("EMBEDDINGS", "TOKEN_COUNT"), parameters)
 
 
 def test_a_query_over_its_length_is_refused_with_truncate_false(pylate_setup) -> None:

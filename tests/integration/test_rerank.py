@@ -10,33 +10,25 @@ length-sorted chunks of 4 rows. Bad requests fail alone with INVALID_ARG.
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from client import EmbeddingClientError
 from client.cli import main as client_main
 from generator.fixtures.tiny_rerank import create_tiny_cross_encoder
-from generator.manifest import parse_manifest
-from tests.integration.conftest import serve
+from tests.integration.families import MAX_BATCH, entry, score_pairs_together, serve_models
+from tests.integration.text_helpers import INVALID, PROTOCOLS, infer
 from tests.rerank_data import QUERY, rerank_pairs
 
 pytestmark = pytest.mark.integration
 
 MODEL = "rr"
-MAX_BATCH = 8
 MAX_TEXT_BYTES = 4096
 MAX_REQUEST_TEXT_BYTES = 16384
 MAX_ABS_DIFF = 1e-5
-PROTOCOLS = ["http", "grpc"]
-INVALID = {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}
 IN_ENSEMBLE = f"in ensemble '{MODEL}', "
-_MODULES = {"http": httpclient, "grpc": grpcclient}
 
 
 @pytest.fixture(scope="module")
@@ -46,42 +38,16 @@ def rerank_setup(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("rerank")
     folder = create_tiny_cross_encoder(base / "tiny-rerank", seed=5)
-    entry = {
-        "name": MODEL,
-        "family": "cross-encoder",
-        "source": str(folder),
-        "max_batch_size": MAX_BATCH,
-        "max_queue_delay_us": 20000,
-        "max_rows_per_run": 4,
-        "max_text_bytes": MAX_TEXT_BYTES,
-        "max_request_text_bytes": MAX_REQUEST_TEXT_BYTES,
-    }
-    manifest = parse_manifest({"models": [entry]}, base)
     reference = CrossEncoder(str(folder), device="cpu")
-    with serve(manifest, base) as server:
+    limits = {"max_text_bytes": MAX_TEXT_BYTES, "max_request_text_bytes": MAX_REQUEST_TEXT_BYTES}
+    with serve_models(base, [entry(MODEL, "cross-encoder", folder, **limits)]) as server:
         yield server, reference
 
 
-def _tensor(rows) -> np.ndarray:
-    items = [r.encode("utf-8") if isinstance(r, str) else r for r in rows]
-    return np.array(items, dtype=np.object_).reshape(-1, 1)
-
-
-def _score(server, protocol: str, queries, texts) -> np.ndarray:
+def _score(server, protocol: str, queries, texts, parameters=None) -> np.ndarray:
     """One raw request of ``QUERY`` and ``TEXT`` rows; returns ``SCORE``."""
-    module = _MODULES[protocol]
-    url = server.http_url if protocol == "http" else server.grpc_url
-    tc = module.InferenceServerClient(url)
-    try:
-        inputs = []
-        for name, rows in (("QUERY", queries), ("TEXT", texts)):
-            array = _tensor(rows)
-            inp = module.InferInput(name, list(array.shape), "BYTES")
-            inp.set_data_from_numpy(array)
-            inputs.append(inp)
-        return tc.infer(MODEL, inputs).as_numpy("SCORE")
-    finally:
-        tc.close()
+    inputs = {"QUERY": queries, "TEXT": texts}
+    return infer(server, protocol, MODEL, inputs, ["SCORE"], parameters)[0]
 
 
 def _refusal(server, protocol: str, queries, texts) -> tuple[str, str]:
@@ -235,64 +201,24 @@ def test_truncate_false_refuses_an_overlong_pair_and_left_is_refused(rerank_setu
         assert f"pair row 1 has {limit + 1} tokens, over the model's limit of {limit}" in (
             refused.value.message
         )
-    module = _MODULES[protocol]
-    url = server.http_url if protocol == "http" else server.grpc_url
-    tc = module.InferenceServerClient(url)
-    try:
-        inputs = []
-        for name in ("QUERY", "TEXT"):
-            inp = module.InferInput(name, [1, 1], "BYTES")
-            inp.set_data_from_numpy(_tensor(["q"]))
-            inputs.append(inp)
-        with pytest.raises(InferenceServerException, match="not available for rerankers"):
-            tc.infer(MODEL, inputs, parameters={"truncation_direction": "left"})
-    finally:
-        tc.close()
+    with pytest.raises(InferenceServerException, match="not available for rerankers"):
+        _score(server, protocol, ["q"], ["q"], {"truncation_direction": "left"})
 
 
 def test_bad_requests_fail_alone_among_concurrent_good_ones(rerank_setup):
     """Good and bad requests released together: the good ones score exactly, and the
     encoder runs the good ones in fewer executions than requests (ragged batching)."""
     server, reference = rerank_setup
-    encode = f"{MODEL}_encode"
-    with server.client() as client:
-        before = {s.name: s for s in client.model_statistics(encode)}[encode]
     pairs = rerank_pairs()
     bad = {3: ("", "text"), 7: ("q", "")}
-    jobs = [bad.get(i, pairs[i]) for i in range(len(pairs))]
-    barrier = threading.Barrier(len(jobs))
-    results: list = [None] * len(jobs)
 
-    def send(i: int) -> None:
-        protocol = PROTOCOLS[i % 2]
-        barrier.wait()
-        try:
-            results[i] = _score(server, protocol, [jobs[i][0]], [jobs[i][1]])[0, 0]
-        except InferenceServerException as exc:
-            results[i] = exc
+    def score(protocol: str, pair: tuple[str, str]) -> np.ndarray:
+        return _score(server, protocol, [pair[0]], [pair[1]])
 
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(jobs))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    for i in bad:
-        assert isinstance(results[i], InferenceServerException)
-        assert "empty or whitespace only" in str(results[i].message())
-    good = [i for i in range(len(jobs)) if i not in bad]
-    got = np.asarray([results[i] for i in good], dtype=np.float32)
-    _check("concurrent", got, _predict(reference, [pairs[i] for i in good]))
-    deadline = time.monotonic() + 10
-    while True:
-        with server.client() as client:
-            after = {s.name: s for s in client.model_statistics(encode)}[encode]
-        if after.success_count - before.success_count >= len(good) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert after.success_count - before.success_count == len(good)
-    executions = after.execution_count - before.execution_count
-    print(f"concurrent: {len(good)} encoder requests in {executions} executions")
-    assert executions < len(good)
+    refused, got = score_pairs_together(server, MODEL, score, pairs, bad)
+    for exc in refused.values():
+        assert "empty or whitespace only" in str(exc.message())
+    _check("concurrent", got, _predict(reference, [p for i, p in enumerate(pairs) if i not in bad]))
 
 
 def test_model_manager_loads_a_cross_encoder_at_runtime(server, tmp_path_factory):

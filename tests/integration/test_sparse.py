@@ -10,28 +10,23 @@ again equal ``SparseEncoder.encode``; an empty text fails its own request alone.
 
 from __future__ import annotations
 
-import threading
+from functools import partial
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from client import EmbeddingClient, EmbeddingClientError
+from client import EmbeddingClientError
 from generator.fixtures.tiny_splade import create_tiny_inference_free_splade, create_tiny_splade
-from generator.manifest import parse_manifest
-from tests.integration.conftest import serve
+from tests.integration.families import entry, serve_models
+from tests.integration.text_helpers import INVALID, PROTOCOLS, concurrently, infer
 from tests.st_factory import parity_texts
 
 pytestmark = pytest.mark.integration
 
-MAX_BATCH = 8
 MAX_ABS_DIFF = 1e-5
 K = 16
-PROTOCOLS = ["http", "grpc"]
-INVALID = {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}
-_MODULES = {"http": httpclient, "grpc": grpcclient}
+OUTPUTS = ("SPARSE_INDICES", "SPARSE_VALUES")
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +36,14 @@ def sparse_setup(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("sparse")
     folder = create_tiny_splade(base / "tiny-splade", seed=3)
-    common = {"family": "sparse-encoder", "source": str(folder), "max_batch_size": MAX_BATCH,
-              "max_queue_delay_us": 20000, "max_rows_per_run": 4}
     free = create_tiny_inference_free_splade(base / "tiny-free", seed=4)
-    manifest = parse_manifest({"models": [{"name": "sp", **common},
-                                          {"name": "sp-k16", "max_active_dims": K, **common},
-                                          {**common, "name": "free", "source": str(free)}]},
-                              base)
+    entries = [
+        entry("sp", "sparse-encoder", folder),
+        entry("sp-k16", "sparse-encoder", folder, max_active_dims=K),
+        entry("free", "sparse-encoder", free),
+    ]
     reference = SparseEncoder(str(folder), device="cpu")
-    with serve(manifest, base) as server:
+    with serve_models(base, entries) as server:
         yield server, reference
 
 
@@ -77,16 +71,7 @@ def _dense(rows, size: int) -> np.ndarray:
 def _raw(
     server, protocol: str, model: str, texts, parameters=None
 ) -> tuple[np.ndarray, np.ndarray]:
-    module = _MODULES[protocol]
-    tc = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
-    try:
-        array = np.array([t.encode() for t in texts], dtype=np.object_).reshape(-1, 1)
-        inp = module.InferInput("TEXT", list(array.shape), "BYTES")
-        inp.set_data_from_numpy(array)
-        result = tc.infer(model, [inp], parameters=parameters)
-        return result.as_numpy("SPARSE_INDICES"), result.as_numpy("SPARSE_VALUES")
-    finally:
-        tc.close()
+    return infer(server, protocol, model, {"TEXT": texts}, OUTPUTS, parameters)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -95,8 +80,7 @@ def test_served_rows_equal_sparse_encoder_encode(sparse_setup, protocol, model, 
     server, reference = sparse_setup
     texts = parity_texts()
     want = _encode(reference, texts, k)
-    url = server.http_url if protocol == "http" else server.grpc_url
-    with EmbeddingClient(url, protocol) as client:
+    with server.client(protocol) as client:
         rows = client.embed_sparse(model, texts)
     got = _dense(rows, want.shape[1])
     diff = float(np.abs(got - want).max())
@@ -131,20 +115,8 @@ def test_each_request_is_as_wide_as_its_widest_row(sparse_setup, protocol):
 def test_an_empty_text_fails_its_own_request_alone(sparse_setup, protocol):
     server, reference = sparse_setup
     good = [["a cat sat on the mat", "sparse retrieval"], ["Triton"], ["one more request"]]
-    results: dict[int, object] = {}
-
-    def send(i: int, texts) -> None:
-        try:
-            results[i] = _raw(server, protocol, "sp", texts)
-        except InferenceServerException as exc:
-            results[i] = exc
-
     requests = [*good, ["fine", "   "]]
-    threads = [threading.Thread(target=send, args=(i, t)) for i, t in enumerate(requests)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = concurrently([partial(_raw, server, protocol, "sp", texts) for texts in requests])
     bad = results[len(good)]
     assert isinstance(bad, InferenceServerException)
     assert str(bad.status()) == INVALID[protocol]
@@ -154,9 +126,7 @@ def test_an_empty_text_fails_its_own_request_alone(sparse_setup, protocol):
         want = _encode(reference, texts)
         rows = [(r[r >= 0], v[r >= 0]) for r, v in zip(indices, values, strict=True)]
         assert float(np.abs(_dense(rows, want.shape[1]) - want).max()) <= MAX_ABS_DIFF
-    url = server.http_url if protocol == "http" else server.grpc_url
-    with EmbeddingClient(url, protocol) as client, pytest.raises(EmbeddingClientError,
-                                                                 match="empty"):
+    with server.client(protocol) as client, pytest.raises(EmbeddingClientError, match="empty"):
         client.embed_sparse("sp", [""])
 
 
@@ -168,8 +138,7 @@ def test_request_max_active_dims_replaces_the_models_cap(sparse_setup, protocol,
     server, reference = sparse_setup
     texts = parity_texts()[:12]
     want = _encode(reference, texts, k)
-    url = server.http_url if protocol == "http" else server.grpc_url
-    with EmbeddingClient(url, protocol) as client:
+    with server.client(protocol) as client:
         rows = client.embed_sparse(model, texts, max_active_dims=k)
     diff = float(np.abs(_dense(rows, want.shape[1]) - want).max())
     print(f"\n{model} k={k} {protocol}: max|diff| {diff:.2e}")
@@ -182,20 +151,9 @@ def test_request_max_active_dims_replaces_the_models_cap(sparse_setup, protocol,
 @pytest.mark.parametrize("value", [0, -3, 2.5, "many", True])
 def test_a_bad_max_active_dims_fails_its_own_request_alone(sparse_setup, protocol, value):
     server, reference = sparse_setup
-    results: dict[int, object] = {}
-
-    def send(i: int, parameters) -> None:
-        try:
-            results[i] = _raw(server, protocol, "sp", ["a cat sat on the mat"], parameters)
-        except InferenceServerException as exc:
-            results[i] = exc
-
     cases = [{"max_active_dims": value}, {"max_active_dims": 4}, None]
-    threads = [threading.Thread(target=send, args=(i, p)) for i, p in enumerate(cases)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    send = partial(_raw, server, protocol, "sp", ["a cat sat on the mat"])
+    results = concurrently([partial(send, parameters) for parameters in cases])
     bad = results[0]
     assert isinstance(bad, InferenceServerException), bad
     assert str(bad.status()) == INVALID[protocol]
@@ -225,8 +183,7 @@ def test_inference_free_routes_equal_encode_query_and_encode_document(
     reference = free_reference
     texts = parity_texts()
     want = _routed(reference, texts, task)
-    url = server.http_url if protocol == "http" else server.grpc_url
-    with EmbeddingClient(url, protocol) as client:
+    with server.client(protocol) as client:
         rows = client.embed_sparse("free", texts, task=task)
         capped = client.embed_sparse("free", texts, task=task, max_active_dims=3)
     diff = float(np.abs(_dense(rows, want.shape[1]) - want).max())
@@ -271,19 +228,10 @@ def test_inference_free_mixed_tasks_share_batches_and_a_bad_task_fails_alone(
     cases = [(["what is a sparse encoder?"], "query"), (["Triton serves models."], "document"),
              (["where is the river", "cats"], "query"), (["a document", "and another"], None),
              (["fine"], "passage")]
-    results: dict[int, object] = {}
-
-    def send(i: int, texts, task) -> None:
-        try:
-            results[i] = _raw(server, protocol, "free", texts, {"task": task} if task else None)
-        except InferenceServerException as exc:
-            results[i] = exc
-
-    threads = [threading.Thread(target=send, args=(i, *c)) for i, c in enumerate(cases)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    send = partial(_raw, server, protocol, "free")
+    results = concurrently(
+        [partial(send, texts, {"task": task} if task else None) for texts, task in cases]
+    )
     bad = results[len(cases) - 1]
     assert isinstance(bad, InferenceServerException), bad
     assert str(bad.status()) == INVALID[protocol]

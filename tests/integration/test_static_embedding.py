@@ -17,12 +17,10 @@ from generator.manifest import parse_manifest
 from tests.integration.conftest import serve
 from tests.integration.text_helpers import (
     INVALID,
-    concurrent_round,
-    model_stats,
-    protocol_of,
+    PROTOCOLS,
+    assert_bad_requests_fail_alone,
     refusal,
     text_tensor,
-    wait_stats,
 )
 from tests.st_factory import (
     STATIC_VARIANTS,
@@ -37,7 +35,6 @@ pytestmark = pytest.mark.integration
 
 MAX_ABS_DIFF = 1e-5
 SPLIT, FUSED = STATIC_VARIANTS[0], STATIC_VARIANTS[1]
-PROTOCOLS = ["http", "grpc"]
 BAD = {
     "": "TEXT row 0 is empty or whitespace only",
     "\x00": "TEXT row 0 has no tokens (the tokenizer drops all of its characters); its "
@@ -104,24 +101,12 @@ def test_static_bad_requests_do_not_fail_good_ones_in_the_same_execution(
 ):
     """Good and bad requests reach the tokenizing step together; each gets its own answer."""
     server, references = static_setup
-    model, stepped = variant.name, f"{variant.name}_{step}"
+    model = variant.name
     bad = list(BAD)
     payloads = [GOOD[0], bad[0], bad[1], GOOD[1], GOOD[2], bad[2], GOOD[3]]
     want = dict(zip(GOOD, reference_embeddings(references[model], variant, GOOD), strict=True))
-    rounds = []
-    for _ in range(8):
-        before = model_stats(server, stepped)
-        results = concurrent_round(server, payloads, model=model)
-        delta = wait_stats(server, stepped, before, len(payloads))
-        for i, (payload, result) in enumerate(zip(payloads, results, strict=True)):
-            if payload in want:
-                assert isinstance(result, np.ndarray), f"{payload!r} failed: {result}"
-                assert float(np.abs(result - want[payload]).max()) <= MAX_ABS_DIFF
-            else:
-                got = (str(result.status()), str(result.message()))
-                assert got == (INVALID[protocol_of(i)], f"in ensemble '{model}', {BAD[payload]}")
-        rounds.append(delta.batch_sizes)
-        if delta.largest_batch > max(len(GOOD), len(BAD)):
-            break
-    print(f"\n{stepped} executions by batch size, per round: {rounds}")
-    assert delta.largest_batch > max(len(GOOD), len(BAD)), rounds
+
+    def check(got: np.ndarray, expected: np.ndarray) -> None:
+        assert float(np.abs(got - expected).max()) <= MAX_ABS_DIFF
+
+    assert_bad_requests_fail_alone(server, f"{model}_{step}", payloads, want, BAD, check, model)

@@ -11,20 +11,17 @@ from client import EmbeddingClientError
 from tests.integration.conftest import MAX_BATCH, TEXT_MODEL
 from tests.integration.text_helpers import (
     INVALID,
+    PROTOCOLS,
+    assert_bad_requests_fail_alone,
     assert_parity,
-    concurrent_round,
     infer_raw,
-    model_stats,
-    protocol_of,
     raw_client,
     refusal,
     text_tensor,
-    wait_stats,
 )
 
 pytestmark = pytest.mark.integration
 
-PROTOCOLS = ["http", "grpc"]
 IN_ENSEMBLE = f"in ensemble '{TEXT_MODEL}', "
 MAX_TEXT_BYTES = 16384  # the default
 MAX_REQUEST_TEXT_BYTES = 131072  # conftest's manifest
@@ -137,37 +134,12 @@ BAD = {
 
 
 def test_bad_requests_do_not_fail_good_ones_in_the_same_execution(server, reference):
-    """Good and bad requests go to the tokenizer together; each gets its own answer.
-
-    An execution of the tokenizer with more requests than there are good ones, or bad
-    ones, must have held both: the statistics show it, or the round is repeated.
-    """
+    """Good and bad requests go to the tokenizer together; each gets its own answer."""
     bad = list(BAD)
     # Good and bad alternate over HTTP and gRPC: G B B G G B B G.
     payloads = [GOOD[0], bad[0], bad[1], GOOD[1], GOOD[2], bad[2], bad[3], GOOD[3]]
     want = dict(zip(GOOD, reference.encode(GOOD, normalize_embeddings=True), strict=True))
-    tokenizer = f"{TEXT_MODEL}_tokenize"
-    rounds = []
-    for _ in range(8):
-        before = model_stats(server, tokenizer)
-        results = concurrent_round(server, payloads)
-        delta = wait_stats(server, tokenizer, before, len(payloads))
-        for i, (payload, result) in enumerate(zip(payloads, results, strict=True)):
-            protocol = protocol_of(i)
-            if payload in want:
-                assert isinstance(result, np.ndarray), f"{payload!r} failed: {result}"
-                assert_parity(result[None], want[payload][None])
-            else:
-                got = (str(result.status()), str(result.message()))
-                assert got == (INVALID[protocol], IN_ENSEMBLE + BAD[payload])
-        assert delta.inferences == len(payloads), delta
-        rounds.append(delta.batch_sizes)
-        if delta.largest_batch > max(len(GOOD), len(BAD)):
-            break
-    print(f"\n{tokenizer} executions by batch size, per round: {rounds}")
-    assert delta.largest_batch > max(len(GOOD), len(BAD)), (
-        f"no tokenizer execution mixed good and bad requests in {len(rounds)} rounds: {rounds}"
-    )
+    assert_bad_requests_fail_alone(server, f"{TEXT_MODEL}_tokenize", payloads, want, BAD)
     with server.client() as c:
         assert c.is_server_ready()
         assert_parity(c.embed_texts(TEXT_MODEL, GOOD[:1]), want[GOOD[0]][None])

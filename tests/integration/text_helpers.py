@@ -1,10 +1,12 @@
-"""Shared helpers of the text tests: raw requests, concurrent rounds, statistics deltas."""
+"""Shared helpers of the integration tests: raw requests, concurrent requests and rounds,
+statistics deltas."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +21,7 @@ from tests.integration.conftest import TEXT_MODEL
 # 1 - cos grows with the square of the difference, so ~30x on the values is ~900x on it.
 MAX_ONE_MINUS_COS = 1e-9
 MAX_ABS_DIFF = 1e-5
+PROTOCOLS = ["http", "grpc"]
 INVALID = {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}
 _MODULES = {"http": httpclient, "grpc": grpcclient}
 
@@ -39,10 +42,14 @@ def assert_parity(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
     return gap, diff
 
 
+def assert_row_parity(got: np.ndarray, want: np.ndarray) -> None:
+    """:func:`assert_parity` of one embedding row."""
+    assert_parity(got[None], want[None])
+
+
 def raw_client(server, protocol: str):
     """A plain tritonclient ``InferenceServerClient`` (no admin key)."""
-    url = server.http_url if protocol == "http" else server.grpc_url
-    return _MODULES[protocol].InferenceServerClient(url)
+    return _MODULES[protocol].InferenceServerClient(server.url(protocol))
 
 
 def text_tensor(rows: Sequence[str | bytes]) -> np.ndarray:
@@ -64,6 +71,49 @@ def infer_raw(
     inp = module.InferInput(name, list(array.shape), dtype)
     inp.set_data_from_numpy(array)
     return tc.infer(model, [inp]).as_numpy("EMBEDDING")
+
+
+def infer(
+    server,
+    protocol: str,
+    model: str,
+    inputs: Mapping[str, Sequence[str | bytes]],
+    outputs: Sequence[str],
+    parameters: dict | None = None,
+) -> tuple[np.ndarray, ...]:
+    """One raw request, each of ``inputs`` (name: rows) a ``[N, 1]`` BYTES tensor of its
+    rows (:func:`text_tensor`); returns the arrays of ``outputs``, in that order."""
+    module = _MODULES[protocol]
+    tc = raw_client(server, protocol)
+    try:
+        items = []
+        for name, rows in inputs.items():
+            array = text_tensor(rows)
+            item = module.InferInput(name, list(array.shape), "BYTES")
+            item.set_data_from_numpy(array)
+            items.append(item)
+        result = tc.infer(model, items, parameters=parameters or None)
+        return tuple(result.as_numpy(name) for name in outputs)
+    finally:
+        tc.close()
+
+
+def concurrently(calls: Sequence[Callable[[], object]]) -> list:
+    """Run each call on its own thread, all released at once by a barrier.
+
+    Returns each call's result, or the ``InferenceServerException`` it raised.
+    """
+    barrier = threading.Barrier(len(calls))
+
+    def run(call: Callable[[], object]) -> object:
+        barrier.wait()
+        try:
+            return call()
+        except InferenceServerException as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(run, calls))
 
 
 def refusal(server, protocol: str, array: np.ndarray, **kwargs) -> tuple[str, str]:
@@ -154,3 +204,44 @@ def concurrent_round(server, payloads: Sequence[str | bytes], model: str = TEXT_
     for thread in threads:
         thread.join()
     return results
+
+
+def assert_bad_requests_fail_alone(
+    server,
+    step: str,
+    payloads: Sequence[str | bytes],
+    want: Mapping[str | bytes, np.ndarray],
+    bad: Mapping[str | bytes, str],
+    check: Callable[[np.ndarray, np.ndarray], object] = assert_row_parity,
+    model: str = TEXT_MODEL,
+) -> None:
+    """Good and bad one-row requests reach ``step`` of ``model`` together; each gets its own answer.
+
+    Rounds of :func:`concurrent_round`: each good payload's row passes ``check(row,
+    want[payload])``, each bad one is refused with INVALID_ARG and ``bad[payload]``, and
+    ``step`` counts every request. An execution of ``step`` with more requests than there
+    are good ones, or bad ones, must have held both: the statistics show it, or the round
+    is repeated (8 rounds at most).
+    """
+    mixed = max(sum(p in want for p in payloads), sum(p in bad for p in payloads))
+    prefix = f"in ensemble '{model}', "
+    rounds = []
+    for _ in range(8):
+        before = model_stats(server, step)
+        results = concurrent_round(server, payloads, model=model)
+        delta = wait_stats(server, step, before, len(payloads))
+        for i, (payload, result) in enumerate(zip(payloads, results, strict=True)):
+            if payload in want:
+                assert isinstance(result, np.ndarray), f"{payload!r} failed: {result}"
+                check(result, want[payload])
+            else:
+                got = (str(result.status()), str(result.message()))
+                assert got == (INVALID[protocol_of(i)], prefix + bad[payload])
+        assert delta.inferences == len(payloads), delta
+        rounds.append(delta.batch_sizes)
+        if delta.largest_batch > mixed:
+            break
+    print(f"\n{step} executions by batch size, per round: {rounds}")
+    assert delta.largest_batch > mixed, (
+        f"no {step} execution mixed good and bad requests in {len(rounds)} rounds: {rounds}"
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from functools import partialmethod
 
 import numpy as np
 
@@ -129,20 +130,13 @@ class Logger:
     messages: list[tuple[str, str]] = []
 
     @classmethod
-    def log_info(cls, message: str) -> None:
-        cls.messages.append(("info", message))
+    def _record(cls, level: str, message: str) -> None:
+        cls.messages.append((level, message))
 
-    @classmethod
-    def log_warn(cls, message: str) -> None:
-        cls.messages.append(("warn", message))
-
-    @classmethod
-    def log_error(cls, message: str) -> None:
-        cls.messages.append(("error", message))
-
-    @classmethod
-    def log_verbose(cls, message: str) -> None:
-        cls.messages.append(("verbose", message))
+    log_info = partialmethod(_record, "info")
+    log_warn = partialmethod(_record, "warn")
+    log_error = partialmethod(_record, "error")
+    log_verbose = partialmethod(_record, "verbose")
 
     @classmethod
     def clear(cls) -> None:

@@ -8,24 +8,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from embed_runtime.errors import InvalidInputError
 
 from ...declared_kind import Served
-from ..sentence_transformers import check_sentence_transformers_folder, name_from_source
-from ..spec import Errors, Family
-
-if TYPE_CHECKING:
-    from ...manifest import ModelEntry
-
-
-def _steps(entry: ModelEntry) -> tuple[str, ...]:
-    return ("tokenize", "encode")
-
-
-def _check_entry(where: str, entry: ModelEntry, errors: Errors) -> None:
-    """Nothing beyond the generic checks (``source`` is required)."""
+from ..sentence_transformers import check_sentence_transformers_folder, text_family
 
 
 def check_cross_encoder_folder(folder: Path) -> None:
@@ -54,19 +41,15 @@ def check_cross_encoder_folder(folder: Path) -> None:
         )
 
 
-FAMILY = Family(
-    name="cross-encoder",
-    package=__name__,
-    steps=_steps,
-    ensembles=("",),
-    required=("source",),
-    check_entry=_check_entry,
-    check_folder=check_cross_encoder_folder,
-    default_name=name_from_source,
-    served=Served(
+FAMILY = text_family(
+    "cross-encoder",
+    __name__,
+    ("tokenize", "encode"),
+    Served(
         types=("CrossEncoder",),
         modules=("Transformer", "LogitScore"),
         tasks=(None, "sequence-classification", "text-classification", "text-generation"),
         module_tasks=(("LogitScore", ("Transformer", "LogitScore"), ("text-generation",)),),
     ),
+    check_folder=check_cross_encoder_folder,
 )

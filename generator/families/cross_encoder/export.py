@@ -9,7 +9,6 @@ ONNX classifier with the model's activation in the graph, exactly what
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -18,14 +17,20 @@ from embed_runtime.pair_template import TemplatePairTokenizer
 from embed_runtime.pair_tokenizer import PairTokenizer
 from embed_runtime.tokenizer import TokenizerParams
 
-from ...declared_kind import check_source
 from ...manifest import Manifest, ModelEntry
 from ...model_dir import ModelDir
 from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ...precision import apply_precision
 from ...render import Instances, IOSpec, Step, ensemble, python_model
 from ..common import encoder_dir, step_batching, tokenizer_parameters
-from ..sentence_transformers.export import resolve_source, token_limits
+from ..text_export import (
+    load_checked,
+    pipeline_module,
+    refuse_tokenizer_failures,
+    token_features,
+    token_limits,
+    validation_batches,
+)
 from . import FAMILY, llm
 
 # Score parity gate of the exported graph against ``CrossEncoder.predict`` (max |diff|).
@@ -46,15 +51,10 @@ VALIDATION_PAIRS = (
 
 
 def _load(entry: ModelEntry, manifest: Manifest):
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from sentence_transformers import CrossEncoder  # noqa: PLC0415
 
-    source = resolve_source(entry, manifest)
-    check_source(FAMILY.name, FAMILY.served, source, entry.name)  # before anything converts it
     kwargs = {"max_length": entry.max_seq_length} if entry.max_seq_length else {}
-    model = CrossEncoder(
-        source, device="cpu", model_kwargs={"attn_implementation": "eager"}, **kwargs
-    ).eval()
+    model = load_checked(FAMILY, CrossEncoder, entry, manifest, **kwargs)
     if llm.is_llm_reranker(model):
         llm.check_llm_reranker(model, entry.name)
         return model
@@ -68,28 +68,18 @@ def _load(entry: ModelEntry, manifest: Manifest):
 
 
 def _scorer_module(model, input_names: list[str]):
-    import torch  # noqa: PLC0415
-
     activation = model.activation_fn
 
-    class Scorer(torch.nn.Module):
+    def score(out: dict):
         """Logits of the classifier and the activation ``CrossEncoder.predict`` applies."""
+        scores = out["scores"].float()
+        return activation(scores) if activation is not None else scores
 
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, *tensors):
-            features = dict(zip(input_names, tensors, strict=True))
-            scores = self.model(features)["scores"].float()
-            return activation(scores) if activation is not None else scores
-
-    return Scorer().eval()
+    return pipeline_module(model, input_names, score)
 
 
 def _features(model, pairs, input_names: list[str]) -> dict[str, np.ndarray]:
-    enc = model.preprocess([list(p) for p in pairs])
-    return {n: enc[n].numpy().astype(np.int64) for n in input_names}
+    return token_features(model, [list(p) for p in pairs], input_names)
 
 
 def _write_tokenizer(model, path: Path) -> list[str]:
@@ -171,9 +161,7 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     input_names = _write_tokenizer(model, tokenizer_json)
     pad_id = model[0].tokenizer.pad_token_id or 0
     params = TokenizerParams(int(model.max_seq_length), False, tuple(input_names), pad_id)
-    failures = check_pair_tokenizer(model, tokenizer_json, params)
-    if failures:
-        raise RuntimeError(f"{entry.name}: tokenizer parity failed:\n  " + "\n  ".join(failures))
+    refuse_tokenizer_failures(entry, check_pair_tokenizer(model, tokenizer_json, params))
 
     labels = int(model.num_labels)
     spec = GraphSpec(
@@ -184,8 +172,7 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     onnx_path = work / "model.onnx"
     sample = model.preprocess([list(p) for p in VALIDATION_PAIRS[:3]])
     export_module(scorer, spec, {n: sample[n] for n in input_names}, onnx_path)
-    batches = (VALIDATION_PAIRS[:1], VALIDATION_PAIRS[1:5], VALIDATION_PAIRS)
-    cases = [_features(model, batch, input_names) for batch in batches]
+    cases = [_features(model, b, input_names) for b in validation_batches(VALIDATION_PAIRS)]
     atol = SCORE_ATOL if entry.graph_precision == "fp32" else 1e-2
     validate_graph(onnx_path, spec, scorer, cases, atol=atol, min_cosine=0.0)
     if entry.graph_precision == "fp32":
@@ -211,15 +198,13 @@ def _build_llm(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
     _write_tokenizer(model, tokenizer_json)
     params = llm.tokenizer_params(model)
     tokenizer = TemplatePairTokenizer(str(tokenizer_json), params, template)
-    failures = llm.check_template_tokenizer(model, tokenizer)
-    if failures:
-        raise RuntimeError(f"{entry.name}: tokenizer parity failed:\n  " + "\n  ".join(failures))
+    refuse_tokenizer_failures(entry, llm.check_template_tokenizer(model, tokenizer))
 
     spec = llm.graph_spec()
     scorer = llm.scorer_module(model)
     onnx_path = work / "model.onnx"
     pairs = list(llm.LLM_VALIDATION_PAIRS)
-    cases = [tokenizer.encode(tokenizer.prepare(b, {})) for b in (pairs[:1], pairs[1:5], pairs)]
+    cases = [tokenizer.encode(tokenizer.prepare(b, {})) for b in validation_batches(pairs)]
     export_module(scorer, spec, cases[1], onnx_path)
     atol = SCORE_ATOL if entry.graph_precision == "fp32" else 1e-2
     validate_graph(onnx_path, spec, scorer, cases, atol=atol, min_cosine=0.0)

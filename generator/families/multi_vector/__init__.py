@@ -11,40 +11,29 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...declared_kind import PYLATE, Served
-from ..sentence_transformers import check_sentence_transformers_folder, name_from_source
-from ..spec import Errors, Family
+from ..sentence_transformers import text_family
+from ..spec import Errors
 
 if TYPE_CHECKING:
     from ...manifest import ModelEntry
 
 
-def _steps(entry: ModelEntry) -> tuple[str, ...]:
-    return ("encode",)
-
-
 def _check_entry(where: str, entry: ModelEntry, errors: Errors) -> None:
-    if entry.encoder_backend != "python-ort":
-        errors.append(
-            f"{where}: multi-vector needs encoder_backend 'python-ort' (the Python encoder "
-            "tokenizes per task and keeps each row's scored token vectors)"
-        )
     if entry.precision != "fp32":
         errors.append(f"{where}: multi-vector models are served in precision 'fp32' only")
 
 
-FAMILY = Family(
-    name="multi-vector",
-    package=__name__,
-    steps=_steps,
-    ensembles=("",),
-    required=("source",),
-    check_entry=_check_entry,
-    check_folder=check_sentence_transformers_folder,
-    default_name=name_from_source,
-    served=Served(
+FAMILY = text_family(
+    "multi-vector",
+    __name__,
+    ("encode",),
+    Served(
         types=("MultiVectorEncoder", PYLATE),
         modules=("Transformer", "Dense", "Normalize", "MultiVectorMask"),
         tasks=(None, "feature-extraction"),
         declared_only=True,
     ),
+    check_entry=_check_entry,
+    python_ort_because="the Python encoder tokenizes per task and keeps each row's scored token "
+    "vectors",
 )

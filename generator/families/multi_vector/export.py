@@ -18,7 +18,6 @@ packages (``generator.pylate_reference``).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -34,18 +33,20 @@ from embed_runtime.multivector import (
 from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
 from embed_runtime.tokenizer import TokenizerParams
 
-from ...declared_kind import PYLATE, UnsupportedModelError, check_source
+from ...declared_kind import PYLATE, UnsupportedModelError
 from ...manifest import Manifest, ModelEntry
 from ...model_dir import ModelDir
 from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ...pylate_reference import PyLateReference
 from ...render import IOSpec, Step, ensemble, parse_config
-from ..common import multi_vector_encoder_dir
-from ..sentence_transformers.export import (
+from ..common import TEXT, text_encoder_dir
+from ..sentence_transformers.export import write_tokenizer
+from ..text_export import (
     VALIDATION_TEXTS,
-    resolve_source,
+    checked_source,
+    load_on_cpu,
     token_limits,
-    write_tokenizer,
+    transformer_tokenizer_params,
 )
 from . import FAMILY, pylate
 
@@ -57,18 +58,14 @@ PARITY_TEXTS = (*VALIDATION_TEXTS, "What is the capital of France?", "a, b; c!")
 
 def _load(entry: ModelEntry, manifest: Manifest):
     """(the pipeline, its serving settings, the library reference the gate compares with)."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from sentence_transformers import MultiVectorEncoder  # noqa: PLC0415
 
-    source = resolve_source(entry, manifest)
-    kind = check_source(FAMILY.name, FAMILY.served, source, entry.name)  # before converting
+    source, kind = checked_source(FAMILY, entry, manifest)
     if kind.model_type == PYLATE:
         reference = PyLateReference(source, entry.name)  # refused here when not installed
         model = pylate.load(source, entry.name, entry.max_seq_length)
         return model, pylate.params(model), reference
-    model = MultiVectorEncoder(
-        source, device="cpu", model_kwargs={"attn_implementation": "eager"}
-    ).eval()
+    model = load_on_cpu(MultiVectorEncoder, source)
     if entry.max_seq_length:
         model.max_seq_length = entry.max_seq_length
     _check_pipeline(entry.name, model)
@@ -230,14 +227,18 @@ def served_parity(model, text: MultiVectorTextEncoder, texts) -> dict[str, float
     return out
 
 
+def _outputs(dim: int) -> list[IOSpec]:
+    """``EMBEDDINGS`` ``[N, T, D]`` (zero-padded) and ``TOKEN_COUNT``, of encoder and ensemble."""
+    return [IOSpec(EMBEDDINGS, "TYPE_FP32", (-1, dim)), IOSpec(TOKEN_COUNT, "TYPE_INT32", (1,))]
+
+
 def _ensemble_dir(entry: ModelEntry, dim: int) -> ModelDir:
     encode = f"{entry.name}_encode"
-    outputs = (IOSpec(EMBEDDINGS, "TYPE_FP32", (-1, dim)), IOSpec(TOKEN_COUNT, "TYPE_INT32", (1,)))
     config = ensemble(
         entry.name,
         entry.max_batch_size,
-        [IOSpec("TEXT", "TYPE_STRING", (1,))],
-        list(outputs),
+        [TEXT],
+        _outputs(dim),
         [Step(encode, (("TEXT", "TEXT"),), ((EMBEDDINGS, EMBEDDINGS), (TOKEN_COUNT, TOKEN_COUNT)))],
     )
     return ModelDir(entry.name, config, None, {})
@@ -250,12 +251,10 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     input_names = write_tokenizer(model, tokenizer_json)
     if set(input_names) - {"input_ids", "attention_mask", "token_type_ids"}:
         raise UnsupportedModelError(f"{entry.name}: token inputs {input_names} are not served")
-    tok_params = TokenizerParams(
+    tok_params = transformer_tokenizer_params(
+        model,
+        input_names,
         mv_params.document.max_length,
-        False,
-        tuple(input_names),
-        model.tokenizer.pad_token_id or 0,
-        bool(getattr(model[0], "do_lower_case", False)),
         max_text_bytes=entry.max_text_bytes,
         max_request_bytes=entry.max_request_text_bytes,
     )
@@ -278,9 +277,11 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     ]
     validate_graph(onnx_path, spec, encoder, cases)
 
-    encode = f"{entry.name}_encode"
-    model_dir = multi_vector_encoder_dir(
-        entry, encode, onnx_path, spec, tokenizer_json, tok_params, mv_params, token_limits(model)
+    # The encoder tokenizes per request task itself (query expansion feeds positions the
+    # attention mask leaves out, which the split tokenize step would trim).
+    model_dir = text_encoder_dir(
+        entry, f"{entry.name}_encode", "encode_multivector", onnx_path, spec, tokenizer_json,
+        tok_params, token_limits(model), _outputs(dim), mv_params.parameters(),
     )
     served = _serving_encoder(model_dir, onnx_path, tokenizer_json)
     for texts in (PARITY_TEXTS[:1], PARITY_TEXTS):

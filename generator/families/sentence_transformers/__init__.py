@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,13 +36,15 @@ def _check_entry(where: str, entry: ModelEntry, errors: Errors) -> None:
     if entry.truncate_dim is not None:
         if entry.truncate_dim < 1:
             errors.append(f"{where}: truncate_dim must be >= 1")
-        if entry.encoder_backend != "python-ort":
-            errors.append(f"{where}: truncate_dim needs encoder_backend 'python-ort'")
-    if entry.fused_tokenize and entry.encoder_backend != "python-ort":
-        errors.append(
-            f"{where}: fused_tokenize needs encoder_backend 'python-ort' (the tokenizer runs "
-            "inside the Python encoder; Triton's native onnxruntime backend takes only "
-            "token tensors)"
+        needs_python_ort(where, entry, errors, "truncate_dim")
+    if entry.fused_tokenize:
+        needs_python_ort(
+            where,
+            entry,
+            errors,
+            "fused_tokenize",
+            "the tokenizer runs inside the Python encoder; Triton's native onnxruntime backend "
+            "takes only token tensors",
         )
     unknown = [p for p in entry.output_precisions if p not in EXTRA_PRECISIONS]
     if unknown or len(set(entry.output_precisions)) != len(entry.output_precisions):
@@ -49,11 +52,19 @@ def _check_entry(where: str, entry: ModelEntry, errors: Errors) -> None:
             f"{where}: output_precisions must name distinct forms of {list(EXTRA_PRECISIONS)}, "
             f"got {list(entry.output_precisions)}"
         )
-    if entry.output_precisions and entry.encoder_backend != "python-ort":
-        errors.append(
-            f"{where}: output_precisions needs encoder_backend 'python-ort' (the Python "
-            "encoder computes the forms)"
+    if entry.output_precisions:
+        needs_python_ort(
+            where, entry, errors, "output_precisions", "the Python encoder computes the forms"
         )
+
+
+def needs_python_ort(
+    where: str, entry: ModelEntry, errors: Errors, what: str, why: str = ""
+) -> None:
+    """Refuse ``what`` (an option or a family) for Triton's native onnxruntime backend."""
+    if entry.encoder_backend != "python-ort":
+        because = f" ({why})" if why else ""
+        errors.append(f"{where}: {what} needs encoder_backend 'python-ort'{because}")
 
 
 def check_sentence_transformers_folder(folder: Path) -> None:
@@ -93,20 +104,58 @@ def name_from_source(request: dict[str, Any]) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-.") or "model"
 
 
-FAMILY = Family(
-    name="sentence-transformers",
-    package=__name__,
-    steps=_steps,
-    ensembles=("",),
-    required=("source",),
-    check_entry=_check_entry,
-    check_folder=check_sentence_transformers_folder,
-    default_name=name_from_source,
-    served=Served(
+def _no_checks(where: str, entry: ModelEntry, errors: Errors) -> None:
+    """Nothing beyond the generic checks (``source`` is required)."""
+
+
+def text_family(
+    name: str,
+    package: str,
+    steps: tuple[str, ...] | Callable[[ModelEntry], tuple[str, ...]],
+    served: Served,
+    check_entry: Callable[[str, ModelEntry, Errors], None] = _no_checks,
+    check_folder: Callable[[Path], None] = check_sentence_transformers_folder,
+    python_ort_because: str | None = None,
+    own_options: tuple[str, ...] = (),
+) -> Family:
+    """The declaration of a family of sentence-transformers text models.
+
+    An entry serves one ensemble, ``<name>``, of the weights its ``source`` names; a
+    runtime load is named after that source, and its folder passes ``check_folder``.
+    ``steps``: the step suffixes of every entry, or a function giving an entry's.
+    ``python_ort_because``: why the family's entries need encoder_backend 'python-ort'
+    (checked before ``check_entry``); None where they do not.
+    """
+
+    def checks(where: str, entry: ModelEntry, errors: Errors) -> None:
+        if python_ort_because is not None:
+            needs_python_ort(where, entry, errors, name, python_ort_because)
+        check_entry(where, entry, errors)
+
+    return Family(
+        name=name,
+        package=package,
+        steps=steps if callable(steps) else lambda entry: steps,
+        ensembles=("",),
+        required=("source",),
+        check_entry=checks,
+        check_folder=check_folder,
+        default_name=name_from_source,
+        served=served,
+        own_options=own_options,
+    )
+
+
+FAMILY = text_family(
+    "sentence-transformers",
+    __name__,
+    _steps,
+    Served(
         types=("SentenceTransformer",),
         modules=("Transformer", "Pooling", "Dense", "Normalize"),
         tasks=(None, "feature-extraction"),
         pipelines=(("StaticEmbedding",), ("StaticEmbedding", "Normalize")),
     ),
+    check_entry=_check_entry,
     own_options=(*PROMPT_OPTIONS, "fused_tokenize", "output_precisions"),
 )

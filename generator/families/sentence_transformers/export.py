@@ -10,9 +10,7 @@ pipeline (no transformer) exports as the mean of its table's rows (``static``).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
-import os
 from pathlib import Path
 
 import numpy as np
@@ -21,85 +19,49 @@ from embed_runtime.output_precision import EXTRA_PRECISIONS
 from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
 
 from ...calibration import CALIBRATION_FILE, DEFAULT_CORPUS, calibration_embeddings, read_corpus
-from ...declared_kind import check_source
-from ...manifest import Manifest, ModelEntry, resolve_path
+from ...manifest import Manifest, ModelEntry
 from ...model_dir import ModelDir
 from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ...precision import apply_precision
-from ...render import IOSpec
 from ..common import (
     PRECISION_OUTPUTS,
+    TEXT,
     TOKEN_COUNT,
     chain_dir,
-    encoder_dir,
     fused_encoder_dir,
-    tokenize_dir,
+    split_encoder_dirs,
+)
+from ..text_export import (
+    VALIDATION_TEXTS,
+    load_checked,
+    pipeline_module,
+    refuse_tokenizer_failures,
+    token_differences,
+    token_features,
+    token_limits,
+    transformer_tokenizer_params,
+    validation_batches,
 )
 from . import FAMILY, static
 
-VALIDATION_TEXTS = (
-    "A man is eating food.",
-    "Triton batches requests from many clients into one execution.",
-    "¿Dónde está la biblioteca? Está cerca del río.",
-    "東京は日本の首都です。",
-    "emoji 🙂🚀 and punctuation!!! ... ???",
-    "x",
-    "The quick brown fox jumps over the lazy dog. " * 40,
-    "   leading and trailing spaces   ",
-    "Numbers 3.14159, 2,718 and 1e-10 in one line.",
-    "URLs like https://example.com/a?b=c and e-mail x@y.z",
-)
-
-
-def resolve_source(entry: ModelEntry, manifest: Manifest) -> str:
-    """A local folder or Hugging Face id for ``entry.source``.
-
-    ``package:<module>`` names an installed package that bundles a model and exposes
-    ``get_model_path()``; a path that exists is used as a local folder; anything else
-    is a Hugging Face hub id.
-    """
-    source = entry.source or ""
-    if source.startswith("package:"):
-        module = importlib.import_module(source.removeprefix("package:"))
-        return str(module.get_model_path())
-    local = resolve_path(manifest, source)
-    if local.exists() or source.startswith((".", "/", "~")):
-        if not (local / "modules.json").is_file() and not (local / "config.json").is_file():
-            raise FileNotFoundError(f"{entry.name}: {local} is not a sentence-transformers folder")
-        return str(local)
-    return source
-
 
 def _load(entry: ModelEntry, manifest: Manifest):
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from sentence_transformers import SentenceTransformer  # noqa: PLC0415
 
-    source = resolve_source(entry, manifest)
-    check_source(FAMILY.name, FAMILY.served, source, entry.name)  # before anything converts it
-    model = SentenceTransformer(
-        source, device="cpu", model_kwargs={"attn_implementation": "eager"}
-    ).eval()
+    model = load_checked(FAMILY, SentenceTransformer, entry, manifest)
     if entry.max_seq_length and not static.is_static(model):
         model.max_seq_length = entry.max_seq_length
-    return model, source
+    return model
 
 
 def _encoder_module(model, input_names: list[str], normalize: bool):
     import torch  # noqa: PLC0415
 
-    class Encoder(torch.nn.Module):
-        """The sentence-transformers pipeline, taking token tensors positionally."""
+    def embedding(out: dict):
+        out = out["sentence_embedding"]
+        return torch.nn.functional.normalize(out, p=2, dim=1) if normalize else out
 
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, *tensors):
-            features = dict(zip(input_names, tensors, strict=True))
-            out = self.model(features)["sentence_embedding"]
-            return torch.nn.functional.normalize(out, p=2, dim=1) if normalize else out
-
-    return Encoder().eval()
+    return pipeline_module(model, input_names, embedding)
 
 
 def _graph_spec(input_names: list[str], dim: int) -> GraphSpec:
@@ -177,13 +139,7 @@ def _check_served_padding(
 def check_tokenizer(model, path: Path, params: TokenizerParams) -> list[str]:
     """Differences between the runtime tokenizer and the model's ``preprocess``."""
     runtime = BatchTokenizer(str(path), params)
-    failures = []
-    for text in VALIDATION_TEXTS:
-        want = model.preprocess([text])["input_ids"][0].tolist()
-        got = runtime.encode([text])["input_ids"][0].tolist()
-        if want != got:
-            failures.append(f"tokenizer differs from sentence-transformers on {text[:40]!r}")
-    return failures
+    return token_differences(model, runtime, "tokenizer differs from sentence-transformers")
 
 
 def model_prompts(entry: ModelEntry, model) -> tuple[dict[str, str], str]:
@@ -221,19 +177,6 @@ def check_prompts(model, path: Path, params: TokenizerParams) -> list[str]:
     return failures
 
 
-def token_limits(model) -> dict[str, int]:
-    """Bounds of valid token inputs: the embedding tables' sizes and the max width."""
-    transformer = model[0].auto_model
-    config = transformer.config
-    limits = {
-        "vocab_size": int(transformer.get_input_embeddings().num_embeddings),
-        "max_width": int(model.max_seq_length),
-    }
-    if getattr(config, "type_vocab_size", None):
-        limits["type_vocab_size"] = int(config.type_vocab_size)
-    return limits
-
-
 def _dimensions(entry: ModelEntry, model) -> tuple[ModelEntry, int, int]:
     """``entry`` with its default ``truncate_dim``, the width D, and D again or 0.
 
@@ -259,40 +202,30 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     Three (tokenize, encode, the ensemble), or two with ``fused_tokenize`` (an encoder
     that takes ``TEXT`` itself, and the ensemble calling it).
     """
-    model, _ = _load(entry, manifest)
+    model = _load(entry, manifest)
     if static.is_static(model):
         return _build_static(entry, model, work)
-    max_len = int(model.max_seq_length)
     tokenizer_json = work / "tokenizer.json"
     input_names = write_tokenizer(model, tokenizer_json)
-    pad_id = model.tokenizer.pad_token_id or 0
-    lowercase = bool(getattr(model[0], "do_lower_case", False))
     prompts, default_prompt = model_prompts(entry, model)
     entry, dim, truncatable = _dimensions(entry, model)
-    tok_params = TokenizerParams(
-        max_len,
-        False,
-        tuple(input_names),
-        pad_id,
-        lowercase,
+    tok_params = transformer_tokenizer_params(
+        model,
+        input_names,
         prompts=tuple(sorted(prompts.items())),
         default_prompt_name=default_prompt,
         max_dimensions=truncatable,
     )
     failures = check_tokenizer(model, tokenizer_json, tok_params)
-    failures += check_prompts(model, tokenizer_json, tok_params)
-    if failures:
-        raise RuntimeError(f"{entry.name}: tokenizer parity failed:\n  " + "\n  ".join(failures))
+    refuse_tokenizer_failures(entry, failures + check_prompts(model, tokenizer_json, tok_params))
 
     spec = _graph_spec(input_names, dim)
     encoder = _encoder_module(model, input_names, entry.normalize)
     onnx_path = work / "model.onnx"
     sample = model.preprocess(list(VALIDATION_TEXTS[:3]))
     export_module(encoder, spec, {n: sample[n] for n in input_names}, onnx_path)
-    cases = []
-    for batch in (VALIDATION_TEXTS[:1], VALIDATION_TEXTS[1:5], VALIDATION_TEXTS):
-        enc = model.preprocess(list(batch))
-        cases.append({n: enc[n].numpy().astype(np.int64) for n in input_names})
+    batches = validation_batches(VALIDATION_TEXTS)
+    cases = [token_features(model, batch, input_names) for batch in batches]
     validate_graph(onnx_path, spec, encoder, cases)
     _check_served_padding(model, entry, onnx_path, tokenizer_json, tok_params, input_names)
     apply_precision(onnx_path, entry.graph_precision, spec, encoder, cases)
@@ -319,16 +252,16 @@ def _build_static(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
     entry, dim, truncatable = _dimensions(entry, model)
     tok_params = static.tokenizer_params(input_names, prompts, default_prompt, truncatable)
     texts = (*VALIDATION_TEXTS, *static.EXTRA_TEXTS)
-    failures = static.check_tokenizer(model, tokenizer_json, tok_params, texts)
-    if failures:
-        raise RuntimeError(f"{entry.name}: tokenizer parity failed:\n  " + "\n  ".join(failures))
+    refuse_tokenizer_failures(
+        entry, static.check_tokenizer(model, tokenizer_json, tok_params, texts)
+    )
 
     spec = _graph_spec(input_names, dim)
     encoder = static.encoder_module(model, normalize)
     onnx_path = work / "model.onnx"
     runtime = BatchTokenizer(str(tokenizer_json), tok_params)
     export_module(encoder, spec, runtime.encode(list(VALIDATION_TEXTS[:3])), onnx_path)
-    cases = [runtime.encode(list(batch)) for batch in (texts[:1], texts[1:5], texts)]
+    cases = [runtime.encode(list(batch)) for batch in validation_batches(texts)]
     validate_graph(onnx_path, spec, encoder, cases)
     static.check_parity(model, onnx_path, tokenizer_json, tok_params, entry.normalize, texts)
     apply_precision(onnx_path, entry.graph_precision, spec, encoder, cases)
@@ -349,7 +282,6 @@ def _model_dirs(
     input_names = spec.input_names
     truncatable = tok_params.max_dimensions
     tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
-    text = IOSpec("TEXT", "TYPE_STRING", (1,))
     out_dim = -1 if truncatable else dim
     # The Python runner also answers the quantized forms the entry names (output_precisions:
     # float16, int8, ...); int8 / uint8 take their ranges from calibration embeddings made
@@ -369,7 +301,7 @@ def _model_dirs(
                 entry, encode, onnx_path, spec, tokenizer_json, tok_params, limits, forms,
                 calibration,
             ),
-            chain_dir(entry, entry.name, text, out_dim, [(encode, ["TEXT"], outs)], extra),
+            chain_dir(entry, entry.name, TEXT, out_dim, [(encode, ["TEXT"], outs)], extra),
         ]
     # The Python runner counts the tokens each row had (its attention mask); Triton's
     # native onnxruntime backend can only return what the graph does.
@@ -377,21 +309,13 @@ def _model_dirs(
     extra = [*([TOKEN_COUNT] if counts else []), *forms]
     outs = ["EMBEDDING", *(o.name for o in extra)]
     return [
-        tokenize_dir(
+        *split_encoder_dirs(
             entry,
-            tokenize,
             tokenizer_json,
             tok_params,
-            -1,
-            float32_only=entry.encoder_backend != "python-ort",
-        ),
-        encoder_dir(
-            entry,
-            encode,
             onnx_path,
             spec,
-            ragged=True,
-            limits=limits,
+            limits,
             max_dimensions=truncatable,
             token_count=counts,
             forms=forms,
@@ -400,7 +324,7 @@ def _model_dirs(
         chain_dir(
             entry,
             entry.name,
-            text,
+            TEXT,
             out_dim,
             [(tokenize, ["TEXT"], input_names), (encode, input_names, outs)],
             extra,

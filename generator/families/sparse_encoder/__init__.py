@@ -9,38 +9,14 @@ inference-free one (a Router: static query weights, SPLADE documents) builds
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ...declared_kind import Served
-from ..sentence_transformers import check_sentence_transformers_folder, name_from_source
-from ..spec import Errors, Family
+from ..sentence_transformers import text_family
 
-if TYPE_CHECKING:
-    from ...manifest import ModelEntry
-
-
-def _steps(entry: ModelEntry) -> tuple[str, ...]:
-    return ("tokenize", "encode")
-
-
-def _check_entry(where: str, entry: ModelEntry, errors: Errors) -> None:
-    if entry.encoder_backend != "python-ort":
-        errors.append(
-            f"{where}: sparse-encoder needs encoder_backend 'python-ort' (the Python encoder "
-            "turns the dense rows into their active dimensions)"
-        )
-
-
-FAMILY = Family(
-    name="sparse-encoder",
-    package=__name__,
-    steps=_steps,
-    ensembles=("",),
-    required=("source",),
-    check_entry=_check_entry,
-    check_folder=check_sentence_transformers_folder,
-    default_name=name_from_source,
-    served=Served(
+FAMILY = text_family(
+    "sparse-encoder",
+    __name__,
+    ("tokenize", "encode"),
+    Served(
         types=("SparseEncoder",),
         modules=("Transformer", "MLMTransformer", "SpladePooling"),
         tasks=(None, "fill-mask"),
@@ -49,5 +25,6 @@ FAMILY = Family(
             (("document", ("Transformer", "SpladePooling")), ("query", ("SparseStaticEmbedding",))),
         ),
     ),
+    python_ort_because="the Python encoder turns the dense rows into their active dimensions",
     own_options=("max_active_dims",),
 )

@@ -12,29 +12,33 @@ goes over the wire. The build checks those rows, made dense again, against
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import numpy as np
 
 from embed_runtime.sparse import INDICES, VALUES, densify, sparse_rows
-from embed_runtime.tokenizer import TokenizerParams
 
-from ...declared_kind import check_source
 from ...manifest import Manifest, ModelEntry
 from ...model_dir import ModelDir
 from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ...precision import apply_precision
-from ...render import IOSpec, Step, ensemble
-from ..common import SparseOutput, encoder_dir, tokenize_dir
+from ...render import Step, ensemble
+from ..common import TEXT, SparseOutput, split_encoder_dirs
 from ..sentence_transformers.export import (
-    VALIDATION_TEXTS,
     check_prompts,
     check_tokenizer,
     model_prompts,
-    resolve_source,
-    token_limits,
     write_tokenizer,
+)
+from ..text_export import (
+    VALIDATION_TEXTS,
+    load_checked,
+    pipeline_module,
+    refuse_tokenizer_failures,
+    token_features,
+    token_limits,
+    transformer_tokenizer_params,
+    validation_batches,
 )
 from . import FAMILY, inference_free
 
@@ -46,25 +50,13 @@ ACTIVATIONS = "activations"
 
 
 def _load(entry: ModelEntry, manifest: Manifest):
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from sentence_transformers import SparseEncoder  # noqa: PLC0415
-    from sentence_transformers.base.modules import Transformer  # noqa: PLC0415
-    from sentence_transformers.sparse_encoder.modules import SpladePooling  # noqa: PLC0415
 
-    source = resolve_source(entry, manifest)
-    check_source(FAMILY.name, FAMILY.served, source, entry.name)  # before anything converts it
-    model = SparseEncoder(
-        source, device="cpu", model_kwargs={"attn_implementation": "eager"}
-    ).eval()
+    model = load_checked(FAMILY, SparseEncoder, entry, manifest)
     if inference_free.is_router(model):
         inference_free.check_pipeline(entry, model)
         return model
-    if (
-        len(model) != 2
-        or not isinstance(model[0], Transformer)
-        or not isinstance(model[1], SpladePooling)
-        or model[0].tokenizer.padding_side != "right"
-    ):
+    if not is_splade(list(model)):
         raise ValueError(
             f"{entry.name}: only a Transformer (fill-mask) followed by SpladePooling, with "
             f"right padding, is supported; this model has {[type(m).__name__ for m in model]}"
@@ -74,21 +66,17 @@ def _load(entry: ModelEntry, manifest: Manifest):
     return model
 
 
-def _encoder_module(model, input_names: list[str]):
-    import torch  # noqa: PLC0415
+def is_splade(modules: list) -> bool:
+    """Whether ``modules`` are a Transformer (right padded) and SpladePooling, no more."""
+    from sentence_transformers.base.modules import Transformer  # noqa: PLC0415
+    from sentence_transformers.sparse_encoder.modules import SpladePooling  # noqa: PLC0415
 
-    class Encoder(torch.nn.Module):
-        """The SparseEncoder pipeline (MLM logits, SpladePooling), token tensors in."""
-
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, *tensors):
-            features = dict(zip(input_names, tensors, strict=True))
-            return self.model(features)["sentence_embedding"]
-
-    return Encoder().eval()
+    return (
+        len(modules) == 2
+        and isinstance(modules[0], Transformer)
+        and isinstance(modules[1], SpladePooling)
+        and modules[0].tokenizer.padding_side == "right"
+    )
 
 
 def _output_width(encoder, sample: dict, input_names: list[str]) -> int:
@@ -99,11 +87,6 @@ def _output_width(encoder, sample: dict, input_names: list[str]) -> int:
         return int(encoder(*(sample[n] for n in input_names)).shape[1])
 
 
-def _features(model, texts, input_names: list[str]) -> dict[str, np.ndarray]:
-    enc = model.preprocess(list(texts))
-    return {n: enc[n].numpy().astype(np.int64) for n in input_names}
-
-
 def sparse_parity(
     model, texts, input_names: list[str], onnx_path: Path, max_active_dims: int
 ) -> tuple[float, float]:
@@ -111,18 +94,26 @@ def sparse_parity(
     import onnxruntime as ort  # noqa: PLC0415
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    dense = session.run([ACTIVATIONS], _features(model, texts, input_names))[0]
+    dense = session.run([ACTIVATIONS], token_features(model, texts, input_names))[0]
     indices, values = sparse_rows(dense, max_active_dims)
     got = densify(indices, values, dense.shape[1])
-    want = model.encode(
+    want = library_rows(model.encode, texts, max_active_dims)
+    return float(np.max(np.abs(got - want))), float(np.max(np.abs(want)))
+
+
+def library_rows(encode, texts, max_active_dims: int) -> np.ndarray:
+    """Dense rows of ``texts`` from ``encode`` (SparseEncoder's, ``encode_query``, ...).
+
+    In one batch, at most ``max_active_dims`` active dimensions a row (0: all).
+    """
+    rows = encode(
         list(texts),
         batch_size=len(texts),
         max_active_dims=max_active_dims or None,
         convert_to_tensor=True,
         convert_to_sparse_tensor=False,
     )
-    want = want.to_dense().numpy()
-    return float(np.max(np.abs(got - want))), float(np.max(np.abs(want)))
+    return rows.to_dense().numpy()
 
 
 def _ensemble_dir(entry: ModelEntry, input_names: list[str]) -> ModelDir:
@@ -132,7 +123,7 @@ def _ensemble_dir(entry: ModelEntry, input_names: list[str]) -> ModelDir:
     config = ensemble(
         entry.name,
         entry.max_batch_size,
-        [IOSpec("TEXT", "TYPE_STRING", (1,))],
+        [TEXT],
         list(outputs),
         [
             Step(tokenize, (("TEXT", "TEXT"),), tokens),
@@ -147,7 +138,7 @@ def export_graph(model, input_names: list[str], work: Path) -> tuple:
 
     Returns the path, its :class:`GraphSpec`, the exported module and the validation cases.
     """
-    encoder = _encoder_module(model, input_names)
+    encoder = pipeline_module(model, input_names, lambda out: out["sentence_embedding"])
     enc = model.preprocess(list(VALIDATION_TEXTS[:3]))
     sample = {n: enc[n] for n in input_names}
     vocab = _output_width(encoder, sample, input_names)
@@ -157,8 +148,7 @@ def export_graph(model, input_names: list[str], work: Path) -> tuple:
     )
     onnx_path = work / "model.onnx"
     export_module(encoder, spec, sample, onnx_path)
-    batches = (VALIDATION_TEXTS[:1], VALIDATION_TEXTS[1:5], VALIDATION_TEXTS)
-    cases = [_features(model, batch, input_names) for batch in batches]
+    cases = [token_features(model, b, input_names) for b in validation_batches(VALIDATION_TEXTS)]
     validate_graph(onnx_path, spec, encoder, cases)
     return onnx_path, spec, encoder, cases
 
@@ -177,24 +167,18 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     tokenizer_json = work / "tokenizer.json"
     input_names = write_tokenizer(model, tokenizer_json)
     prompts, default_prompt = model_prompts(dataclasses.replace(entry, prompts=None), model)
-    tok_params = TokenizerParams(
-        int(model.max_seq_length),
-        False,
-        tuple(input_names),
-        model.tokenizer.pad_token_id or 0,
-        bool(getattr(model[0], "do_lower_case", False)),
+    tok_params = transformer_tokenizer_params(
+        model,
+        input_names,
         prompts=tuple(sorted(prompts.items())),
         default_prompt_name=default_prompt,
     )
     failures = check_tokenizer(model, tokenizer_json, tok_params)
-    failures += check_prompts(model, tokenizer_json, tok_params)
-    if failures:
-        raise RuntimeError(f"{entry.name}: tokenizer parity failed:\n  " + "\n  ".join(failures))
+    refuse_tokenizer_failures(entry, failures + check_prompts(model, tokenizer_json, tok_params))
 
     onnx_path, spec, encoder, cases = export_graph(model, input_names, work)
-    batches = (VALIDATION_TEXTS[:1], VALIDATION_TEXTS[1:5], VALIDATION_TEXTS)
     if entry.graph_precision == "fp32":
-        for batch in batches:
+        for batch in validation_batches(VALIDATION_TEXTS):
             diff, top = sparse_parity(model, batch, input_names, onnx_path, max_active_dims)
             if diff > SPARSE_ATOL * max(1.0, top):
                 raise RuntimeError(
@@ -204,21 +188,14 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
                 )
     apply_precision(onnx_path, entry.graph_precision, spec, encoder, cases)
 
-    tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
     # The shared weight cache (ort_weight_cache) is not used: ONNX Runtime crashed
     # (SIGSEGV) running this graph from the cached, host-optimised copy at every
     # optimisation level, where the plain session runs it correctly. Each encoder instance
     # keeps its own weights until that is understood.
     entry = dataclasses.replace(entry, ort_weight_cache=False)
     return [
-        tokenize_dir(entry, tokenize, tokenizer_json, tok_params, -1),
-        encoder_dir(
-            entry,
-            encode,
-            onnx_path,
-            spec,
-            ragged=True,
-            limits=token_limits(model),
+        *split_encoder_dirs(
+            entry, tokenizer_json, tok_params, onnx_path, spec, token_limits(model),
             sparse=SparseOutput(max_active_dims),
         ),
         _ensemble_dir(entry, input_names),

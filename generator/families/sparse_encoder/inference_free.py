@@ -22,13 +22,22 @@ from embed_runtime.tokenizer import TokenizerParams
 from ...declared_kind import UnsupportedModelError
 from ...manifest import ModelEntry
 from ...model_dir import ModelDir
-from ...render import IOSpec, Step, ensemble, parse_config
-from ..common import QueryRoute, SparseOutput, sparse_router_encoder_dir
-from ..sentence_transformers.export import (
+from ...render import Step, ensemble, parse_config
+from ..common import (
+    QUERY_TOKENIZER_FILE,
+    QUERY_WEIGHTS_FILE,
+    TEXT,
+    QueryRoute,
+    SparseOutput,
+    text_encoder_dir,
+)
+from ..sentence_transformers.export import check_tokenizer, write_tokenizer
+from ..text_export import (
     VALIDATION_TEXTS,
-    check_tokenizer,
+    refuse_tokenizer_failures,
+    token_differences,
     token_limits,
-    write_tokenizer,
+    transformer_tokenizer_params,
 )
 from . import export as sparse_export
 
@@ -51,10 +60,8 @@ def check_pipeline(entry: ModelEntry, model) -> None:
     the loaded modules and the settings the server reproduces: no prompt text, the
     Router's default route ``document``, no manifest ``max_seq_length``.
     """
-    from sentence_transformers.base.modules import Transformer  # noqa: PLC0415
     from sentence_transformers.sparse_encoder.modules import (  # noqa: PLC0415
         SparseStaticEmbedding,
-        SpladePooling,
     )
 
     router = model[0]
@@ -65,10 +72,7 @@ def check_pipeline(entry: ModelEntry, model) -> None:
         set(routes) != set(ROUTES)
         or len(query) != 1
         or not isinstance(query[0], SparseStaticEmbedding)
-        or len(document) != 2
-        or not isinstance(document[0], Transformer)
-        or not isinstance(document[1], SpladePooling)
-        or document[0].tokenizer.padding_side != "right"
+        or not sparse_export.is_splade(document)
     ):
         raise UnsupportedModelError(
             f"{entry.name}: only a Router of query -> SparseStaticEmbedding and document -> "
@@ -106,17 +110,14 @@ def _query_route(model, work: Path) -> QueryRoute:
     from tokenizers import Tokenizer  # noqa: PLC0415
 
     static = model[0].sub_modules["query"][0]
-    tokenizer_json = work / "query_tokenizer.json"
     tok = Tokenizer.from_str(static.tokenizer.backend_tokenizer.to_str())
     tok.no_padding()
     tok.no_truncation()
-    tok.save(str(tokenizer_json))
-    weights = work / "query_weights.npy"
-    np.save(weights, static.weight.detach().cpu().numpy().astype(np.float32))
+    tok.save(str(work / QUERY_TOKENIZER_FILE))
+    np.save(work / QUERY_WEIGHTS_FILE, static.weight.detach().cpu().numpy().astype(np.float32))
     length = int(static.tokenizer.model_max_length)
     return QueryRoute(
-        tokenizer_json,
-        weights,
+        work,
         length if length < NO_LIMIT else 0,
         static.tokenizer.pad_token_id or 0,
         bool(getattr(static.tokenizer, "do_lower_case", False)),
@@ -129,14 +130,8 @@ def _check_query_tokenizer(model, route: QueryRoute, doc_params: TokenizerParams
 
     static = model[0].sub_modules["query"][0]
     raw = {**doc_params.to_parameters(), **route.parameters()}
-    runtime = query_tokenizer(raw, str(route.tokenizer_json.parent))
-    failures = []
-    for text in VALIDATION_TEXTS:
-        want = static.preprocess([text])["input_ids"][0].tolist()
-        got = runtime.encode([text])["input_ids"][0].tolist()
-        if want != got:
-            failures.append(f"query tokenizer differs from the library on {text[:40]!r}")
-    return failures
+    runtime = query_tokenizer(raw, str(route.folder))
+    return token_differences(static, runtime, "query tokenizer differs from the library")
 
 
 def served_parity(model, router, texts, max_active_dims: int) -> dict[str, float]:
@@ -147,14 +142,7 @@ def served_parity(model, router, texts, max_active_dims: int) -> dict[str, float
         request = router.read(rows, {"task": task})
         ((indices, values),) = router.embed([request])
         library = model.encode_query if task == "query" else model.encode_document
-        want = library(
-            list(texts),
-            batch_size=len(texts),
-            max_active_dims=max_active_dims or None,
-            convert_to_tensor=True,
-            convert_to_sparse_tensor=False,
-        )
-        want = want.to_dense().numpy()
+        want = sparse_export.library_rows(library, texts, max_active_dims)
         got = densify(indices, values, want.shape[1])
         out[task] = float(np.max(np.abs(got - want)) / max(1.0, float(np.abs(want).max())))
     return out
@@ -173,7 +161,7 @@ def _serving_router(model_dir: ModelDir, work: Path):
     return SparseRouter(
         TextEncoder.from_parameters(raw, str(work), encoder),
         query_tokenizer(raw, str(work)),
-        np.load(work / "query_weights.npy"),
+        np.load(work / QUERY_WEIGHTS_FILE),
         params.max_active_dims,
     )
 
@@ -183,7 +171,7 @@ def _ensemble_dir(entry: ModelEntry) -> ModelDir:
     config = ensemble(
         entry.name,
         entry.max_batch_size,
-        [IOSpec("TEXT", "TYPE_STRING", (1,))],
+        [TEXT],
         list(SparseOutput.outputs()),
         [Step(encode, (("TEXT", "TEXT"),), ((INDICES, INDICES), (VALUES, VALUES)))],
     )
@@ -197,20 +185,15 @@ def build(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
     document = _document_model(model)
     tokenizer_json = work / "tokenizer.json"
     input_names = write_tokenizer(document, tokenizer_json)
-    tok_params = TokenizerParams(
-        int(document.max_seq_length),
-        False,
-        tuple(input_names),
-        document.tokenizer.pad_token_id or 0,
-        bool(getattr(document[0], "do_lower_case", False)),
+    tok_params = transformer_tokenizer_params(
+        document,
+        input_names,
         max_text_bytes=entry.max_text_bytes,
         max_request_bytes=entry.max_request_text_bytes,
     )
     query = _query_route(model, work)
     failures = check_tokenizer(document, tokenizer_json, tok_params)
-    failures += _check_query_tokenizer(model, query, tok_params)
-    if failures:
-        raise RuntimeError(f"{entry.name}: tokenizer parity failed:\n  " + "\n  ".join(failures))
+    refuse_tokenizer_failures(entry, failures + _check_query_tokenizer(model, query, tok_params))
     onnx_path, spec, _encoder, _cases = sparse_export.export_graph(document, input_names, work)
     if entry.graph_precision != "fp32":
         raise UnsupportedModelError(
@@ -218,16 +201,12 @@ def build(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
             "an inference-free sparse encoder (fp32 only)"
         )
     entry = dataclasses.replace(entry, ort_weight_cache=False)  # as every sparse encoder
-    encode = sparse_router_encoder_dir(
-        entry,
-        f"{entry.name}_encode",
-        onnx_path,
-        spec,
-        tokenizer_json,
-        tok_params,
-        query,
-        max_active_dims,
-        token_limits(document),
+    # Queries (request parameter task=query) are weighed by the query route's static
+    # weights, documents go through the SPLADE graph; each route has its own tokenizer.
+    encode = text_encoder_dir(
+        entry, f"{entry.name}_encode", "encode_sparse_router", onnx_path, spec, tokenizer_json,
+        tok_params, token_limits(document), SparseOutput.outputs(),
+        {**SparseOutput(max_active_dims).parameters(), **query.parameters()}, query.files(),
     )
     router = _serving_router(encode, work)
     for texts in (VALIDATION_TEXTS[:1], VALIDATION_TEXTS):

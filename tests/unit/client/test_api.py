@@ -26,70 +26,69 @@ from client.payload import (
 )
 from client.records import parse_repository_index, summarize_statistics, unwrap_model_config
 
+
+def _timed(count: int, ns: int) -> dict:
+    return {"count": count, "ns": ns}
+
+
+def _compute(count: int, input_ns: int, infer_ns: int, output_ns: int) -> dict:
+    """The compute_input / compute_infer / compute_output entries of ``count`` executions."""
+    return {
+        "compute_input": _timed(count, input_ns),
+        "compute_infer": _timed(count, infer_ns),
+        "compute_output": _timed(count, output_ns),
+    }
+
+
+def _model_stats(
+    name: str, inferences: int, executions: int, stats: dict, batches: dict[int, dict]
+) -> dict:
+    """One model's entry in a statistics response: ``stats`` are its inference_stats but
+    the (empty) cache counts, ``batches`` its compute entries by batch size."""
+    return {
+        "name": name,
+        "version": "1",
+        "last_inference": 1732291200000,
+        "inference_count": inferences,
+        "execution_count": executions,
+        "inference_stats": {**stats, "cache_hit": _timed(0, 0), "cache_miss": _timed(0, 0)},
+        "response_stats": {},
+        "batch_stats": [{"batch_size": size, **compute} for size, compute in batches.items()],
+        "memory_usage": [],
+    }
+
+
 # A statistics response as Triton's HTTP statistics extension returns it
 # (GET v2/models/stats): one ensemble and the python-backend encoder behind it.
 HTTP_STATS = {
     "model_stats": [
-        {
-            "name": "all-MiniLM-L6-v2",
-            "version": "1",
-            "last_inference": 1732291200000,
-            "inference_count": 96,
-            "execution_count": 12,
-            "inference_stats": {
-                "success": {"count": 12, "ns": 480_000_000},
-                "fail": {"count": 2, "ns": 3_000_000},
-                "queue": {"count": 12, "ns": 24_000_000},
-                "compute_input": {"count": 12, "ns": 1_200_000},
-                "compute_infer": {"count": 12, "ns": 420_000_000},
-                "compute_output": {"count": 12, "ns": 600_000},
-                "cache_hit": {"count": 0, "ns": 0},
-                "cache_miss": {"count": 0, "ns": 0},
+        _model_stats(
+            "all-MiniLM-L6-v2",
+            96,
+            12,
+            {
+                "success": _timed(12, 480_000_000),
+                "fail": _timed(2, 3_000_000),
+                "queue": _timed(12, 24_000_000),
+                **_compute(12, 1_200_000, 420_000_000, 600_000),
             },
-            "response_stats": {},
-            "batch_stats": [
-                {
-                    "batch_size": 8,
-                    "compute_input": {"count": 12, "ns": 1_200_000},
-                    "compute_infer": {"count": 12, "ns": 420_000_000},
-                    "compute_output": {"count": 12, "ns": 600_000},
-                }
-            ],
-            "memory_usage": [],
-        },
-        {
-            "name": "all-MiniLM-L6-v2_encode",
-            "version": "1",
-            "last_inference": 1732291200000,
-            "inference_count": 96,
-            "execution_count": 4,
-            "inference_stats": {
-                "success": {"count": 12, "ns": 400_000_000},
-                "fail": {"count": 0, "ns": 0},
-                "queue": {"count": 12, "ns": 36_000_000},
-                "compute_input": {"count": 4, "ns": 400_000},
-                "compute_infer": {"count": 4, "ns": 350_000_000},
-                "compute_output": {"count": 4, "ns": 200_000},
-                "cache_hit": {"count": 0, "ns": 0},
-                "cache_miss": {"count": 0, "ns": 0},
+            {8: _compute(12, 1_200_000, 420_000_000, 600_000)},
+        ),
+        _model_stats(
+            "all-MiniLM-L6-v2_encode",
+            96,
+            4,
+            {
+                "success": _timed(12, 400_000_000),
+                "fail": _timed(0, 0),
+                "queue": _timed(12, 36_000_000),
+                **_compute(4, 400_000, 350_000_000, 200_000),
             },
-            "response_stats": {},
-            "batch_stats": [
-                {
-                    "batch_size": 32,
-                    "compute_input": {"count": 2, "ns": 200_000},
-                    "compute_infer": {"count": 2, "ns": 200_000_000},
-                    "compute_output": {"count": 2, "ns": 100_000},
-                },
-                {
-                    "batch_size": 16,
-                    "compute_input": {"count": 2, "ns": 200_000},
-                    "compute_infer": {"count": 2, "ns": 150_000_000},
-                    "compute_output": {"count": 2, "ns": 100_000},
-                },
-            ],
-            "memory_usage": [],
-        },
+            {
+                32: _compute(2, 200_000, 200_000_000, 100_000),
+                16: _compute(2, 200_000, 150_000_000, 100_000),
+            },
+        ),
     ]
 }
 

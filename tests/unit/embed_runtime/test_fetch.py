@@ -120,15 +120,7 @@ class _Handler(QuietHandler):
         elif path == "/hang":
             self.server.release.wait(5)
         elif path == "/drip":
-            self.send_response(200)
-            self.send_header("Content-Type", "image/png")
-            self.send_header("Content-Length", "100")
-            self.end_headers()
-            for _ in range(100):
-                if self.server.release.wait(0.2):
-                    return
-                self.wfile.write(b"x")
-                self.wfile.flush()
+            self.drip(100, 100)
         else:
             self.reply(404, b"unknown", "text/plain")
 

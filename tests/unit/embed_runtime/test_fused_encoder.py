@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -14,10 +13,14 @@ from tests.unit.embed_runtime.models import test_adapters
 from tests.unit.embed_runtime.models.test_adapters import (
     BAD_TEXT_REQUESTS,
     ENCODE_PARAMS,
+    LONG_PROMPT_PARAMS,
+    OPTION_PARAMS,
     REQUEST_TEXTS,
     TOKENIZE_PARAMS,
     _args,
+    _assert_byte_cap_excludes_the_prompt,
     _error,
+    _execute_options,
     _expected_mean,
     _text_request,
     load_adapter,
@@ -35,7 +38,6 @@ FUSED_PARAMS = {
     "ragged": "false",
     "fused_tokenize": "true",
 }
-PROMPTS = {"query": "query: ", "passage": "passage: "}
 
 
 def _fused(tmp_path: Path, token_onnx: Path, tokenizer_json: Path, **params: str):
@@ -52,11 +54,6 @@ def fused_model(backend, tmp_path: Path, token_onnx: Path, tokenizer_json: Path)
     model = _fused(tmp_path, token_onnx, tokenizer_json)
     yield model
     model.finalize()
-
-
-def _request(parameters: dict, *texts: str) -> pb.InferenceRequest:
-    rows = np.array([[t.encode()] for t in texts], dtype=object)
-    return pb.InferenceRequest([pb.Tensor("TEXT", rows)], parameters)
 
 
 def _split_pipeline(backend, tmp_path: Path, token_onnx: Path, tokenizer_json: Path):
@@ -158,24 +155,8 @@ def test_fused_byte_caps_refuse_their_request_alone(fused_model) -> None:
 def test_fused_prompts_and_dimensions_apply_per_request_in_one_execution(
     backend, tmp_path, token_onnx, tokenizer_json
 ) -> None:
-    model = _fused(
-        tmp_path,
-        token_onnx,
-        tokenizer_json,
-        prompts=json.dumps(PROMPTS),
-        default_prompt_name="query",
-        max_dimensions="8",
-        normalize="true",
-    )
-    requests = [
-        _request({}, "hello"),
-        _request({"prompt_name": "passage"}, "hello"),
-        _request({"prompt_name": "nope"}, "hello"),
-        _request({"dimensions": 9}, "hello"),
-        _request({"dimensions": 4, "prompt_name": "query"}, "hello"),
-        _request({"dimensions": 3.5}, "hello"),
-    ]
-    responses = model.execute(requests)
+    model = _fused(tmp_path, token_onnx, tokenizer_json, **OPTION_PARAMS, normalize="true")
+    responses = _execute_options(model)
     tokens = model.text.tokenizer.encode
     query, passage = (
         _expected_mean(tokens(["query: hello"])),
@@ -185,39 +166,19 @@ def test_fused_prompts_and_dimensions_apply_per_request_in_one_execution(
     np.testing.assert_allclose(responses[1].output("EMBEDDING"), passage, rtol=1e-5, atol=1e-6)
     four = query[:, :4] / np.linalg.norm(query[:, :4], axis=1, keepdims=True)
     np.testing.assert_allclose(responses[4].output("EMBEDDING"), four, rtol=1e-5, atol=1e-6)
-    assert _error(responses[2]) == (
-        pb.TritonError.INVALID_ARG,
-        "unknown prompt_name 'nope'; this model's prompts: ['passage', 'query']",
-    )
-    assert _error(responses[3]) == (
-        pb.TritonError.INVALID_ARG,
-        "dimensions must be within [1, 8], got 9",
-    )
-    assert _error(responses[5]) == (
-        pb.TritonError.INVALID_ARG,
-        "dimensions must be an integer, got 3.5",
-    )
     model.finalize()
 
 
 def test_fused_byte_cap_applies_to_the_text_without_its_prompt(
     backend, tmp_path, token_onnx, tokenizer_json
 ) -> None:
-    model = _fused(
-        tmp_path,
-        token_onnx,
-        tokenizer_json,
-        prompts=json.dumps({"long": "p" * 100}),
-        max_text_bytes="64",
-    )
-    responses = model.execute([_request({"prompt_name": "long"}, "a" * 64), _request({}, "a" * 65)])
-    assert not responses[0].has_error()
-    assert _error(responses[1])[0] == pb.TritonError.INVALID_ARG
+    model = _fused(tmp_path, token_onnx, tokenizer_json, **LONG_PROMPT_PARAMS)
+    _assert_byte_cap_excludes_the_prompt(model)
     model.finalize()
 
 
 def test_fused_without_max_dimensions_refuses_dimensions(fused_model) -> None:
-    (response,) = fused_model.execute([_request({"dimensions": 2}, "hello")])
+    (response,) = fused_model.execute([_text_request("hello", parameters={"dimensions": 2})])
     assert _error(response) == (
         pb.TritonError.INVALID_ARG,
         "this model does not support dimensions",

@@ -327,18 +327,17 @@ def test_params_round_trip_through_config_parameters():
     assert PreprocessParams.from_parameters(parameters) == params
 
 
+MISSING_KEYS = ("image_size", "mean", "max_image_pixels", "max_batch_pixels")
+UNPARSABLE_VALUES = {"max_batch_pixels": "lots", "image_size": "224", "fill_color": "black",
+                     "apply_exif": "maybe"}
+
+
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("image_size", None, "'image_size' is missing"),
-        ("mean", None, "'mean' is missing"),
-        ("max_image_pixels", None, "'max_image_pixels' is missing"),
-        ("max_batch_pixels", None, "'max_batch_pixels' is missing"),
-        ("max_batch_pixels", "lots", "'max_batch_pixels' is invalid"),
+        *[(key, None, f"'{key}' is missing") for key in MISSING_KEYS],
+        *[(key, value, f"'{key}' is invalid") for key, value in UNPARSABLE_VALUES.items()],
         ("max_batch_pixels", "1000", "max_batch_pixels .1000. must be at least max_image_pix"),
-        ("image_size", "224", "'image_size' is invalid"),
-        ("fill_color", "black", "'fill_color' is invalid"),
-        ("apply_exif", "maybe", "'apply_exif' is invalid"),
         ("resize_mode", "crop", "resize_mode must be one of"),
         ("interpolation", "lanczos", "interpolation must be one of"),
         ("std", "0.5,0,0.5", "std no zero"),

@@ -76,9 +76,53 @@ def _args(repo: Path, params: dict[str, str]) -> dict[str, str]:
     }
 
 
-def _text_request(*texts: bytes | str) -> pb.InferenceRequest:
+def _text_request(*texts: bytes | str, parameters: dict | None = None) -> pb.InferenceRequest:
     rows = np.array([[t.encode() if isinstance(t, str) else t] for t in texts], dtype=object)
-    return pb.InferenceRequest([pb.Tensor("TEXT", rows.reshape(len(texts), 1))])
+    return pb.InferenceRequest([pb.Tensor("TEXT", rows.reshape(len(texts), 1))], parameters)
+
+
+# A text model with prompts (the default: "query") and up to 8 dimensions ...
+PROMPTS = {"query": "query: ", "passage": "passage: "}
+OPTION_PARAMS = {
+    "prompts": json.dumps(PROMPTS),
+    "default_prompt_name": "query",
+    "max_dimensions": "8",
+}
+# ... asked with each of these request parameters: the default prompt, another one, an
+# unknown one, too many dimensions, 4 dimensions with a prompt, dimensions not an integer.
+OPTION_REQUESTS = (
+    {},
+    {"prompt_name": "passage"},
+    {"prompt_name": "nope"},
+    {"dimensions": 9},
+    {"dimensions": 4, "prompt_name": "query"},
+    {"dimensions": 3.5},
+)
+OPTION_REFUSALS = {
+    2: "unknown prompt_name 'nope'; this model's prompts: ['passage', 'query']",
+    3: "dimensions must be within [1, 8], got 9",
+    5: "dimensions must be an integer, got 3.5",
+}
+# A prompt longer than the byte cap, which counts the text alone.
+LONG_PROMPT_PARAMS = {"prompts": json.dumps({"long": "p" * 100}), "max_text_bytes": "64"}
+
+
+def _execute_options(model) -> list[pb.InferenceResponse]:
+    """``model``'s answers to "hello" with each of ``OPTION_REQUESTS``; the refusals of
+    ``OPTION_REFUSALS`` asserted (INVALID_ARG, the exact message)."""
+    responses = model.execute([_text_request("hello", parameters=p) for p in OPTION_REQUESTS])
+    for i, message in OPTION_REFUSALS.items():
+        assert _error(responses[i]) == (pb.TritonError.INVALID_ARG, message)
+    return responses
+
+
+def _assert_byte_cap_excludes_the_prompt(model) -> None:
+    """Under ``LONG_PROMPT_PARAMS``: 64 bytes of text with the long prompt pass, 65 do not."""
+    responses = model.execute(
+        [_text_request("a" * 64, parameters={"prompt_name": "long"}), _text_request("a" * 65)]
+    )
+    assert not responses[0].has_error()
+    assert _error(responses[1])[0] == pb.TritonError.INVALID_ARG
 
 
 def _token_request(arrays: dict[str, np.ndarray]) -> pb.InferenceRequest:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import numpy as np
@@ -10,23 +9,20 @@ import numpy as np
 from tests.unit import fake_pb_utils as pb
 from tests.unit.embed_runtime.models import test_adapters
 from tests.unit.embed_runtime.models.test_adapters import (
+    LONG_PROMPT_PARAMS,
+    OPTION_PARAMS,
     TOKENIZE_PARAMS,
     _args,
+    _assert_byte_cap_excludes_the_prompt,
     _encode_model,
     _error,
+    _execute_options,
     load_adapter,
 )
 
 backend = test_adapters.backend
 tokenizer_json = test_adapters.tokenizer_json
 token_onnx = test_adapters.token_onnx
-
-PROMPTS = {"query": "query: ", "passage": "passage: "}
-
-
-def _request(parameters: dict, *texts: str) -> pb.InferenceRequest:
-    rows = np.array([[t.encode()] for t in texts], dtype=object)
-    return pb.InferenceRequest([pb.Tensor("TEXT", rows)], parameters)
 
 
 def _tokenizer(tmp_path, tokenizer_json, **params):
@@ -38,42 +34,16 @@ def _tokenizer(tmp_path, tokenizer_json, **params):
 
 
 def test_tokenize_prepends_the_chosen_or_default_prompt(backend, tmp_path, tokenizer_json):
-    model = _tokenizer(
-        tmp_path,
-        tokenizer_json,
-        prompts=json.dumps(PROMPTS),
-        default_prompt_name="query",
-        max_dimensions="8",
-    )
-    requests = [
-        _request({}, "hello"),
-        _request({"prompt_name": "passage"}, "hello"),
-        _request({"prompt_name": "nope"}, "hello"),
-        _request({"dimensions": 9}, "hello"),
-        _request({"dimensions": 4, "prompt_name": "query"}, "hello"),
-    ]
-    responses = model.execute(requests)
+    model = _tokenizer(tmp_path, tokenizer_json, **OPTION_PARAMS)
+    responses = _execute_options(model)
     ids = [r.output_tensors()[0].as_numpy()[0].tolist() for r in responses if not r.has_error()]
-    want = [model.tokenizer.encode([t])["input_ids"][0].tolist() for t in ("query: hello",)]
+    query = model.tokenizer.encode(["query: hello"])["input_ids"][0].tolist()
     passage = model.tokenizer.encode(["passage: hello"])["input_ids"][0].tolist()
-    assert ids == [want[0], passage, want[0]]
-    assert _error(responses[2]) == (
-        pb.TritonError.INVALID_ARG,
-        "unknown prompt_name 'nope'; this model's prompts: ['passage', 'query']",
-    )
-    assert _error(responses[3]) == (
-        pb.TritonError.INVALID_ARG,
-        "dimensions must be within [1, 8], got 9",
-    )
+    assert ids == [query, passage, query]
 
 
 def test_tokenize_byte_cap_applies_to_the_text_without_prompt(backend, tmp_path, tokenizer_json):
-    model = _tokenizer(
-        tmp_path, tokenizer_json, prompts=json.dumps({"long": "p" * 100}), max_text_bytes="64"
-    )
-    responses = model.execute([_request({"prompt_name": "long"}, "a" * 64), _request({}, "a" * 65)])
-    assert not responses[0].has_error()
-    assert _error(responses[1])[0] == pb.TritonError.INVALID_ARG
+    _assert_byte_cap_excludes_the_prompt(_tokenizer(tmp_path, tokenizer_json, **LONG_PROMPT_PARAMS))
 
 
 def test_encode_truncates_per_request_in_one_run(backend, tmp_path, token_onnx):

@@ -8,15 +8,12 @@ requests, length-sorted chunks), with ``CrossEncoder.predict`` of an independent
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from embed_runtime.errors import InvalidInputError
-from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
 from embed_runtime.pair_tokenizer import PairTokenizer, decode_pairs
 from embed_runtime.tokenizer import TokenizerParams, split_rows
 from generator.families.cross_encoder import check_cross_encoder_folder
@@ -24,8 +21,8 @@ from generator.families.cross_encoder import export as family
 from generator.fixtures.tiny_rerank import TINY_MAX_LENGTH, create_tiny_cross_encoder
 from generator.lifecycle import parse_request
 from generator.manifest import RUNTIME_MANIFEST, Manifest, ModelEntry
-from generator.render import parse_config
 from tests.rerank_data import QUERY, rerank_pairs
+from tests.unit.generator.families.built import ExportedReranker, export_reranker
 
 MAX_ABS_DIFF = 1e-5
 PARAMS = TokenizerParams(64, False, ("input_ids", "attention_mask"), 0, False, 100, 300)
@@ -57,38 +54,14 @@ def test_decode_pairs_rejects_bad_requests(queries, texts, message):
         decode_pairs(_rows(*queries), _rows(*texts), PARAMS)
 
 
-@dataclasses.dataclass(frozen=True)
-class Exported:
-    folder: Path
-    tokenizer: PairTokenizer
-    encoder: OrtEncoder
-    reference: object
-
-
-def _parameters(config: str) -> dict[str, str]:
-    return {k: v.string_value for k, v in parse_config(config).parameters.items()}
-
-
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> Exported:
-    from sentence_transformers import CrossEncoder
-
+def exported(tmp_path_factory) -> ExportedReranker:
     root = tmp_path_factory.mktemp("rerank")
     folder = create_tiny_cross_encoder(root / "tiny-rerank", seed=3)
-    entry = ModelEntry(name="rr", family="cross-encoder", source=str(folder))
-    work = root / "work"
-    dirs = {d.name: d for d in family.build(entry, Manifest(models=(entry,)), work)}
-    assert set(dirs) == {"rr", "rr_tokenize", "rr_encode"}
-    tok_params = TokenizerParams.from_parameters(_parameters(dirs["rr_tokenize"].config))
-    enc_params = EncoderParams.from_parameters(_parameters(dirs["rr_encode"].config))
-    assert enc_params.output_name == "SCORE"
-    assert tok_params.max_length == TINY_MAX_LENGTH
-    return Exported(
-        folder=folder,
-        tokenizer=PairTokenizer(str(work / "tokenizer.json"), tok_params),
-        encoder=OrtEncoder(str(work / "model.onnx"), enc_params),
-        reference=CrossEncoder(str(folder), device="cpu"),
-    )
+    exported = export_reranker(folder, root / "work", "rr")
+    assert exported.tokenize_params.max_length == TINY_MAX_LENGTH
+    assert type(exported.tokenizer) is PairTokenizer
+    return exported
 
 
 def test_pair_tokenizer_matches_cross_encoder_including_truncation(exported):

@@ -19,67 +19,37 @@ import numpy as np
 import pytest
 
 from embed_runtime.errors import InvalidInputError
-from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
 from embed_runtime.pair_template import PairTemplate, TemplatePairTokenizer
-from embed_runtime.pair_tokenizer import open_pair_tokenizer
-from embed_runtime.tokenizer import TokenizerParams
 from generator.declared_kind import UnsupportedModelError
-from generator.families.cross_encoder import export as family
 from generator.families.cross_encoder import llm
 from generator.fixtures.tiny_llm_rerank import (
     PROMPTS,
     TINY_LLM_MAX_LENGTH,
     create_tiny_llm_reranker,
 )
-from generator.manifest import Manifest, ModelEntry
-from generator.render import parse_config
 from tests.rerank_data import QUERY, llm_rerank_pairs
+from tests.unit.generator.families.built import (
+    ExportedReranker,
+    build_reranker,
+    config_parameters,
+    export_reranker,
+)
 
 # The served path pads on the right, the library on the left: equal up to float rounding.
 MAX_ABS_DIFF = 1e-4
 
 
-@dataclasses.dataclass(frozen=True)
-class Exported:
-    folder: Path
-    tokenizer: TemplatePairTokenizer
-    encoder: OrtEncoder
-    reference: object
-
-
-def _parameters(config: str) -> dict[str, str]:
-    return {k: v.string_value for k, v in parse_config(config).parameters.items()}
-
-
-def _build(folder: Path, work: Path):
-    entry = ModelEntry(name="llm", family="cross-encoder", source=str(folder))
-    return {d.name: d for d in family.build(entry, Manifest(models=(entry,)), work)}
-
-
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> Exported:
-    from sentence_transformers import CrossEncoder
-
+def exported(tmp_path_factory) -> ExportedReranker:
     root = tmp_path_factory.mktemp("llm-rerank")
     folder = create_tiny_llm_reranker(
         root / "tiny-llm", seed=1, prompts=PROMPTS, default_prompt_name="web"
     )
-    work = root / "work"
-    dirs = _build(folder, work)
-    assert set(dirs) == {"llm", "llm_tokenize", "llm_encode"}
-    raw = _parameters(dirs["llm_tokenize"].config)
-    tok_params = TokenizerParams.from_parameters(raw)
-    enc_params = EncoderParams.from_parameters(_parameters(dirs["llm_encode"].config))
-    assert enc_params.output_name == "SCORE"
-    assert tok_params.max_length == TINY_LLM_MAX_LENGTH and not tok_params.add_special_tokens
-    tokenizer = open_pair_tokenizer(str(work / "tokenizer.json"), tok_params, raw)
-    assert isinstance(tokenizer, TemplatePairTokenizer)
-    return Exported(
-        folder=folder,
-        tokenizer=tokenizer,
-        encoder=OrtEncoder(str(work / "model.onnx"), enc_params),
-        reference=CrossEncoder(str(folder), device="cpu"),
-    )
+    exported = export_reranker(folder, root / "work", "llm")
+    params = exported.tokenize_params
+    assert params.max_length == TINY_LLM_MAX_LENGTH and not params.add_special_tokens
+    assert isinstance(exported.tokenizer, TemplatePairTokenizer)
+    return exported
 
 
 def _served_ids(exported, pairs, parameters) -> list[list[int]]:
@@ -229,7 +199,7 @@ def test_llm_rerankers_the_server_cannot_reproduce_are_refused(exported, tmp_pat
                                                                message):
     folder = _variant(exported, tmp_path, edit)
     with pytest.raises(UnsupportedModelError, match=message):
-        _build(folder, tmp_path / "work")
+        build_reranker(folder, tmp_path / "work", "llm")
     assert not (tmp_path / "work" / "model.onnx").exists()
 
 
@@ -240,8 +210,8 @@ def test_a_template_without_prompts_serves_a_model_without_prompts(exported, tmp
                       "<|im_start|>assistant\n")(folder)
         _no_prompts(folder)
 
-    dirs = _build(_variant(exported, tmp_path, edit), tmp_path / "work")
-    raw = _parameters(dirs["llm_tokenize"].config)
+    dirs = build_reranker(_variant(exported, tmp_path, edit), tmp_path / "work", "llm")
+    raw = config_parameters(dirs["llm_tokenize"].config)
     assert PairTemplate.from_parameter(raw["pair_template"]).prompted == ()
     assert "prompts" not in raw
 

@@ -9,89 +9,43 @@ very different lengths run together (padding) and alone.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
-from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
-from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
-from generator.families.sentence_transformers import export as family
-from generator.manifest import Manifest, ModelEntry
 from generator.render import parse_config
-from tests.st_factory import (
-    VARIANTS,
-    TinyVariant,
-    build_tiny_model,
-    load_reference,
-    manifest_entry,
-    parity,
-    parity_texts,
-    reference_embeddings,
+from tests.st_factory import VARIANTS, build_tiny_model, load_reference, parity, parity_texts
+from tests.unit.generator.families.built import (
+    ExportedVariant,
+    build_variant,
+    config_parameters,
+    export_variant,
 )
 
 MIN_COSINE = 0.999999
 MAX_ABS_DIFF = 1e-5
-
-
-@dataclasses.dataclass(frozen=True)
-class Exported:
-    variant: TinyVariant
-    folder: Path
-    work: Path
-    tokenize_params: dict[str, str]
-    encode_params: dict[str, str]
-    encode_config: str
-    reference: object
-    session: object
-    texts: list[str]
-    expected: np.ndarray
-
-
-def _parameters(config: str) -> dict[str, str]:
-    return {k: v.string_value for k, v in parse_config(config).parameters.items()}
-
-
 ALL_FORMS = ("float16", "int8", "uint8", "binary", "ubinary")
 
 
 @pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: v.name)
-def exported(request, tmp_path_factory) -> Exported:
+def exported(request, tmp_path_factory) -> ExportedVariant:
     variant = request.param
     base = tmp_path_factory.mktemp(variant.name)
     folder = build_tiny_model(variant, base / "model")
-    entry = ModelEntry(**manifest_entry(variant, folder, output_precisions=ALL_FORMS))
-    work = base / "work"
-    work.mkdir()
-    dirs = family.build(entry, Manifest(models=(entry,), base_dir=base), work)
-    configs = {d.name: d.config for d in dirs}
-    texts = parity_texts()
-    reference = load_reference(folder)
-    return Exported(
-        variant,
-        folder,
-        work,
-        _parameters(configs[f"{variant.name}_tokenize"]),
-        _parameters(configs[f"{variant.name}_encode"]),
-        configs[f"{variant.name}_encode"],
-        reference,
-        ort.InferenceSession(str(work / "model.onnx")),
-        texts,
-        reference_embeddings(reference, variant, texts),
+    return export_variant(
+        variant, folder, base / "work", parity_texts(), output_precisions=ALL_FORMS
     )
 
 
-def _reference_tokens(exported: Exported, texts: list[str]) -> dict[str, np.ndarray]:
+def _reference_tokens(exported: ExportedVariant, texts: list[str]) -> dict[str, np.ndarray]:
     """Token tensors from sentence-transformers' own tokenizer, padded to the longest."""
     names = [i.name for i in exported.session.get_inputs()]
     features = exported.reference.preprocess(texts)
     return {n: features[n].numpy().astype(np.int64) for n in names}
 
 
-def _check(label: str, exported: Exported, got: np.ndarray) -> None:
+def _check(label: str, exported: ExportedVariant, got: np.ndarray) -> None:
     assert got.shape == exported.expected.shape
     cos, diff = parity(got, exported.expected)
     print(f"\n{exported.variant.name} {label}: min cos {cos:.9f}, max|diff| {diff:.2e}")
@@ -132,18 +86,7 @@ def test_graph_matches_sentence_transformers_row_by_row(exported):
 
 def test_serving_runtime_matches_sentence_transformers(exported):
     """The served path without Triton: runtime tokenizer, ragged merge, sorted chunks."""
-    tokenizer = BatchTokenizer(
-        str(exported.work / "tokenizer.json"),
-        TokenizerParams.from_parameters(exported.tokenize_params),
-    )
-    params = dataclasses.replace(
-        EncoderParams.from_parameters(exported.encode_params), max_rows_per_run=3
-    )
-    encoder = OrtEncoder(str(exported.work / "model.onnx"), params)
-    texts = exported.texts
-    requests = [tokenizer.encode(texts[i : i + 5]) for i in range(0, len(texts), 5)]
-    got = np.concatenate(encoder.encode_tokens(requests))
-    _check("serving runtime", exported, got)
+    _check("serving runtime", exported, exported.served(exported.serving_encoder()))
 
 
 def test_embedding_width_and_normalisation_follow_the_pipeline(exported):
@@ -182,11 +125,8 @@ def test_build_refuses_a_model_whose_output_depends_on_padding_the_server_does_n
     config["padding_side"] = "left"
     config_path.write_text(json.dumps(config))
     assert load_reference(folder).tokenizer.padding_side == "left"
-    entry = ModelEntry(**manifest_entry(variant, folder))
-    work = tmp_path / "work"
-    work.mkdir()
     with pytest.raises(RuntimeError, match="depends on padding the server does not reproduce"):
-        family.build(entry, Manifest(models=(entry,), base_dir=tmp_path), work)
+        build_variant(variant, folder, tmp_path / "work")
 
 
 def test_build_stores_calibration_rows_of_the_shipped_corpus_run_through_the_graph(exported):
@@ -210,12 +150,9 @@ def test_native_backend_models_refuse_other_precisions_in_their_tokenize_step(tm
     variant = VARIANTS[0]
     folder = build_tiny_model(variant, tmp_path / "model")
     for backend, flagged in (("onnxruntime", True), ("python-ort", False)):
-        entry = ModelEntry(**{**manifest_entry(variant, folder), "encoder_backend": backend})
-        work = tmp_path / backend
-        work.mkdir()
-        dirs = family.build(entry, Manifest(models=(entry,), base_dir=tmp_path), work)
-        tokenize = next(d for d in dirs if d.name.endswith("_tokenize"))
-        flag = _parameters(tokenize.config).get("float32_only")
+        dirs = build_variant(variant, folder, tmp_path / backend, encoder_backend=backend)
+        tokenize = dirs[f"{variant.name}_tokenize"]
+        flag = config_parameters(tokenize.config).get("float32_only")
         assert flag == ("true" if flagged else None), backend
 
 
@@ -226,10 +163,8 @@ def test_quantized_forms_are_declared_only_when_the_entry_names_them(tmp_path):
     variant = VARIANTS[0]
     folder = build_tiny_model(variant, tmp_path / "model")
     for forms, outputs in (((), []), (("ubinary",), ["EMBEDDING_UBINARY"])):
-        entry = ModelEntry(**manifest_entry(variant, folder, output_precisions=forms))
         work = tmp_path / f"work{len(forms)}"
-        work.mkdir()
-        dirs = {d.name: d for d in family.build(entry, Manifest(models=(entry,)), work)}
+        dirs = build_variant(variant, folder, work, output_precisions=forms)
         encode = dirs[f"{variant.name}_encode"]
         names = [o.name for o in parse_config(encode.config).output]
         assert names == ["EMBEDDING", "TOKEN_COUNT", *outputs]
