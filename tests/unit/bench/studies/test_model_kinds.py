@@ -30,6 +30,10 @@ def test_sparse_diff_ignores_padding_and_sees_a_moved_or_missing_weight() -> Non
     assert mk._sparse_diff(moved, want) == pytest.approx(0.25)
     missing = (np.array([5, -1], np.int32), np.array([1.5, 0.0], np.float32))
     assert mk._sparse_diff(missing, want) == pytest.approx(0.25)
+    big = (np.array([5], np.int32), np.array([4.0], np.float32))
+    assert mk._sparse_diff(big, (np.array([5], np.int32), np.array([4.0001], np.float32))) == (
+        pytest.approx(1e-4 / 4.0001, rel=1e-2)
+    )  # relative above a value of 1, as the build's gate
     empty = (np.array([-1], np.int32), np.array([0.0], np.float32))
     assert mk._sparse_diff(empty, (np.zeros(0, np.int32), np.zeros(0, np.float32))) == 0.0
 
@@ -58,7 +62,8 @@ def test_rerank_sends_one_request_per_run_of_one_query() -> None:
     assert [len(texts) for _, texts in recorder.calls] == [mk.BATCH, mk.BATCH, 3]
     assert [t for _, texts in recorder.calls for t in texts] == [t for _, t in items]
     assert len(scores) == len(items)
-    assert mk.workload(mk.KINDS["static"], ["a", "b"]) == ["a", "b"]
+    assert mk.workload(mk.KINDS["sparse"], ["a", "b"]) == ["a", "b"]
+    assert mk.workload(mk.KINDS["static"], ["a", "b"]) == ["a", "b"] * mk.KINDS["static"].scale
 
 
 def _results() -> dict:
