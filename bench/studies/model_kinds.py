@@ -417,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
     args = parse_args(argv)
     if args.report:
-        path = Path(args.report)
+        path = Path(args.report).resolve()
         results = json.loads(path.read_text(encoding="utf-8"))
         DOC.write_text(render(results, str(path.relative_to(ROOT))), encoding="utf-8")
         return 0

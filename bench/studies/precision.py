@@ -212,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
     args = parse_args(argv)
     if args.report:
-        path = Path(args.report)
+        path = Path(args.report).resolve()
         write_docs(json.loads(path.read_text(encoding="utf-8")), str(path.relative_to(ROOT)))
         return 0
     results = run(args)
