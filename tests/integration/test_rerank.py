@@ -25,6 +25,11 @@ from tests.rerank_data import QUERY, rerank_pairs
 pytestmark = pytest.mark.integration
 
 MODEL = "rr"
+MULTI = "rr3"  # a 3-label (NLI-style) cross-encoder: SCORE [N, 3]
+# Its scores are raw logits of a model drawn with wide weights; the library's own
+# predictions of the same 24 pairs batched and one by one differ by 7.1e-6 (measured), so
+# served logits are gated at 1e-4, as the LLM reranker's are.
+MULTI_MAX_ABS_DIFF = 1e-4
 MAX_TEXT_BYTES = 4096
 MAX_REQUEST_TEXT_BYTES = 16384
 MAX_ABS_DIFF = 1e-5
@@ -40,8 +45,22 @@ def rerank_setup(tmp_path_factory):
     folder = create_tiny_cross_encoder(base / "tiny-rerank", seed=5)
     reference = CrossEncoder(str(folder), device="cpu")
     limits = {"max_text_bytes": MAX_TEXT_BYTES, "max_request_text_bytes": MAX_REQUEST_TEXT_BYTES}
-    with serve_models(base, [entry(MODEL, "cross-encoder", folder, **limits)]) as server:
+    multi = create_tiny_cross_encoder(base / "tiny-rerank-3", seed=6, num_labels=3)
+    entries = [
+        entry(MODEL, "cross-encoder", folder, **limits),
+        entry(MULTI, "cross-encoder", multi),
+    ]
+    with serve_models(base, entries) as server:
         yield server, reference
+
+
+@pytest.fixture(scope="module")
+def multi_reference(rerank_setup):
+    """The 3-label model as the library loads it (its own folder)."""
+    from sentence_transformers import CrossEncoder
+
+    server, _ = rerank_setup
+    return CrossEncoder(server.manifest.get(MULTI).source, device="cpu")
 
 
 def _score(server, protocol: str, queries, texts, parameters=None) -> np.ndarray:
@@ -103,6 +122,31 @@ def test_client_rerank_scores_one_query_against_many_texts(rerank_setup, protoco
     best = np.argsort(-scores, kind="stable")[:3]
     assert [r.index for r in ranked] == best.tolist()
     assert [r.text for r in ranked] == [texts[i] for i in best]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_multi_label_scores_are_predicts_logits_per_label(rerank_setup, multi_reference, protocol):
+    """SCORE [N, 3] equals ``CrossEncoder.predict`` column by column, raw and via the client."""
+    server, _ = rerank_setup
+    pairs = rerank_pairs()[:MAX_BATCH]
+    want = np.asarray(multi_reference.predict([list(p) for p in pairs], batch_size=len(pairs)))
+    assert want.shape == (len(pairs), 3)
+    raw = infer(server, protocol, MULTI, {"QUERY": [q for q, _ in pairs],
+                                          "TEXT": [t for _, t in pairs]}, ["SCORE"])[0]
+    assert raw.dtype == np.float32 and raw.shape == want.shape
+    diff = float(np.max(np.abs(raw.astype(np.float64) - want)))
+    print(f"\nmulti-label {protocol}: max|diff| {diff:.2e} over {want.size} scores "
+          f"({want.min():.2f} to {want.max():.2f})")
+    assert diff <= MULTI_MAX_ABS_DIFF
+    # Labels in the model's order: the same scores with two labels swapped miss the gate.
+    swapped = want[:, [1, 0, 2]]
+    assert float(np.max(np.abs(raw.astype(np.float64) - swapped))) > 100 * MULTI_MAX_ABS_DIFF
+    texts = [t for _, t in rerank_pairs()]
+    with server.client(protocol) as client:
+        scores = client.rerank(MULTI, QUERY, texts)
+    want = np.asarray(multi_reference.predict([[QUERY, t] for t in texts], batch_size=len(texts)))
+    assert scores.shape == (len(texts), 3)
+    assert float(np.max(np.abs(scores.astype(np.float64) - want))) <= MULTI_MAX_ABS_DIFF
 
 
 def test_cli_prints_texts_best_first(rerank_setup, capsys):
