@@ -33,6 +33,9 @@ from tests.unit import fake_pb_utils as pb
 
 SMALL_CAP = 1000
 LOCAL = FetchPolicy(allow_hosts=("127.0.0.1",), connect_timeout_s=0.5, read_timeout_s=0.5)
+# Timeouts far above what an answer takes, for tests whose point is not a timeout: on a
+# busy machine a 0.5 s timeout fired before the local server's answer (a timing flake).
+PATIENT = dataclasses.replace(LOCAL, connect_timeout_s=5.0, read_timeout_s=5.0)
 
 
 def _png() -> bytes:
@@ -466,7 +469,7 @@ def test_fetch_shows_bare_code_for_unknown_status(base):
     [("/reset", "connection reset"), ("/close", "connection closed without a response")],
 )
 def test_fetch_describes_network_errors_with_a_fixed_phrase(base, path, phrase):
-    err = _error(base + path)
+    err = _error(base + path, PATIENT)  # a reset or a close arrives at once
     assert err.code == UNAVAILABLE
     assert err.message.endswith(f"unavailable: {phrase}")
     assert "Errno" not in err.message and "peer" not in err.message
@@ -673,12 +676,10 @@ class _Answers:
 
 
 def test_fetch_pool_runs_urls_concurrently(base, pool):
-    # Timeouts far above the 0.3 s each answer takes: on a busy machine a 0.5 s read
-    # timeout failed one URL of 16 (a timing flake, not the behaviour under test).
-    patient = dataclasses.replace(LOCAL, connect_timeout_s=5.0, read_timeout_s=5.0)
+    # PATIENT: each answer takes 0.3 s; a 0.5 s read timeout failed one URL of 16.
     urls = [f"{base}/slow?i={i}" for i in range(16)]
     start = time.monotonic()
-    assert pool(patient).fetch(urls) == [PNG] * 16
+    assert pool(PATIENT).fetch(urls) == [PNG] * 16
     assert time.monotonic() - start < 2.0  # one after another: 16 x 0.3 s = 4.8 s
 
 
