@@ -98,12 +98,14 @@ class SpanSink(http.server.ThreadingHTTPServer):
         sink = self
         self.posts = 0
         self.bytes = 0
+        lock = threading.Lock()  # one handler thread per connection
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # the http.server hook
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                sink.posts += 1
-                sink.bytes += len(body)
+                with lock:
+                    sink.posts += 1
+                    sink.bytes += len(body)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", "2")
