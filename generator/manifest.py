@@ -38,6 +38,7 @@ ENCODER_BACKENDS = ("python-ort", "onnxruntime")
 GPU_ACCELERATORS = ("none", "tensorrt")
 PRECISIONS = ("fp32", "fp16", "int8")
 GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
+GRAPH_FUSIONS = ("off", "on")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
@@ -74,6 +75,10 @@ class ModelEntry:
     ort_spin_us: int = 0
     ort_weight_cache: bool = True
     graph_optimization: str = "all"
+    # ONNX Runtime's transformer fusions (fused attention, SkipLayerNormalization, ...)
+    # of a BERT-like encoder, checked like the export: "off" or "on" (docs/benchmarks.md,
+    # "Fused transformer graphs on a GPU": faster per run, but a new input shape costs).
+    graph_fusion: str = "off"
     precision: str = "fp32"
     device: str = "cpu"
     encoder_backend: str = "python-ort"
@@ -300,6 +305,7 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
         "gpu_accelerator": GPU_ACCELERATORS,
         "precision": PRECISIONS,
         "graph_optimization": GRAPH_OPT_LEVELS,
+        "graph_fusion": GRAPH_FUSIONS,
         "image_decode": IMAGE_DECODERS,
     }
     for key, allowed in choices.items():

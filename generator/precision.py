@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +107,100 @@ def convert_fp16(src: Path, dst: Path) -> None:
     half = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=True)
     sort_nodes(half.graph)
     _atomic_write(dst, lambda tmp: onnx.save(half, str(tmp)))
+
+
+def fuse_transformer(
+    src: Path, dst: Path, model_type: str, num_heads: int, hidden_size: int, fp16: bool
+) -> dict[str, int]:
+    """ONNX Runtime's transformer fusions of ``src`` (then fp16 when asked) into ``dst``.
+
+    Attention, SkipLayerNormalization, BiasGelu and EmbedLayerNormalization replace the
+    exported chains of small ops: fewer, larger kernels on a GPU. Returns the fused
+    operator counts the optimiser reports.
+    """
+    from onnxruntime.transformers.optimizer import optimize_model  # noqa: PLC0415
+
+    optimized = optimize_model(
+        str(src), model_type=model_type, num_heads=num_heads, hidden_size=hidden_size,
+        opt_level=0, use_gpu=True,
+    )
+    if fp16:
+        optimized.convert_float_to_float16(keep_io_types=True)
+        sort_nodes(optimized.model.graph)
+    _atomic_write(dst, lambda tmp: optimized.save_model_to_file(str(tmp)))
+    return {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
+
+
+# Hugging Face ``model_type`` -> ONNX Runtime optimiser model type, for the encoders whose
+# fused graph has been checked here (the build checks every fused graph again).
+FUSABLE = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert"}
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """What ONNX Runtime's transformer optimiser needs to fuse one encoder's graph."""
+
+    model_type: str
+    num_heads: int
+    hidden_size: int
+
+    @classmethod
+    def of(cls, config) -> Fusion | None:
+        """The fusion of a Hugging Face ``config``, or None where none is known to hold."""
+        kind = FUSABLE.get(getattr(config, "model_type", ""))
+        if kind is None:
+            return None
+        return cls(kind, int(config.num_attention_heads), int(config.hidden_size))
+
+
+def apply_fusion(
+    path: Path,
+    fusion: Fusion,
+    spec: GraphSpec,
+    module,
+    cases: Sequence[dict[str, np.ndarray]],
+) -> tuple[dict[str, int], str]:
+    """Fuse the validated fp32 graph at ``path`` in place when the fused graph holds.
+
+    Returns the fused operator counts and "" on success; on a failed parity check the
+    graph stays as it was, and the reason comes back instead (the counts then empty).
+    """
+    fused = path.with_name(f"{path.stem}.fused.onnx")
+    try:
+        counts = fuse_transformer(
+            path, fused, fusion.model_type, fusion.num_heads, fusion.hidden_size, fp16=False
+        )
+        if not counts.get("Attention") and not counts.get("MultiHeadAttention"):
+            return {}, f"no attention block matched ONNX Runtime's {fusion.model_type} fusion"
+        validate_graph(fused, spec, module, cases)
+        fused.replace(path)
+        return counts, ""
+    except ExportValidationError as exc:
+        return {}, "; ".join(exc.failures)[:400]
+    finally:
+        fused.unlink(missing_ok=True)
+
+
+def fuse_graph(entry, config, path: Path, spec: GraphSpec, module, cases, log=print) -> bool:
+    """Apply ``entry.graph_fusion`` to the validated fp32 graph at ``path``; True if fused.
+
+    TensorRT makes its own fusions from the plain graph. What was done, and why not, goes
+    to the build log: an unfused graph gives the same vectors.
+    """
+    if entry.graph_fusion != "on" or entry.gpu_accelerator == "tensorrt":
+        return False
+    fusion = Fusion.of(config)
+    kind = getattr(config, "model_type", None)
+    if fusion is None:
+        log(f"{entry.name}: graph_fusion: none known for model_type {kind!r}; graph unfused")
+        return False
+    counts, why = apply_fusion(path, fusion, spec, module, cases)
+    if why:
+        log(f"{entry.name}: graph_fusion: the fused graph was not kept ({why}); graph unfused")
+        return False
+    shown = ", ".join(f"{op} {n}" for op, n in sorted(counts.items()))
+    log(f"{entry.name}: graph_fusion: fused {kind} encoder ({shown}), checked against PyTorch")
+    return True
 
 
 CONVERTERS = {"int8": quantize_int8, "fp16": convert_fp16}

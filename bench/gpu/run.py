@@ -322,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from client.load.workload import generated_images, text_pool
     from generator.admin import KEY_ENV
     from generator.build import build_repository
-    from generator.families.random_text import create_random_text_model
+    from generator.fixtures.random_text import create_random_text_model
     from generator.manifest import parse_manifest
     from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 

@@ -3,8 +3,8 @@
 # xz-compressed parts of at most PART_SIZE (default 56M) in OUT_DIR (default .gpu/parts):
 # the pinned cp312 wheels unpacked into site/ (nvImageCodec and nvJPEG for image_decode =
 # "gpu"; stubs of other Pythons, nvImageCodec's bindings for other Pythons, ONNX Runtime's
-# TensorRT provider and quantization tools left out; its transformers/ stays for the fp16
-# export), perf_analyzer 2.51 with libcudart.so.12 and libb64.so.0d in pa/, and the
+# TensorRT provider and quantization left out; its transformers/ and tools/ stay for the
+# fp16 export and the transformer fusions), perf_analyzer 2.51 with libcudart.so.12 and libb64.so.0d in pa/, and the
 # bundled MiniLM tokenizer (BERT uncased) in tok/.
 #
 #   PYTHON=.venv/bin/python deploy/gpu/make_payload.sh
@@ -40,7 +40,7 @@ rm -rf "$site"/nvidia/nvimgcodec/nvimgcodec_impl.cpython-3{9,10,11,13,13t,14,14t
     "$site"/nvidia/nvimgcodec/tools
 rm -rf "$site"/nvidia_pytriton.libs/libpython3-*.so.1.0 \
     "$site/onnxruntime/capi/libonnxruntime_providers_tensorrt.so" \
-    "$site/onnxruntime/quantization" "$site/onnxruntime/tools"
+    "$site/onnxruntime/quantization"
 unzip -q -o -j "$work"/pa-wheel/tritonclient-2.51.0-*.whl \
     'tritonclient-2.51.0.data/data/bin/perf_analyzer' -d "$work/stage/pa/bin"
 chmod +x "$work/stage/pa/bin/perf_analyzer"

@@ -7,7 +7,8 @@
 #
 #   GPU_PARTS=/tmp/gpu-parts deploy/gpu/run_bench_offline.sh --out /tmp/gpu-results
 #
-# Arguments go to `python -m bench.gpu`. The CUDA 13 libraries onnxruntime-gpu needs
+# Arguments go to `python -m bench.gpu` (BENCH_MODULE=bench.gpu.fusion: the in-process
+# fusion study, which takes --tokenizer and its own options). The CUDA 13 libraries onnxruntime-gpu needs
 # (cuBLAS, cuDNN 9, cuFFT, cuRAND, NVRTC) are taken from the host's CUDA install and the
 # nvidia-* wheels next to its torch.
 set -euo pipefail
@@ -53,5 +54,8 @@ LD_LIBRARY_PATH=$stage/pa/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH} exec $stage
 WRAP
 chmod +x "$stage/perf_analyzer"
 
+if [[ ${BENCH_MODULE:-bench.gpu} == bench.gpu.fusion ]]; then
+    exec "$python" -m bench.gpu.fusion --tokenizer "$stage/tok" "$@"
+fi
 exec "$python" -m bench.gpu --tokenizer "$stage/tok" --perf-analyzer "$stage/perf_analyzer" \
     --stub-pythonpath "$stage/stub-numpy:$stage/site" "$@"

@@ -22,7 +22,7 @@ from ...calibration import CALIBRATION_FILE, DEFAULT_CORPUS, calibration_embeddi
 from ...manifest import Manifest, ModelEntry
 from ...model_dir import ModelDir
 from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
-from ...precision import apply_precision
+from ...precision import apply_precision, fuse_graph
 from ..common import (
     PRECISION_OUTPUTS,
     TEXT,
@@ -227,6 +227,7 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     batches = validation_batches(VALIDATION_TEXTS)
     cases = [token_features(model, batch, input_names) for batch in batches]
     validate_graph(onnx_path, spec, encoder, cases)
+    fuse_graph(entry, model[0].auto_model.config, onnx_path, spec, encoder, cases)
     _check_served_padding(model, entry, onnx_path, tokenizer_json, tok_params, input_names)
     apply_precision(onnx_path, entry.graph_precision, spec, encoder, cases)
     return _model_dirs(

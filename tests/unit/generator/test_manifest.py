@@ -213,6 +213,7 @@ def test_wrong_value_types_are_rejected(key: str, value: object, message: str) -
         ("encoder_backend", "tensorrt", "encoder_backend must be one of"),
         ("precision", "bf16", "precision must be one of"),
         ("graph_optimization", "max", "graph_optimization must be one of"),
+        ("graph_fusion", "auto", "graph_fusion must be one of ['off', 'on']"),
         ("name", "bad name", "name must match"),
         ("name", "-leading-dash", "name must match"),
         ("name", "x" * 101, "name must match"),
