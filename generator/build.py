@@ -13,6 +13,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 import embed_runtime
@@ -30,6 +31,19 @@ RUNTIME_PACKAGE = RUNTIME.name
 MANAGER_ADAPTER = "model_manager"  # the one model.py that drives the generator: generator/
 STATE_DIR = ".generator"
 STATE_FILE = ".generator-state.json"
+CODE_ROOTS = (GENERATOR, RUNTIME)
+# Libraries whose upgrade can change an exported graph, a tokenizer file or a reference.
+BUILD_LIBRARIES = (
+    "torch",
+    "transformers",
+    "sentence-transformers",
+    "open_clip_torch",
+    "onnx",
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "tokenizers",
+    "numpy",
+)
 
 
 @dataclass
@@ -40,12 +54,6 @@ class BuildReport:
     skipped: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
-
-
-def _hash_files(paths: Iterable[Path], digest) -> None:
-    for path in sorted(paths):
-        digest.update(str(path.relative_to(GENERATOR.parent)).encode())
-        digest.update(path.read_bytes())
 
 
 def family_builder(name: str) -> Callable:
@@ -63,21 +71,47 @@ def adapter_path(adapter: str) -> Path:
     return RUNTIME / "models" / f"{adapter}.py"
 
 
-def code_fingerprint(family_name: str | None) -> str:
-    """Hash of the generator code that shapes a built model dir."""
+def code_files() -> list[Path]:
+    """Every file of the code a build can run or copy: all of ``generator/`` and ``embed_runtime/``.
+
+    The whole packages, not a list of the modules known to shape a build: a list goes stale
+    (families/common.py, text_export.py, precision.py, calibration/ were once missing from it,
+    so editing them left models "unchanged"). Bytecode and editor scratch files are left out.
+    """
+    files = []
+    for root in CODE_ROOTS:
+        for path in root.rglob("*"):
+            rel = path.relative_to(root).parts
+            if (
+                path.is_file()
+                and "__pycache__" not in rel
+                and not any(part.startswith(".") for part in rel)
+                and not path.name.endswith(("~", ".pyc", ".pyo"))
+            ):
+                files.append(path)
+    return sorted(files)
+
+
+def installed_version(distribution: str) -> str:
+    """The installed version of ``distribution``, or ``"absent"``."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def code_fingerprint(family_name: str | None = None) -> str:
+    """Hash of the code that shapes a built model dir: our packages and the build libraries.
+
+    Every family's code is in it whatever ``family_name`` says (families share modules).
+    """
     digest = hashlib.sha256()
-    files = [
-        *RUNTIME.glob("*.py"),
-        *RUNTIME.glob("models/*.py"),
-        GENERATOR / "manager_model.py",
-        *GENERATOR.glob("templates/*.j2"),
-        GENERATOR / "onnx_export.py",
-        GENERATOR / "render.py",
-        GENERATOR / "shared_models.py",
-    ]
-    if family_name:
-        files += family(family_name).source_files()
-    _hash_files(files, digest)
+    for path in code_files():
+        root = next(r for r in CODE_ROOTS if path.is_relative_to(r))
+        digest.update(str(path.relative_to(root.parent)).encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    for name in BUILD_LIBRARIES:
+        digest.update(f"{name}=={installed_version(name)}\0".encode())
     return digest.hexdigest()
 
 

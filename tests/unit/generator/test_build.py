@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -176,6 +177,89 @@ def test_entry_fingerprint_changes_with_fields_and_local_source_files(tmp_path: 
     assert entry_fingerprint(_entry(source="model", max_batch_size=8), manifest) != first
     (source / "weights.bin").write_bytes(b"22")
     assert entry_fingerprint(entry, manifest) != first
+
+
+def test_code_files_cover_every_build_side_module_and_data_file() -> None:
+    names = {str(p.relative_to(build.GENERATOR.parent)) for p in build.code_files()}
+    for needed in (
+        "generator/families/common.py",
+        "generator/families/text_export.py",
+        "generator/families/sentence_transformers/export.py",
+        "generator/precision.py",
+        "generator/calibration.py",
+        "generator/calibration/sentences.txt",
+        "generator/declared_kind.py",
+        "generator/templates/ensemble.pbtxt.j2",
+        "embed_runtime/models/encode.py",
+    ):
+        assert needed in names
+    assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
+
+
+@pytest.fixture
+def code_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of generator/ and embed_runtime/ that code_fingerprint reads instead."""
+    roots = []
+    for root in build.CODE_ROOTS:
+        copy = tmp_path / "code" / root.name
+        shutil.copytree(root, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        roots.append(copy)
+    monkeypatch.setattr(build, "CODE_ROOTS", tuple(roots))
+    return tmp_path / "code"
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "generator/families/common.py",
+        "generator/families/text_export.py",
+        "generator/precision.py",
+        "generator/calibration/sentences.txt",
+        "generator/declared_kind.py",
+        "generator/families/sentence_transformers/export.py",
+    ],
+)
+def test_code_fingerprint_changes_when_any_build_side_module_changes(
+    code_copy: Path, module: str
+) -> None:
+    first = build.code_fingerprint("open-clip")
+    assert build.code_fingerprint("open-clip") == first
+    with (code_copy / module).open("a") as f:
+        f.write("\n# edited\n")
+    assert build.code_fingerprint("open-clip") != first
+
+
+def test_code_fingerprint_ignores_bytecode_and_editor_scratch(code_copy: Path) -> None:
+    first = build.code_fingerprint(None)
+    cache = code_copy / "generator" / "__pycache__"
+    cache.mkdir(exist_ok=True)
+    (cache / "build.cpython-311.pyc").write_bytes(b"compiled")
+    (code_copy / "generator" / ".build.py.swp").write_bytes(b"vim")
+    (code_copy / "generator" / "build.py~").write_bytes(b"emacs")
+    assert build.code_fingerprint(None) == first
+
+
+def test_code_fingerprint_changes_with_a_build_library_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    versions = {name: build.installed_version(name) for name in build.BUILD_LIBRARIES}
+    assert versions["torch"] != "absent"
+    assert build.installed_version("no-such-distribution-here") == "absent"
+    monkeypatch.setattr(build, "installed_version", versions.__getitem__)
+    first = build.code_fingerprint(None)
+    for name, bumped in (("torch", "99.0"), ("sentence-transformers", "99.0"), ("onnx", "absent")):
+        monkeypatch.setitem(versions, name, bumped)
+        assert build.code_fingerprint(None) != first, name
+
+
+def test_entry_fingerprint_changes_with_a_library_upgrade(monkeypatch) -> None:
+    manifest = _manifest()
+    first = entry_fingerprint(_entry(), manifest)
+    real = build.installed_version
+    monkeypatch.setattr(
+        build, "installed_version", lambda n: "0.0.1" if n == "transformers" else real(n)
+    )
+    assert entry_fingerprint(_entry(), manifest) != first
 
 
 # --- build_repository ------------------------------------------------------------------
