@@ -7,6 +7,7 @@ Python-backend stub needs, and starts/stops the server by its own PID.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import secrets
@@ -143,9 +144,44 @@ def prepare_backends(target: Path) -> Path:
     python_dir.mkdir(parents=True, exist_ok=True)
     for item in (root / "backends" / "python").iterdir():
         if item.is_file():
-            shutil.copy2(item, python_dir / item.name)
-    shutil.copy2(stub, python_dir / stub.name)
+            lay_out_file(item, python_dir / item.name)
+    lay_out_file(stub, python_dir / stub.name)
     return target
+
+
+def _same_file_content(source: Path, target: Path) -> bool:
+    try:
+        src, dst = source.stat(), target.stat()
+    except FileNotFoundError:
+        return False
+    if src.st_size != dst.st_size:
+        return False
+    if src.st_mtime_ns == dst.st_mtime_ns:  # copy2 keeps the mtime: laid out by us before
+        return True
+    return _sha256(source) == _sha256(target)
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def lay_out_file(source: Path, target: Path) -> None:
+    """Copy ``source`` to ``target`` without ever writing into a file in use.
+
+    Skipped when ``target`` already holds the same bytes. Otherwise the copy goes to a
+    temporary name in the same folder and is renamed over ``target``: a stub binary that
+    another (or a stopping) server is executing keeps its old inode, where copying over it
+    in place fails with ``OSError: [Errno 26] Text file busy``.
+    """
+    if _same_file_content(source, target):
+        return
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        shutil.copy2(source, tmp)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 SERVER_KEY_ENV = "EMBED_SERVER_ADMIN_KEY"  # the key in force, for the server's own stubs
