@@ -17,6 +17,12 @@ stopped) and its process is still there, the watch kills it, and replaces it as 
 stub (measured: Triton 2.51 aborts with ``boost::interprocess::lock_exception`` if such
 a stub resumes instead). The probes show up in
 Triton's statistics and metrics like any request (6 a minute per ensemble by default).
+
+``model_manager`` starts while Triton is still loading the startup models, before the
+HTTP endpoint listens, and a stopping Triton closes the endpoint before it unloads this
+model: so a refused connection is a verbose log line and a retry each second, until the
+server first answers, and for :data:`REFUSED_GRACE_S` after it last answered; refusals
+that last longer, and every other failure, are logged as errors.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import math
 import re
 import struct
 import time
+import traceback
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -37,6 +44,23 @@ FAILURES_TO_FAIL = 2
 BUSY = ("Exceeds maximum queue size", "Request timeout expired")
 SKIPPED_INPUTS = {"IMAGE_URL"}
 UNHEALTHY_STUB = re.compile(r"Stub process '([^']+)' is not healthy")
+RETRY_S = 1.0  # how soon a round retries while the server refuses connections
+# A server that stops closes its HTTP endpoint first, then unloads its models (this one
+# among them) within its exit timeout (--exit-timeout-secs, 30 s by default): refusals
+# that last longer than this are a real failure.
+REFUSED_GRACE_S = 60.0
+
+
+class ServerNotListening(Exception):
+    """The server's HTTP endpoint refused the probe's connection.
+
+    ``was_up``: it had answered before (a stopping server); ``seconds``: how long it has
+    refused so far (0 before it ever answered).
+    """
+
+    def __init__(self, reason: str, was_up: bool, seconds: float):
+        super().__init__(reason)
+        self.reason, self.was_up, self.seconds = reason, was_up, seconds
 
 
 def probe_png() -> bytes:
@@ -129,6 +153,8 @@ class EnsembleProbe:
     next_at: float = 0.0
     image: bytes = b""
     handled: set[tuple[str, str]] = field(default_factory=set)
+    server_answered: bool = False  # the server's HTTP endpoint has answered once
+    refused_since: float | None = None  # when it began refusing, after it had answered
 
     def due(self) -> bool:
         """Whether a round of probes is due."""
@@ -137,7 +163,16 @@ class EnsembleProbe:
     def run(self) -> None:
         """One probe of every ready ensemble."""
         self.next_at = self.clock() + self.interval_s
-        index = json.loads(self.call("/v2/repository/index", {"ready": True}))
+        try:
+            reply = self.call("/v2/repository/index", {"ready": True})
+        except urllib.error.HTTPError:
+            self._answered()  # an answer, though an error: the server is up
+            raise
+        except (urllib.error.URLError, ConnectionError) as exc:
+            self._refused(str(getattr(exc, "reason", exc)))
+            raise
+        self._answered()
+        index = json.loads(reply)
         ready = sorted({m["name"] for m in index if m.get("state") == "READY"})
         for gone in set(self.states) - set(ready):
             del self.states[gone]
@@ -169,6 +204,20 @@ class EnsembleProbe:
             state.failures_in_a_row, state.error, state.last_ok = 0, "", time.time()
             self.handled = {h for h in self.handled if h[0] != model}
 
+    def _answered(self) -> None:
+        self.server_answered, self.refused_since = True, None
+
+    def _refused(self, reason: str) -> None:
+        """Raise :class:`ServerNotListening` (retried soon) unless refusals are a failure."""
+        now = self.clock()
+        if self.server_answered:
+            self.refused_since = now if self.refused_since is None else self.refused_since
+            if now - self.refused_since >= REFUSED_GRACE_S:
+                return  # the caller raises the refusal itself: a real failure
+        self.next_at = now + min(self.interval_s, RETRY_S)
+        seconds = now - self.refused_since if self.refused_since is not None else 0.0
+        raise ServerNotListening(reason, self.server_answered, seconds)
+
     def hung_instances(self) -> set[str]:
         """Stub instances named "not healthy" in the errors of failing ensembles, once each.
 
@@ -185,6 +234,61 @@ class EnsembleProbe:
         """Ensembles whose last probes failed: name -> the latest error."""
         return {m: s.error for m, s in sorted(self.states.items())
                 if s.failures_in_a_row >= FAILURES_TO_FAIL}
+
+
+@dataclass
+class ProbeLoop:
+    """The probe thread of ``model_manager``: rounds of :class:`EnsembleProbe`, logged.
+
+    ``watch`` is the stub watch (``failing_probes`` for its health file, ``end_hung``);
+    ``logger`` has ``log_error`` / ``log_warn`` / ``log_info`` / ``log_verbose`` (the
+    Python backend's ``pb_utils.Logger``).
+    """
+
+    probe: EnsembleProbe
+    watch: object
+    logger: object
+    quiet_logged: str = ""  # the verbose line of the refusals now going on, once each
+
+    def run(self, stopped: Callable[[float], bool], tick_s: float = 1.0) -> None:
+        """A round whenever one is due, until ``stopped(tick_s)`` (``Event.wait``) is true."""
+        while not stopped(tick_s):
+            self.round()
+
+    def round(self) -> None:
+        """One round if due: probe, update the watch, log what changed."""
+        if not self.probe.due():
+            return
+        before = self.probe.failing()
+        try:
+            self.probe.run()
+            self.quiet_logged = ""
+        except ServerNotListening as exc:
+            line = ("waiting for the server to listen" if not exc.was_up else
+                    "the server stopped answering (it does while it stops)")
+            if self.quiet_logged != line:
+                self.logger.log_verbose(f"health probe: {line} ({exc.reason})")
+                self.quiet_logged = line
+            return
+        except urllib.error.HTTPError as exc:
+            self.logger.log_error(f"health probe: the server answered {exc.code}: {exc.reason}")
+        except (urllib.error.URLError, ConnectionError) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            self.logger.log_error(
+                f"health probe: the server has refused connections for {REFUSED_GRACE_S:g} s "
+                f"or more, after it had answered: {reason}"
+            )
+        except Exception:  # noqa: BLE001 - the probe must outlive one bad round
+            self.logger.log_error(traceback.format_exc())
+        self.watch.failing_probes = now = self.probe.failing()
+        for model in sorted(set(now) - set(before)):
+            self.logger.log_error(f"health probe of {model} failing: {now[model]}")
+        killed = self.watch.end_hung(self.probe.hung_instances())
+        if killed:
+            self.logger.log_warn(f"health probe: Triton reports {', '.join(killed)} not "
+                                 "healthy while the process runs (hung); killed it")
+        for model in sorted(set(before) - set(now)):
+            self.logger.log_info(f"health probe of {model} passes again")
 
 
 def http_infer(base_url: str, opener, timeout_s: float = 10.0):

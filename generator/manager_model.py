@@ -26,7 +26,7 @@ from generator.admin import AdminKeyError, configured_admin_key
 from generator.lifecycle import ManagerParams, ModelManager, parse_request
 from embed_runtime.adapter import config_parameters, error_response, input_array
 from embed_runtime.errors import InvalidInputError, RequestError
-from embed_runtime.probe import EnsembleProbe, http_infer
+from embed_runtime.probe import EnsembleProbe, ProbeLoop, http_infer
 from embed_runtime.stub_watch import RepositoryApi, StubWatch, health_path, server_http_url
 from generator.triton_local import SERVER_KEY_ENV
 
@@ -100,27 +100,11 @@ class TritonPythonModel:
             reported = len(self.watch.events)
 
     def _probe_loop(self):
-        """Probe every ensemble until finalize; the verdict goes into the health file.
+        """Probe every ensemble until finalize (:class:`ProbeLoop`).
 
         Its own thread: a slow probe must not hold up the stub watch.
         """
-        while not self._stop.wait(1.0):
-            if not self.probe.due():
-                continue
-            before = self.probe.failing()
-            try:
-                self.probe.run()
-            except Exception:  # noqa: BLE001 - the probe must outlive one bad round
-                self.logger.log_error(traceback.format_exc())
-            self.watch.failing_probes = now = self.probe.failing()
-            for model in sorted(set(now) - set(before)):
-                self.logger.log_error(f"health probe of {model} failing: {now[model]}")
-            killed = self.watch.end_hung(self.probe.hung_instances())
-            if killed:
-                self.logger.log_warn(f"health probe: Triton reports {', '.join(killed)} not "
-                                     "healthy while the process runs (hung); killed it")
-            for model in sorted(set(before) - set(now)):
-                self.logger.log_info(f"health probe of {model} passes again")
+        ProbeLoop(self.probe, self.watch, self.logger).run(self._stop.wait)
 
     def _answer(self, request):
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import urllib.error
 
 from embed_runtime import probe as p
 
@@ -185,3 +186,151 @@ def test_the_watch_kills_a_hung_stub_of_its_server_only(tmp_path) -> None:
         assert sleeper.wait(timeout=10) == -9
     finally:
         sleeper.kill()
+
+
+# --- the probe thread (ProbeLoop): quiet until the server first answers ------------------
+
+
+REFUSED = urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
+
+
+class Logger:
+    """Records ``(level, message)`` as ``pb_utils.Logger`` would print them."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+
+    def __getattr__(self, name: str):
+        if not name.startswith("log_"):
+            raise AttributeError(name)
+        return lambda message: self.lines.append((name.removeprefix("log_"), message))
+
+    def at(self, *levels: str) -> list[str]:
+        return [m for level, m in self.lines if level in levels]
+
+
+class Watch:
+    def __init__(self) -> None:
+        self.failing_probes: dict[str, str] = {}
+
+    def end_hung(self, instances: set[str]) -> list[str]:
+        return sorted(instances)
+
+
+class NotListeningYet(Server):
+    """Refuses connections until ``up`` is set (Triton still loading its models)."""
+
+    def __init__(self, models: dict[str, dict]):
+        super().__init__(models)
+        self.up = False
+        self.calls = 0
+
+    def call(self, path: str, body: dict | None) -> bytes:
+        self.calls += 1
+        if not self.up:
+            raise REFUSED
+        return super().call(path, body)
+
+
+def _loop(server: Server) -> tuple[p.ProbeLoop, Logger, Watch]:
+    logger, watch = Logger(), Watch()
+    return p.ProbeLoop(_probe(server), watch, logger), logger, watch
+
+
+def test_the_probe_waits_quietly_for_the_server_to_listen_then_probes() -> None:
+    server = NotListeningYet({"t": TEXT})
+    loop, logger, _ = _loop(server)
+    for second in range(30):  # 30 s of startup, one tick a second
+        loop.probe.now[0] = float(second)
+        loop.round()
+    assert server.calls == 30, "retried each second, not each 10 s interval"
+    assert logger.at("error", "warn", "info") == []
+    assert len(logger.at("verbose")) == 1
+    assert "waiting for the server" in logger.at("verbose")[0]
+    assert "Connection refused" in logger.at("verbose")[0]
+    assert server.sent == []
+    server.up = True
+    loop.probe.now[0] = 30.0
+    loop.round()
+    assert server.sent == ["t"] and logger.at("error", "warn") == []
+    assert not loop.probe.due(), "then the probe's own interval again"
+
+
+def test_refusals_of_a_stopping_server_are_quiet_for_a_grace_then_an_error() -> None:
+    server = NotListeningYet({"t": TEXT})
+    server.up = True
+    loop, logger, _ = _loop(server)
+    loop.round()
+    server.up = False  # Triton closed its endpoint: it stops, or it broke
+    start = 10.0
+    for second in range(int(p.REFUSED_GRACE_S)):
+        loop.probe.now[0] = start + second
+        loop.round()
+    assert logger.at("error", "warn") == []
+    assert logger.at("verbose") == [
+        "health probe: the server stopped answering (it does while it stops) "
+        "([Errno 111] Connection refused)"
+    ]
+    loop.probe.now[0] = start + p.REFUSED_GRACE_S
+    loop.round()
+    assert logger.at("error") == [
+        "health probe: the server has refused connections for 60 s or more, after it had "
+        "answered: [Errno 111] Connection refused"
+    ]
+    assert not any("Traceback" in line for _, line in logger.lines)
+    assert loop.probe.next_at == start + p.REFUSED_GRACE_S + 10, "then the normal interval"
+    server.up = True
+    loop.probe.now[0] += 10
+    loop.round()
+    assert loop.probe.refused_since is None and server.sent == ["t", "t"]
+    server.up = False  # a new outage starts a new grace, and a new quiet line
+    loop.probe.now[0] += 10
+    loop.round()
+    assert len(logger.at("error")) == 1 and len(logger.at("verbose")) == 2
+
+
+def test_an_http_error_counts_as_an_answer_and_is_logged() -> None:
+    server = Server({"t": TEXT})
+    loop, logger, _ = _loop(server)
+    loop.probe.call = lambda path, body: (_ for _ in ()).throw(
+        urllib.error.HTTPError(path, 500, "boom", {}, None)
+    )
+    loop.round()
+    assert loop.probe.server_answered
+    assert logger.at("error") == ["health probe: the server answered 500: boom"]
+
+
+def test_an_unexpected_error_in_a_round_is_logged_with_its_traceback() -> None:
+    server = Server({"t": TEXT})
+    loop, logger, _ = _loop(server)
+    loop.probe.call = lambda path, body: b"not json"
+    loop.round()
+    (error,) = logger.at("error")
+    assert error.startswith("Traceback") and "JSONDecodeError" in error
+
+
+def test_the_loop_reports_failing_and_recovered_ensembles_and_hung_stubs() -> None:
+    server = Server({"t": TEXT})
+    loop, logger, watch = _loop(server)
+    hung = "in ensemble 't', Stub process 't_encode_0_0' is not healthy"
+    server.replies["t"] = RuntimeError(hung)
+    ticks = []
+
+    def stopped(tick_s: float) -> bool:
+        ticks.append(tick_s)
+        loop.probe.now[0] += 10.0
+        return len(ticks) > 2
+
+    loop.run(stopped)
+    assert len(ticks) == 3
+    assert watch.failing_probes == {"t": server.replies["t"].args[0]}
+    assert logger.at("error") == [f"health probe of t failing: {server.replies['t']}"]
+    assert logger.at("warn") == [
+        "health probe: Triton reports t_encode_0_0 not healthy while the process runs "
+        "(hung); killed it"
+    ]
+    del server.replies["t"]
+    loop.probe.now[0] += 10.0
+    loop.round()
+    assert watch.failing_probes == {}
+    assert logger.at("info") == ["health probe of t passes again"]
