@@ -83,7 +83,9 @@ class ModelEntry:
     device: str = "cpu"
     encoder_backend: str = "python-ort"
     gpu_accelerator: str = "none"
-    normalize: bool = True
+    # L2 in the graph: None follows the pipeline (a Normalize module: L2; none: the raw
+    # vectors encode() gives); true / false override it.
+    normalize: bool | None = None
     max_text_bytes: int = 16384
     max_request_text_bytes: int = 262144
     max_image_pixels: int = 16_777_216
@@ -99,6 +101,9 @@ class ModelEntry:
     # Quantized forms of EMBEDDING the text model answers beside it, each an optional output
     # (float16, int8, uint8, binary, ubinary); none by default.
     output_precisions: tuple[str, ...] = ()
+    # TOKEN_COUNT beside EMBEDDING (text models, python-ort). Off by default: a request
+    # that names no output gets every output an ensemble declares, so extras are opt-in.
+    token_count: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields (for hashing and display)."""
@@ -221,6 +226,7 @@ _OPTIONAL_SAMPLES: dict[str, object] = {
     "default_prompt_name": "",
     "truncate_dim": 0,
     "max_active_dims": 0,
+    "normalize": True,
 }
 
 

@@ -193,7 +193,8 @@ def main() -> None:
     spans_posts: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="request-options-") as tmp:
         base = Path(tmp)
-        entry = {**bench_manifest_data()["models"][0], "output_precisions": list(EXTRA_PRECISIONS)}
+        entry = {**bench_manifest_data()["models"][0], "output_precisions": list(EXTRA_PRECISIONS),
+                 "token_count": True}
         manifest = parse_manifest({"models": [entry]}, base)
         build_repository(manifest, base / "repo", log=lambda _msg: None)
         calib_path = base / "repo" / f"{MODEL}_encode" / "1" / "calibration_embeddings.npy"

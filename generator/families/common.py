@@ -273,13 +273,14 @@ def fused_encoder_dir(
     It reads the tokenizer's parameters beside its own and tokenizes each execution's
     rows in its own stub, so a request crosses one Python model instead of two.
     ``TEXT`` is a fixed [1] input: requests batch without ragged inputs. It also answers
-    ``TOKEN_COUNT``, and ``forms`` (with ``calibration`` for int8 / uint8) as
-    :func:`encoder_dir` does.
+    ``TOKEN_COUNT`` when ``entry.token_count`` asks for it, and ``forms`` (with
+    ``calibration`` for int8 / uint8) as :func:`encoder_dir` does.
     """
     dims = tok_params.max_dimensions
     output = spec.outputs[0]
     outputs = [IOSpec(output.name, output.triton_dtype, (-1,) if dims else output.dims)]
-    outputs.append(TOKEN_COUNT)
+    if entry.token_count:
+        outputs.append(TOKEN_COUNT)
     outputs.extend(forms)
     files = {CALIBRATION_FILE: calibration} if calibration is not None else {}
     return text_encoder_dir(

@@ -48,6 +48,7 @@ def test_manifest_data(
                 "max_request_text_bytes": 131072,
                 # every quantized form (tests/integration/test_output_precision.py)
                 "output_precisions": ["float16", "int8", "uint8", "binary", "ubinary"],
+                "token_count": True,  # tests/integration/test_token_counts.py
             },
             {
                 "name": INT8_MODEL,

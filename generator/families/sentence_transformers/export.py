@@ -196,6 +196,26 @@ def _dimensions(entry: ModelEntry, model) -> tuple[ModelEntry, int, int]:
     return entry, dim, truncatable
 
 
+def resolved_normalize(entry: ModelEntry, model, log=print) -> ModelEntry:
+    """``entry`` with ``normalize`` decided, and the build log told which and why.
+
+    Unset, it follows the pipeline, as ``encode()`` does: L2 when a Normalize module ends
+    it, the raw vectors otherwise (a dot-product model's scores depend on their norms).
+    """
+    has_module = any(type(module).__name__ == "Normalize" for module in model)
+    if entry.normalize is None:
+        why = "its pipeline has a Normalize module" if has_module else (
+            "its pipeline has no Normalize module, so encode() returns them raw; "
+            "set normalize = true to L2-normalise"
+        )
+        entry = dataclasses.replace(entry, normalize=has_module)
+    else:
+        why = f"normalize = {str(entry.normalize).lower()} in the manifest"
+    shown = "L2-normalised" if entry.normalize else "raw (not normalised)"
+    log(f"{entry.name}: serves {shown} vectors: {why}")
+    return entry
+
+
 def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     """Export, validate and describe the model dirs of one text model.
 
@@ -203,6 +223,7 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     that takes ``TEXT`` itself, and the ensemble calling it).
     """
     model = _load(entry, manifest)
+    entry = resolved_normalize(entry, model)
     if static.is_static(model):
         return _build_static(entry, model, work)
     tokenizer_json = work / "tokenizer.json"
@@ -295,7 +316,7 @@ def _model_dirs(
         corpus = read_corpus(DEFAULT_CORPUS)
         calibration_embeddings(onnx_path, tokenizer_json, tok_params, corpus, calibration)
     if entry.fused_tokenize:
-        extra = [TOKEN_COUNT, *forms]
+        extra = [*([TOKEN_COUNT] if entry.token_count else []), *forms]
         outs = ["EMBEDDING", *(o.name for o in extra)]
         return [
             fused_encoder_dir(
@@ -306,7 +327,11 @@ def _model_dirs(
         ]
     # The Python runner counts the tokens each row had (its attention mask); Triton's
     # native onnxruntime backend can only return what the graph does.
-    counts = entry.encoder_backend == "python-ort" and "attention_mask" in input_names
+    counts = (
+        entry.token_count
+        and entry.encoder_backend == "python-ort"
+        and "attention_mask" in input_names
+    )
     extra = [*([TOKEN_COUNT] if counts else []), *forms]
     outs = ["EMBEDDING", *(o.name for o in extra)]
     return [

@@ -103,7 +103,7 @@ def test_entry_defaults_apply_to_omitted_keys() -> None:
     assert entry.max_batch_size == 64
     assert entry.encoder_backend == "python-ort"
     assert entry.device == "cpu"
-    assert entry.normalize is True
+    assert entry.normalize is None  # follows the pipeline (resolved at build time)
 
 
 def test_ensembles_name_what_a_user_calls() -> None:

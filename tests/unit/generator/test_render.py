@@ -6,6 +6,7 @@ Goldens live in ``tests/unit/generator/golden``. After an intended change, regen
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -211,8 +212,9 @@ def test_fused_encoder_takes_text_and_carries_tokenizer_and_encoder_parameters(
     )
     limits = {"vocab_size": 30522, "max_width": 256}
     calibration = tmp_path / "calibration_embeddings.npy"
+    counted = dataclasses.replace(ENTRY, token_count=True)
     enc = fused_encoder_dir(
-        ENTRY,
+        counted,
         "mini_encode",
         tmp_path / "m.onnx",
         TOKEN_SPEC,
@@ -424,3 +426,14 @@ def test_a_bounded_queue_renders_triton_s_queue_policy_on_every_step(tmp_path, b
         assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
     unbounded = encoder_dir(ENTRY, "mini_encode", tmp_path / "m.onnx", TOKEN_SPEC, True)
     assert not parse_config(unbounded.config).dynamic_batching.HasField("default_queue_policy")
+
+
+def test_fused_encoder_without_token_count_declares_embedding_and_forms_only(
+    tmp_path: Path,
+) -> None:
+    """A request naming no output gets every declared output: TOKEN_COUNT is opt-in."""
+    params = TokenizerParams(256, False, TOKEN_NAMES)
+    enc = fused_encoder_dir(
+        ENTRY, "mini_encode", tmp_path / "m.onnx", TOKEN_SPEC, tmp_path / "t.json", params
+    )
+    assert [o.name for o in parse_config(enc.config).output] == ["EMBEDDING"]

@@ -93,14 +93,10 @@ def test_embedding_width_and_normalisation_follow_the_pipeline(exported):
     variant = exported.variant
     encode_config = parse_config(exported.encode_config)
     # The Python runner may truncate (``dimensions``): output [-1], the width a parameter;
-    # it also counts each row's tokens and answers the quantized forms (output precision).
+    # it also answers the quantized forms the entry names (output precision).
     outputs = [(o.name, list(o.dims)) for o in encode_config.output]
     forms = ["FP16", "INT8", "UINT8", "BINARY", "UBINARY"]
-    assert outputs == [
-        ("EMBEDDING", [-1]),
-        ("TOKEN_COUNT", [1]),
-        *((f"EMBEDDING_{f}", [-1]) for f in forms),
-    ]
+    assert outputs == [("EMBEDDING", [-1]), *((f"EMBEDDING_{f}", [-1]) for f in forms)]
     assert encode_config.parameters["max_dimensions"].string_value == str(variant.dim)
     inputs = _reference_tokens(exported, exported.texts[:8])
     got = exported.session.run(["EMBEDDING"], inputs)[0]
@@ -156,18 +152,22 @@ def test_native_backend_models_refuse_other_precisions_in_their_tokenize_step(tm
         assert flag == ("true" if flagged else None), backend
 
 
-def test_quantized_forms_are_declared_only_when_the_entry_names_them(tmp_path):
-    """By default EMBEDDING (and TOKEN_COUNT) alone, so a plain JSON request, which gets
-    every output, never meets an FP16 one; output_precisions = ["ubinary"] adds that one,
-    with no calibration file (only int8 / uint8 need ranges)."""
+def test_extra_outputs_are_declared_only_when_the_entry_names_them(tmp_path):
+    """By default EMBEDDING alone, so a plain JSON request, which gets every output, gets
+    the embedding and nothing else; token_count = true adds TOKEN_COUNT, output_precisions
+    = ["ubinary"] adds that form, with no calibration file (only int8 / uint8 need ranges)."""
     variant = VARIANTS[0]
     folder = build_tiny_model(variant, tmp_path / "model")
-    for forms, outputs in (((), []), (("ubinary",), ["EMBEDDING_UBINARY"])):
-        work = tmp_path / f"work{len(forms)}"
-        dirs = build_variant(variant, folder, work, output_precisions=forms)
+    cases = (
+        ({}, []),
+        ({"token_count": True}, ["TOKEN_COUNT"]),
+        ({"output_precisions": ("ubinary",)}, ["EMBEDDING_UBINARY"]),
+    )
+    for i, (fields, outputs) in enumerate(cases):
+        dirs = build_variant(variant, folder, tmp_path / f"work{i}", **fields)
         encode = dirs[f"{variant.name}_encode"]
         names = [o.name for o in parse_config(encode.config).output]
-        assert names == ["EMBEDDING", "TOKEN_COUNT", *outputs]
+        assert names == ["EMBEDDING", *outputs]
         ensemble = [o.name for o in parse_config(dirs[variant.name].config).output]
-        assert ensemble == ["EMBEDDING", "TOKEN_COUNT", *outputs]
+        assert ensemble == ["EMBEDDING", *outputs]
         assert "calibration_embeddings.npy" not in encode.files
