@@ -33,6 +33,7 @@ import numpy as np
 
 from embed_runtime.image import PreprocessParams, preprocess
 
+from ...declared_kind import UnsupportedModelError
 from ...onnx_export import (
     ExportValidationError,
     GraphSpec,
@@ -162,7 +163,12 @@ def _precompiled_charsmap(mapping: dict[str, str]) -> bytes:
     return struct.pack(f"<I{len(units)}I", 4 * len(units), *units) + bytes(strings)
 
 
-def _clip_normalizer():
+def basic_clean_steps() -> list:
+    """``normalizers`` replaying open_clip's ``basic_clean`` (ftfy, ``html.unescape`` twice).
+
+    Through NFC; the caller adds the whitespace collapse (:func:`whitespace_steps`), which
+    also does ``basic_clean``'s final ``strip()``.
+    """
     from tokenizers import Regex, normalizers  # noqa: PLC0415
 
     amp = normalizers.Replace(Regex("&(?:amp|AMP);?"), "&")
@@ -179,13 +185,31 @@ def _clip_normalizer():
     steps.append(normalizers.Replace(Regex(f"(?<={_char_class(fixes)})(?={extend})"), "\x01"))
     steps.append(normalizers.Precompiled(_precompiled_charsmap(fixes)))
     steps.append(normalizers.NFC())
-    steps.append(normalizers.Replace("\u0345", " "))  # dropped by open_clip's IGNORECASE regex
+    return steps
+
+
+def whitespace_steps() -> list:
+    """``" ".join(text.split())``: runs of Python whitespace to one space, ends stripped."""
+    from tokenizers import Regex, normalizers  # noqa: PLC0415
+
     spaces = [chr(c) for c in range(0x110000) if chr(c).isspace()]
-    steps += [normalizers.Replace(Regex(_char_class(spaces) + "+"), " "), normalizers.Strip()]
+    return [normalizers.Replace(Regex(_char_class(spaces) + "+"), " "), normalizers.Strip()]
+
+
+def lower_steps() -> list:
+    """Python's ``str.lower()``: its final-sigma rule, then lower case."""
+    from tokenizers import Regex, normalizers  # noqa: PLC0415
+
     final_sigma = r"(?<=\p{Cased}\p{Case_Ignorable}*)\x{3a3}(?!\p{Case_Ignorable}*\p{Cased})"
-    steps.append(normalizers.Replace(Regex(final_sigma), "\u03c2"))  # Python's lower() rule
-    steps.append(normalizers.Lowercase())
-    return normalizers.Sequence(steps)
+    return [normalizers.Replace(Regex(final_sigma), "\u03c2"), normalizers.Lowercase()]
+
+
+def _clip_normalizer():
+    from tokenizers import normalizers  # noqa: PLC0415
+
+    steps = basic_clean_steps()
+    steps.append(normalizers.Replace("\u0345", " "))  # dropped by open_clip's IGNORECASE regex
+    return normalizers.Sequence(steps + whitespace_steps() + lower_steps())
 
 
 def write_tokenizer_json(open_clip_tokenizer, path: Path, context_length: int) -> None:
@@ -270,12 +294,26 @@ def image_tower(model):
     return _tower(model, "encode_image")
 
 
-def embedding_dim(model) -> int:
-    """Width D of the joint embedding space."""
-    dim = getattr(getattr(model, "visual", None), "output_dim", None)
-    if dim is None:
-        dim = model.text_projection.shape[-1]
-    return int(dim)
+def embedding_dim(model, context_length: int, image_size: int | tuple[int, int]) -> int:
+    """Width D of the joint embedding space, read from the towers' own outputs.
+
+    Asked through open_clip's interface (``encode_text`` / ``encode_image`` on a sample),
+    never from ``text_projection`` or a timm tower's ``output_dim``: ``CustomTextCLIP``
+    (MobileCLIP, EVA, SigLIP), CoCa and Hugging Face text towers have neither. Raises
+    ValueError when the two towers disagree.
+    """
+    import torch  # noqa: PLC0415
+
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    with torch.no_grad():
+        text = model.encode_text(torch.zeros(1, context_length, dtype=torch.long))
+        image = model.encode_image(torch.zeros(1, 3, *size))
+    if text.shape[-1] != image.shape[-1]:
+        raise ValueError(
+            f"text tower gives {text.shape[-1]} values, image tower {image.shape[-1]}: "
+            "not one joint embedding space"
+        )
+    return int(text.shape[-1])
 
 
 def text_graph_spec(context_length: int, dim: int) -> GraphSpec:
@@ -337,7 +375,7 @@ def export_towers(
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     tokenizer = tokenizer or SimpleTokenizer(context_length=context_length)
     model = model.eval()
-    dim = embedding_dim(model)
+    dim = embedding_dim(model, context_length, size)
     jobs = {
         "text_encoder": (
             text_tower(model),
@@ -380,7 +418,17 @@ def load_open_clip(arch: str, pretrained: str | None = None, checkpoint: str | N
     if arch.endswith(".json") and Path(arch).is_file():
         open_clip.add_model_config(Path(arch))
         arch = Path(arch).stem
+    try:  # first: a Hugging Face tokenizer that is neither local nor reachable fails fast
+        tokenizer = open_clip.get_tokenizer(arch)
+    except (OSError, ValueError) as exc:
+        hf_name = (open_clip.get_model_config(arch) or {}).get("text_cfg", {})
+        raise UnsupportedModelError(
+            f"arch {arch!r}: its text tower uses the Hugging Face tokenizer "
+            f"{hf_name.get('hf_tokenizer_name', '?')!r}, which could not be loaded "
+            f"({str(exc).splitlines()[0][:200]}); offline, give arch = 'local-dir:<folder>' "
+            "holding open_clip_config.json, the weights and that tokenizer's files"
+        ) from None
     model, _, preprocess_val = open_clip.create_model_and_transforms(
         arch, pretrained=checkpoint or pretrained
     )
-    return model.eval(), preprocess_val, open_clip.get_tokenizer(arch)
+    return model.eval(), preprocess_val, tokenizer

@@ -29,6 +29,7 @@ from .assets import (
     text_graph_spec,
     write_tokenizer_json,
 )
+from .hf_tokenizer import is_hf_tokenizer, write_hf_tokenizer_json
 
 
 def _load(entry: ModelEntry, manifest: Manifest):
@@ -45,11 +46,17 @@ def _load(entry: ModelEntry, manifest: Manifest):
 
 
 def _vocab_size(model) -> int:
-    """Rows of the text tower's token embedding (open_clip's CLIP or CustomTextCLIP)."""
-    embedding = getattr(model, "token_embedding", None)
-    if embedding is None:
-        embedding = model.text.get_input_embeddings()
-    return int(embedding.num_embeddings)
+    """Rows of the text tower's token embedding (CLIP, CustomTextCLIP, CoCa, HF towers)."""
+    text = getattr(model, "text", None)
+    for owner in (model, text):
+        embedding = getattr(owner, "token_embedding", None)
+        if embedding is not None:
+            return int(embedding.num_embeddings)
+    for owner in (text, getattr(text, "transformer", None)):
+        getter = getattr(owner, "get_input_embeddings", None)
+        if callable(getter):
+            return int(getter().num_embeddings)
+    raise ValueError(f"cannot find the token embedding of {type(model).__name__}'s text tower")
 
 
 def _preprocess_dir(entry: ModelEntry, name: str, parameters: dict[str, str], size) -> ModelDir:
@@ -81,13 +88,17 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
         image_decode=entry.image_decode,
         apply_exif=entry.image_apply_exif,
     )
-    dim = embedding_dim(model)
+    dim = embedding_dim(model, context, pre.size)
     tokenizer_json = work / "tokenizer.json"
-    write_tokenizer_json(tokenizer, tokenizer_json, context)
+    pad_id = 0
+    if is_hf_tokenizer(tokenizer):  # SigLIP, SigLIP2, XLM-R, ...: checked against open_clip
+        pad_id = write_hf_tokenizer_json(tokenizer, tokenizer_json, context)
+    else:
+        write_tokenizer_json(tokenizer, tokenizer_json, context)
     export_towers(model, work, context, pre.size, tokenizer, entry.graph_precision)
 
     n = entry.name
-    tok_params = TokenizerParams(context, True, ("input_ids",), 0)
+    tok_params = TokenizerParams(context, True, ("input_ids",), pad_id)
     text_spec, image_spec = text_graph_spec(context, dim), image_graph_spec(pre.size, dim)
     image_steps = [
         (f"{n}_preprocess_image", ["IMAGE"], ["pixel_values"]),

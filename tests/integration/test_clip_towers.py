@@ -1,0 +1,103 @@
+"""OpenCLIP beyond classic CLIP on the real server: MobileCLIP-, EVA-, CoCa- and SigLIP-shaped.
+
+The module builds its own repository from the tiny random-init models of
+:mod:`generator.fixtures.tiny_clip_towers` (``CustomTextCLIP`` with timm FastViT and
+EVA02 image towers, ``CoCa``, and a SigLIP-style model given as an open_clip
+``local-dir:`` folder with its Hugging Face tokenizer files) and starts its own Triton.
+Each model's ``_text`` and ``_image`` ensembles are held, over HTTP and gRPC, to
+open_clip in PyTorch loaded the way users load a checkpoint; one model is also loaded at
+runtime through ``model_manager`` (which builds in a worker process).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from client.load.corpus import varied_sentences
+from generator.manifest import load_manifest
+from tests.integration.clip_fixture import ClipReference, sample_images
+from tests.integration.conftest import serve, write_manifest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ARCHS = ("tiny-coca", "tiny-eva", "tiny-mobileclip", "tiny-siglip")
+IMAGES = sample_images()
+NAMES = sorted(IMAGES)
+TEXTS = [*varied_sentences(24), "A DIAGRAM, with “quotes” &amp; entities", "snake_case (x)!"]
+# Served vs open_clip, fp32 (measured on the 2-core machine: <= 4.8e-7 for every arch).
+SERVED_MAX_ABS = 1e-5
+
+
+@pytest.fixture(scope="module")
+def towers(tmp_path_factory):
+    """(server, {arch: manifest fields}) for a repository serving the four tiny models."""
+    from generator.fixtures.tiny_clip_towers import create_tiny_tower_model
+
+    base = tmp_path_factory.mktemp("clip-towers")
+    fields = {arch: create_tiny_tower_model(arch, base / arch, seed=0) for arch in ARCHS}
+    entries = [
+        {"name": arch, "family": "open-clip", "max_batch_size": 8, **fields[arch]} for arch in ARCHS
+    ]
+    manager = {"allowed_roots": [str(base)], "health_probe_interval_s": 0}
+    write_manifest(base / "models.toml", {"models": entries, "model_manager": manager})
+    with serve(load_manifest(base / "models.toml"), base) as server:
+        yield server, fields
+
+
+@pytest.fixture(scope="module")
+def references(towers):
+    _, fields = towers
+    return {arch: ClipReference(f["arch"], f.get("checkpoint")) for arch, f in fields.items()}
+
+
+def _max_abs(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got.astype(np.float64) - want.astype(np.float64)).max())
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_served_text_matches_open_clip(towers, references, arch, protocol):
+    server, _ = towers
+    with server.client(protocol) as client:
+        got = client.embed_texts(f"{arch}_text", TEXTS)
+    want = references[arch].text(TEXTS)
+    print(f"\n{arch} served text {protocol}: max abs {_max_abs(got, want):.1e}")
+    assert got.shape == want.shape
+    assert _max_abs(got, want) <= SERVED_MAX_ABS
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_served_images_match_open_clip(towers, references, arch, protocol):
+    server, _ = towers
+    with server.client(protocol) as client:
+        got = client.embed_images(arch, [IMAGES[name] for name in NAMES])
+    want = references[arch].images([IMAGES[name] for name in NAMES])
+    print(f"\n{arch} served images {protocol}: max abs {_max_abs(got, want):.1e}")
+    assert got.shape == want.shape
+    for row, name in enumerate(NAMES):
+        assert _max_abs(got[row], want[row]) <= SERVED_MAX_ABS, name
+
+
+def test_model_manager_loads_a_coca_checkpoint(towers):
+    """The runtime path (worker-process build) serves CoCa as the manifest build does."""
+    server, fields = towers
+    image = IMAGES["photo.jpg"]
+    with server.client() as client:
+        coca = fields["tiny-coca"]
+        answer = client.load_open_clip(coca["arch"], checkpoint=coca["checkpoint"], name="rt-coca")
+        try:
+            assert answer["status"] == "loaded"
+            np.testing.assert_allclose(
+                client.embed_texts("rt-coca_text", TEXTS),
+                client.embed_texts("tiny-coca_text", TEXTS),
+                atol=1e-6,
+            )
+            np.testing.assert_allclose(
+                client.embed_images("rt-coca", [image]),
+                client.embed_images("tiny-coca", [image]),
+                atol=1e-6,
+            )
+        finally:
+            assert client.delete_model("rt-coca")["status"] == "deleted"

@@ -1,0 +1,118 @@
+"""The served ``tokenizer.json`` of an open_clip ``HFTokenizer`` gives open_clip's ids.
+
+The tokenizer files are a T5-like Unigram tokenizer made offline
+(:func:`generator.fixtures.tiny_clip_towers.write_tiny_hf_tokenizer`), loaded by
+open_clip's ``HFTokenizer`` from a local folder as ``get_tokenizer('local-dir:...')``
+does, with each of its clean functions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("open_clip")
+pytest.importorskip("transformers")
+from open_clip.tokenizer import HFTokenizer
+from tokenizers import Tokenizer
+
+from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
+from generator.declared_kind import UnsupportedModelError
+from generator.families.open_clip import hf_tokenizer
+from generator.families.open_clip.assets import load_open_clip
+from generator.families.open_clip.hf_tokenizer import (
+    served_tokenizer,
+    write_hf_tokenizer_json,
+)
+from generator.fixtures.tiny_clip_towers import write_tiny_hf_tokenizer
+from tests.unit.generator.families.test_open_clip_tokenizer import CORPUS
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hf_tok")
+    write_tiny_hf_tokenizer(path, vocab_size=600)
+    return path
+
+
+def _mismatches(tok, path, texts, context_length):
+    want = tok(texts, context_length=context_length).numpy()
+    got = np.array([e.ids for e in Tokenizer.from_file(str(path)).encode_batch(texts)])
+    assert got.shape == want.shape == (len(texts), context_length)
+    return [t for t, w, g in zip(texts, want, got, strict=True) if not np.array_equal(w, g)]
+
+
+@pytest.mark.parametrize("context_length", [64, 16])
+def test_ids_equal_open_clip_on_corpus(folder, tmp_path, context_length):
+    tok = HFTokenizer(str(folder), context_length=context_length, clean="canonicalize")
+    path = tmp_path / "tokenizer.json"
+    assert write_hf_tokenizer_json(tok, path, context_length) == tok.tokenizer.pad_token_id == 1
+    assert _mismatches(tok, path, list(CORPUS), context_length) == []
+
+
+@pytest.mark.parametrize("clean", ["whitespace", "lower"])
+def test_other_cleans_equal_open_clip_on_corpus(folder, tmp_path, clean):
+    """The clean replicas alone (the file unchecked: these keep ``<pad>`` and co.)."""
+    tok = HFTokenizer(str(folder), context_length=64, clean=clean)
+    tokenizer, pad_id, kept = served_tokenizer(tok, 64)
+    assert pad_id == 1 and kept == ["<pad>", "</s>", "<unk>"]
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    assert _mismatches(tok, tmp_path / "tokenizer.json", list(CORPUS), 64) == []
+
+
+@pytest.mark.parametrize("clean", ["whitespace", "lower"])
+def test_added_tokens_that_survive_the_clean_are_refused_by_name(folder, tmp_path, clean):
+    tok = HFTokenizer(str(folder), context_length=64, clean=clean)
+    with pytest.raises(UnsupportedModelError, match=r"added tokens \['</s>', '<pad>', '<unk>'\]"):
+        write_hf_tokenizer_json(tok, tmp_path / "tokenizer.json", 64)
+    assert not (tmp_path / "tokenizer.json").exists()
+
+
+def test_runtime_batch_tokenizer_pads_with_the_tokenizers_pad_id(folder, tmp_path):
+    tok = HFTokenizer(str(folder), context_length=64, clean="canonicalize")
+    path = tmp_path / "tokenizer.json"
+    pad_id = write_hf_tokenizer_json(tok, path, 64)
+    params = TokenizerParams(64, True, ("input_ids",), pad_id)
+    texts = [t for t in CORPUS if t.strip()]
+    ids = BatchTokenizer(str(path), params).encode(texts)["input_ids"]
+    assert np.array_equal(ids, tok(texts).numpy())
+    assert (ids[:, -1] == 1).sum() > len(texts) // 2  # padded with </s>, not 0
+
+
+def test_special_token_text_is_cleaned_like_open_clip(folder, tmp_path):
+    """canonicalize strips the punctuation of ``</s>``: open_clip never sees the token."""
+    tok = HFTokenizer(str(folder), context_length=32, clean="canonicalize")
+    path = tmp_path / "tokenizer.json"
+    write_hf_tokenizer_json(tok, path, 32)
+    texts = ["a </s> b", "</s>", "<pad><unk>", "x<unk>y"]
+    assert _mismatches(tok, path, texts, 32) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"tokenizer_mode": "clips"}, "tokenizer_mode='clips'"),
+        ({"strip_sep_token": True}, "strip_sep_token=True"),
+    ],
+)
+def test_unsupported_options_are_refused_by_name(folder, tmp_path, kwargs, named):
+    tok = HFTokenizer(str(folder), context_length=32, **kwargs)
+    with pytest.raises(UnsupportedModelError, match=named):
+        write_hf_tokenizer_json(tok, tmp_path / "tokenizer.json", 32)
+    assert not (tmp_path / "tokenizer.json").exists()
+
+
+def test_a_tokenizer_that_differs_is_refused_not_served(folder, tmp_path, monkeypatch):
+    tok = HFTokenizer(str(folder), context_length=32, clean="canonicalize")
+    real = hf_tokenizer.clean_normalizer
+    monkeypatch.setattr(hf_tokenizer, "clean_normalizer", lambda clean: real("_clean_whitespace"))
+    with pytest.raises(UnsupportedModelError, match="other ids than open_clip's"):
+        write_hf_tokenizer_json(tok, tmp_path / "tokenizer.json", 32)
+    assert not (tmp_path / "tokenizer.json").exists()
+
+
+def test_hub_tokenizer_offline_is_refused_naming_it(monkeypatch):
+    """ViT-B-16-SigLIP names ``timm/ViT-B-16-SigLIP``; offline, the build says so."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UnsupportedModelError, match="timm/ViT-B-16-SigLIP.*local-dir:"):
+        load_open_clip("ViT-B-16-SigLIP")

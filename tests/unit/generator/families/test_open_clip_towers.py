@@ -1,0 +1,161 @@
+"""OpenCLIP models beyond classic CLIP export and serve like open_clip in PyTorch.
+
+Tiny random-init models shaped like MobileCLIP-S1 and EVA02-B-16 (``CustomTextCLIP``
+with timm image towers), coca_ViT-B-32 (``CoCa``) and ViT-B-16-SigLIP (timm ``map``
+pool, Hugging Face tokenizer) (:mod:`generator.fixtures.tiny_clip_towers`): the served
+path (tokenizer.json, runtime preprocessing, ONNX) against open_clip's tokenizer,
+transform and ``encode_text`` / ``encode_image``. The served tokenizer of an
+``HFTokenizer`` is checked in ``test_open_clip_hf_tokenizer.py``.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+open_clip = pytest.importorskip("open_clip")
+ort = pytest.importorskip("onnxruntime")
+from PIL import Image  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+
+from embed_runtime.image import decode_image, preprocess_batch  # noqa: E402
+from generator.families.open_clip.assets import (  # noqa: E402
+    embedding_dim,
+    export_towers,
+    load_open_clip,
+    preprocess_params_from_model,
+    write_tokenizer_json,
+)
+from generator.families.open_clip.export import _vocab_size  # noqa: E402
+from generator.families.open_clip.hf_tokenizer import (  # noqa: E402
+    is_hf_tokenizer,
+    write_hf_tokenizer_json,
+)
+from generator.fixtures.tiny_clip_towers import CONFIGS, create_tiny_tower_model  # noqa: E402
+
+# Gates: measured on the 2-core machine, export max abs 1.5e-7 .. 4.7e-7 (every arch);
+# the served path (tokenizer.json + runtime preprocessing + ONNX vs open_clip) below.
+EXPORT_MAX_ABS = 1e-5
+SERVING_MAX_ABS = 1e-5
+PIXEL_MAX_ABS = 1e-5
+TEXTS = ["a photo of a cat", "A DIAGRAM, with “quotes” &amp; entities", "東京の夜景 🌃", "x" * 300]
+ARCHS = sorted(CONFIGS)
+KINDS = {
+    "tiny-coca": "CoCa",
+    "tiny-eva": "CustomTextCLIP",
+    "tiny-mobileclip": "CustomTextCLIP",
+    "tiny-siglip": "CustomTextCLIP",
+}
+
+
+def _images() -> list[bytes]:
+    rng = np.random.default_rng(0)
+    blobs = []
+    for width, height in ((640, 480), (31, 200), (64, 64), (300, 90)):
+        grid = np.mgrid[0:height, 0:width].astype(np.float32)
+        smooth = np.stack([grid[0] * 3, grid[1] * 2, grid[0] + grid[1]], axis=-1) % 256
+        noisy = (smooth * 0.7 + rng.integers(0, 70, (height, width, 3))).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(noisy).save(buf, "PNG")
+        blobs.append(buf.getvalue())
+    return blobs
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def built(request, tmp_path_factory):
+    """(arch, model, open_clip transform, tokenizer, folder with the exported graphs)."""
+    arch = request.param
+    out = tmp_path_factory.mktemp(arch)
+    fields = create_tiny_tower_model(arch, out / "model", seed=0)
+    model, preprocess_val, tokenizer = load_open_clip(
+        fields["arch"], None, fields.get("checkpoint")
+    )
+    size = preprocess_params_from_model(model).size
+    reports = export_towers(model, out, tokenizer.context_length, size, tokenizer)
+    return arch, model, preprocess_val, tokenizer, out, reports
+
+
+def test_model_is_the_kind_it_stands_for(built):
+    arch, model, _, tokenizer, _, _ = built
+    assert type(model).__name__ == KINDS[arch]
+    assert not hasattr(model, "text_projection")  # what the build used to read
+    assert is_hf_tokenizer(tokenizer) == (arch == "tiny-siglip")
+
+
+def test_width_and_vocabulary_are_read_through_open_clip(built):
+    arch, model, _, tokenizer, _, _ = built
+    size = preprocess_params_from_model(model).size
+    with torch.no_grad():
+        width = model.encode_image(torch.zeros(2, 3, *size)).shape[-1]
+    assert (
+        embedding_dim(model, tokenizer.context_length, size) == width == CONFIGS[arch]["embed_dim"]
+    )
+    assert _vocab_size(model) == CONFIGS[arch]["text_cfg"]["vocab_size"]
+
+
+def test_towers_export_within_tolerance(built):
+    arch, _, _, _, out, reports = built
+    assert set(reports) == {"text_encoder", "image_encoder"}
+    for name, report in reports.items():
+        print(f"\n{arch} {name}: max abs {report.max_abs_diff:.1e}")
+        assert report.cases >= 3
+        assert report.max_abs_diff <= EXPORT_MAX_ABS, name
+        assert (out / f"{name}.onnx").is_file()
+
+
+def test_served_text_path_matches_open_clip(built, tmp_path):
+    arch, model, _, tokenizer, out, _ = built
+    path = tmp_path / "tokenizer.json"
+    context = tokenizer.context_length
+    if is_hf_tokenizer(tokenizer):
+        write_hf_tokenizer_json(tokenizer, path, context)
+    else:
+        write_tokenizer_json(tokenizer, path, context)
+    ids = np.array([e.ids for e in Tokenizer.from_file(str(path)).encode_batch(TEXTS)])
+    want_ids = tokenizer(TEXTS).numpy()
+    assert np.array_equal(ids, want_ids)
+    session = ort.InferenceSession(str(out / "text_encoder.onnx"))
+    (got,) = session.run(["EMBEDDING"], {"input_ids": ids.astype(np.int64)})
+    with torch.no_grad():
+        want = model.encode_text(tokenizer(TEXTS), normalize=True).numpy()
+    max_abs = float(np.abs(got - want).max())
+    print(f"\n{arch} served text path: max abs {max_abs:.1e}")
+    assert got.shape == (len(TEXTS), CONFIGS[arch]["embed_dim"])
+    assert max_abs <= SERVING_MAX_ABS
+
+
+def test_served_image_path_matches_open_clip(built):
+    """Runtime pixels equal open_clip's transform; the ONNX tower on each equals PyTorch."""
+    arch, model, preprocess_val, _, out, _ = built
+    blobs = _images()
+    params = preprocess_params_from_model(model)
+    pixels = preprocess_batch([decode_image(b, params) for b in blobs], params)
+    want_pixels = torch.stack([preprocess_val(Image.open(io.BytesIO(b))) for b in blobs])
+    pixel_abs = float(np.abs(pixels - want_pixels.numpy()).max())
+    session = ort.InferenceSession(str(out / "image_encoder.onnx"))
+    (got,) = session.run(["EMBEDDING"], {"pixel_values": pixels})
+    (got_on_reference,) = session.run(["EMBEDDING"], {"pixel_values": want_pixels.numpy()})
+    with torch.no_grad():
+        want = model.encode_image(want_pixels, normalize=True).numpy()
+    served_abs = float(np.abs(got - want).max())
+    graph_abs = float(np.abs(got_on_reference - want).max())
+    spread = float((1 - want @ want.T).max())
+    print(
+        f"\n{arch} image: pixels max abs {pixel_abs:.1e}, served {served_abs:.1e}, "
+        f"graph on open_clip's pixels {graph_abs:.1e}, 1-cos between images {spread:.1e}"
+    )
+    assert pixel_abs <= PIXEL_MAX_ABS
+    assert served_abs <= SERVING_MAX_ABS
+    assert graph_abs <= SERVING_MAX_ABS
+    assert spread >= 1e-3  # the tiny towers tell these images apart
+
+
+def test_siglip_preprocessing_comes_from_the_local_dir(tmp_path):
+    fields = create_tiny_tower_model("tiny-siglip", tmp_path / "siglip", seed=0)
+    model, _, _ = load_open_clip(fields["arch"])
+    params = preprocess_params_from_model(model)
+    assert params.resize_mode == "squash" and params.size == (32, 32)
+    assert params.mean == (0.5, 0.5, 0.5) and params.std == (0.5, 0.5, 0.5)
