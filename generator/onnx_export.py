@@ -8,6 +8,7 @@ drift apart.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import warnings
 from collections.abc import Sequence
@@ -79,6 +80,39 @@ class ParityReport:
     min_cosine: float
 
 
+# Warnings every export of the encoders served here raises, each harmless for the reason
+# beside it: (message regex, category; "tracer" stands for torch.jit.TracerWarning).
+# Every other warning of an export reaches the build log.
+HARMLESS_EXPORT_WARNINGS: tuple[tuple[str, type[Warning] | str], ...] = (
+    # We pick the TorchScript exporter on purpose (dynamo=False); a torch without it fails
+    # the export itself, loudly.
+    (r"You are using the legacy TorchScript-based ONNX export", DeprecationWarning),
+    # That exporter's own internals, deprecated with it.
+    (r"The feature will be removed\. Please remove usage of this function", DeprecationWarning),
+    # Python-level branches of transformers' mask and attention code (shape checks) fixed at
+    # trace time: the parity check runs other lengths, batch sizes and padding through ONNX
+    # Runtime against PyTorch, so a trace that took a wrong branch fails the build.
+    (r"Converting a tensor to a Python (boolean|integer|float|index|number)", "tracer"),
+    (r"torch\.tensor results are registered as constants in the trace", "tracer"),
+    # Advanced indexing (attention masks) becomes Gather; it would go wrong only on negative
+    # indices, which the parity check's cases would show.
+    (r"Exporting aten::index operator of advanced indexing", UserWarning),
+)
+
+
+def _filter_export_warnings(tracer_warning: type[Warning]) -> None:
+    """Inside ``catch_warnings``: let warnings through, bar :data:`HARMLESS_EXPORT_WARNINGS`.
+
+    Deprecations are shown too (Python hides those raised outside ``__main__``), unless the
+    user chose filters of their own (``-W``, ``PYTHONWARNINGS``).
+    """
+    if not sys.warnoptions:
+        warnings.simplefilter("default")
+    for message, category in HARMLESS_EXPORT_WARNINGS:
+        cls = tracer_warning if category == "tracer" else category
+        warnings.filterwarnings("ignore", message=message, category=cls)
+
+
 def export_module(module, spec: GraphSpec, sample: dict[str, object], path: Path) -> None:
     """Export ``module`` (called with the inputs positionally) to ``path`` atomically.
 
@@ -94,7 +128,7 @@ def export_module(module, spec: GraphSpec, sample: dict[str, object], path: Path
     tmp = Path(tmp_name)
     try:
         with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            _filter_export_warnings(torch.jit.TracerWarning)
             torch.onnx.export(
                 module.eval(),
                 args,
