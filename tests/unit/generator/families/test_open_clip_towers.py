@@ -159,3 +159,17 @@ def test_siglip_preprocessing_comes_from_the_local_dir(tmp_path):
     params = preprocess_params_from_model(model)
     assert params.resize_mode == "squash" and params.size == (32, 32)
     assert params.mean == (0.5, 0.5, 0.5) and params.std == (0.5, 0.5, 0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "arch", ["MobileCLIP-S1", "EVA02-B-16", "coca_ViT-B-32", "ViT-B-16-SigLIP"]
+)
+def test_real_architectures_give_width_and_vocabulary(arch):
+    """open_clip 3.3's own configs (random init, about 10-15 s each): what used to crash."""
+    torch.manual_seed(0)
+    model = open_clip.create_model(arch, pretrained=None).eval()
+    cfg = open_clip.get_model_config(arch)
+    size = preprocess_params_from_model(model).size
+    assert embedding_dim(model, cfg["text_cfg"]["context_length"], size) == cfg["embed_dim"]
+    assert _vocab_size(model) == cfg["text_cfg"]["vocab_size"]
