@@ -34,7 +34,8 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from ...declared_kind import UnsupportedModelError
-from .assets import VALIDATION_TEXTS, basic_clean_steps, lower_steps, whitespace_steps
+from .assets import VALIDATION_TEXTS
+from .clean import basic_clean_steps, lower_steps, whitespace_steps
 
 CLEANS = ("_clean_whitespace", "_clean_lower", "_clean_canonicalize")
 CHECK_TEXTS = (
