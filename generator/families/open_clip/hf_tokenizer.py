@@ -14,8 +14,10 @@ clean can never leave in a text (with ``'canonicalize'``: every one containing A
 punctuation, as T5's ``</s>`` / ``<pad>`` and Gemma's ``<bos>`` do) are dropped from the
 served file's added vocabulary, so such text tokenizes as the reference does (SigLIP,
 SigLIP2). Where one can survive (``'whitespace'`` / ``'lower'`` with ``[SEP]``,
-``<pad>``), the pieces around it would be stripped differently, so the build refuses
-the tokenizer, naming those tokens.
+``<pad>``) it stays, and the pieces around it are cleaned (stripped) one by one: exact
+where the tokenizer's pre-tokenizer drops those spaces anyway (BERT WordPiece, the CLIPA
+configs' ``bert-base-uncased``); where it does not (SentencePiece ``Metaspace``: XLM-R,
+XLM-V), the check below fails and the build refuses the tokenizer, naming those tokens.
 
 Also refused with a message naming the part: ``tokenizer_mode='clips'``,
 ``strip_sep_token``, slow (Python) tokenizers, left padding or left truncation. Every

@@ -24,7 +24,10 @@ from generator.families.open_clip.hf_tokenizer import (
     served_tokenizer,
     write_hf_tokenizer_json,
 )
-from generator.fixtures.tiny_clip_towers import write_tiny_hf_tokenizer
+from generator.fixtures.tiny_clip_towers import (
+    write_tiny_hf_tokenizer,
+    write_tiny_wordpiece_tokenizer,
+)
 from tests.unit.generator.families.test_open_clip_tokenizer import CORPUS
 
 
@@ -116,3 +119,17 @@ def test_hub_tokenizer_offline_is_refused_naming_it(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(UnsupportedModelError, match="timm/ViT-B-16-SigLIP.*local-dir:"):
         load_open_clip("ViT-B-16-SigLIP")
+
+
+def test_wordpiece_tokenizer_with_whitespace_clean_is_served_exactly(tmp_path):
+    """CLIPA-style (``bert-base-uncased``, clean 'whitespace'): ``[SEP]`` kept and exact.
+
+    BERT's pre-tokenizer splits on whitespace, so the pieces around a typed ``[SEP]``
+    give the same tokens stripped or not; the build's check passes.
+    """
+    write_tiny_wordpiece_tokenizer(tmp_path, vocab_size=500)
+    tok = HFTokenizer(str(tmp_path), context_length=32, clean="whitespace")
+    path = tmp_path / "served.json"
+    assert write_hf_tokenizer_json(tok, path, 32) == tok.tokenizer.pad_token_id == 0
+    texts = [*CORPUS, "a [SEP] b", "[CLS]x[SEP]", "  [MASK]  ", "A [PAD] B [UNK]"]
+    assert _mismatches(tok, path, texts, 32) == []
