@@ -25,6 +25,7 @@ from generator.families.open_clip.hf_tokenizer import (
     write_hf_tokenizer_json,
 )
 from generator.fixtures.tiny_clip_towers import (
+    write_tiny_gemma_like_tokenizer,
     write_tiny_hf_tokenizer,
     write_tiny_wordpiece_tokenizer,
 )
@@ -133,3 +134,13 @@ def test_wordpiece_tokenizer_with_whitespace_clean_is_served_exactly(tmp_path):
     assert write_hf_tokenizer_json(tok, path, 32) == tok.tokenizer.pad_token_id == 0
     texts = [*CORPUS, "a [SEP] b", "[CLS]x[SEP]", "  [MASK]  ", "A [PAD] B [UNK]"]
     assert _mismatches(tok, path, texts, 32) == []
+
+
+def test_gemma_like_bpe_tokenizer_with_canonicalize_is_served_exactly(tmp_path):
+    """SigLIP2-style: BPE with byte fallback, spaces as ``▁``, ``<bos> ... <eos>``, pad 0."""
+    write_tiny_gemma_like_tokenizer(tmp_path, vocab_size=600)
+    tok = HFTokenizer(str(tmp_path), context_length=64, clean="canonicalize")
+    path = tmp_path / "served.json"
+    assert write_hf_tokenizer_json(tok, path, 64) == tok.tokenizer.pad_token_id == 0
+    texts = [*CORPUS, "<bos> a <eos> b <pad>", "<0x41> bytes"]
+    assert _mismatches(tok, path, texts, 64) == []
