@@ -186,6 +186,16 @@ def encoder_dir(
     return ModelDir(name, config, "encode", files)
 
 
+def _resolved_normalize(entry: ModelEntry) -> bool:
+    """``entry.normalize``, which the family's build must have decided by now."""
+    if entry.normalize is None:
+        raise ValueError(
+            f"{entry.name}: normalize is unset; the family's build decides it from the "
+            "pipeline before rendering (sentence_transformers.export.resolved_normalize)"
+        )
+    return entry.normalize
+
+
 def split_encoder_dirs(
     entry: ModelEntry,
     tokenizer_json: Path,
@@ -251,7 +261,7 @@ def _python_encoder_parameters(
         execution_provider="cpu" if cpu else "cuda",
         max_dimensions=max_dimensions,
         default_dimensions=(entry.truncate_dim or 0) if max_dimensions else 0,
-        normalize=entry.normalize if max_dimensions else False,
+        normalize=_resolved_normalize(entry) if max_dimensions else False,
         weight_cache=entry.ort_weight_cache or not cpu,
     )
     return {**params.to_parameters(), **{key: str(value) for key, value in (limits or {}).items()}}

