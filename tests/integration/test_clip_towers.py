@@ -1,8 +1,8 @@
-"""OpenCLIP beyond classic CLIP on the real server: MobileCLIP-, EVA-, CoCa- and SigLIP-shaped.
+"""OpenCLIP beyond classic CLIP on the real server: MobileCLIP-, EVA-, PE-, CoCa-, SigLIP-shaped.
 
 The module builds its own repository from the tiny random-init models of
-:mod:`generator.fixtures.tiny_clip_towers` (``CustomTextCLIP`` with timm FastViT and
-EVA02 image towers, ``CoCa``, and a SigLIP-style model given as an open_clip
+:mod:`generator.fixtures.tiny_clip_towers` (``CustomTextCLIP`` with timm FastViT,
+EVA02 and Perception Encoder image towers, ``CoCa``, and a SigLIP-style model given as an open_clip
 ``local-dir:`` folder with its Hugging Face tokenizer files) and starts its own Triton.
 Each model's ``_text`` and ``_image`` ensembles are held, over HTTP and gRPC, to
 open_clip in PyTorch loaded the way users load a checkpoint; one model is also loaded at
@@ -21,7 +21,7 @@ from tests.integration.conftest import serve, write_manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ARCHS = ("tiny-coca", "tiny-eva", "tiny-mobileclip", "tiny-siglip")
+ARCHS = ("tiny-coca", "tiny-eva", "tiny-mobileclip", "tiny-pe-core", "tiny-siglip")
 IMAGES = sample_images()
 NAMES = sorted(IMAGES)
 TEXTS = [*varied_sentences(24), "A DIAGRAM, with “quotes” &amp; entities", "snake_case (x)!"]

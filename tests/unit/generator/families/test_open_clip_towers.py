@@ -1,9 +1,10 @@
 """OpenCLIP models beyond classic CLIP export and serve like open_clip in PyTorch.
 
-Tiny random-init models shaped like MobileCLIP-S1 and EVA02-B-16 (``CustomTextCLIP``
-with timm image towers), coca_ViT-B-32 (``CoCa``) and ViT-B-16-SigLIP (timm ``map``
-pool, Hugging Face tokenizer) (:mod:`generator.fixtures.tiny_clip_towers`): the served
-path (tokenizer.json, runtime preprocessing, ONNX) against open_clip's tokenizer,
+Tiny random-init models shaped like MobileCLIP-S1, EVA02-B-16 and PE-Core-B-16
+(``CustomTextCLIP`` with timm image towers), coca_ViT-B-32 (``CoCa``) and
+ViT-B-16-SigLIP (timm ``map`` pool, Hugging Face tokenizer)
+(:mod:`generator.fixtures.tiny_clip_towers`): the served path (tokenizer.json, runtime
+preprocessing, ONNX) against open_clip's tokenizer,
 transform and ``encode_text`` / ``encode_image``. The served tokenizer of an
 ``HFTokenizer`` is checked in ``test_open_clip_hf_tokenizer.py``.
 """
@@ -47,6 +48,7 @@ KINDS = {
     "tiny-coca": "CoCa",
     "tiny-eva": "CustomTextCLIP",
     "tiny-mobileclip": "CustomTextCLIP",
+    "tiny-pe-core": "CustomTextCLIP",
     "tiny-siglip": "CustomTextCLIP",
 }
 
@@ -163,7 +165,7 @@ def test_siglip_preprocessing_comes_from_the_local_dir(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "arch", ["MobileCLIP-S1", "EVA02-B-16", "coca_ViT-B-32", "ViT-B-16-SigLIP"]
+    "arch", ["MobileCLIP-S1", "EVA02-B-16", "coca_ViT-B-32", "ViT-B-16-SigLIP", "PE-Core-B-16"]
 )
 def test_real_architectures_give_width_and_vocabulary(arch):
     """open_clip 3.3's own configs (random init, about 10-15 s each): what used to crash."""
