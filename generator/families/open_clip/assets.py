@@ -25,6 +25,7 @@ Unicode database tokenizes identically alone and in context. Known differences:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -314,7 +315,40 @@ def load_open_clip(arch: str, pretrained: str | None = None, checkpoint: str | N
             f"({str(exc).splitlines()[0][:200]}); offline, give arch = 'local-dir:<folder>' "
             "holding open_clip_config.json, the weights and that tokenizer's files"
         ) from None
-    model, _, preprocess_val = open_clip.create_model_and_transforms(
-        arch, pretrained=checkpoint or pretrained
-    )
+    overrides = _local_hf_text_model(arch)
+    try:
+        model, _, preprocess_val = open_clip.create_model_and_transforms(
+            arch, pretrained=checkpoint or pretrained, **overrides
+        )
+    except OSError as exc:
+        text_cfg = (open_clip.get_model_config(arch) or {}).get("text_cfg", {})
+        if "hf_model_name" not in text_cfg and not arch.startswith("local-dir:"):
+            raise
+        raise UnsupportedModelError(
+            f"arch {arch!r}: its text tower could not be created "
+            f"({str(exc).splitlines()[0][:200]}); for a Hugging Face text model offline, give "
+            "arch = 'local-dir:<folder>' holding open_clip_config.json, the weights, the "
+            "tokenizer's files and the text model's config.json (save_pretrained)"
+        ) from None
     return model.eval(), preprocess_val, tokenizer
+
+
+def _local_hf_text_model(arch: str) -> dict:
+    """``text_cfg`` override loading a ``local-dir:`` folder's HF text model from the folder.
+
+    open_clip creates an ``hf_model_name`` text tower (XLM-R, NLLB, mT5, ... CLIP) from the
+    hub's ``config.json`` even when the folder's weights replace it; where the folder holds
+    that ``config.json`` (the text model's ``save_pretrained``), it is read from there.
+    """
+    if not arch.startswith("local-dir:"):
+        return {}
+    folder = Path(arch.removeprefix("local-dir:"))
+    try:
+        local = json.loads((folder / "open_clip_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # open_clip reports it
+    text_cfg = local.get("model_cfg", {}).get("text_cfg", {})
+    if not text_cfg.get("hf_model_name") or not (folder / "config.json").is_file():
+        return {}
+    # the folder's open_clip weights hold the text tower: no hub weights to load first
+    return {"text_cfg": {**text_cfg, "hf_model_name": str(folder), "hf_model_pretrained": False}}

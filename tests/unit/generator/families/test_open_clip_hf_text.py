@@ -1,0 +1,137 @@
+"""Multilingual CLIP with a Hugging Face text model (``text_cfg.hf_model_name``) offline.
+
+A tiny random-init XLM-R CLIP (:mod:`generator.fixtures.tiny_clip_hf_text`, open_clip's
+``xlm-roberta-base-ViT-B-32`` shape: mean pooler, MLP projection) given as a
+``local-dir:`` folder that also holds the text model's ``config.json`` and its tokenizer
+files: the family builds it without the hub, and the served path (tokenizer.json, ONNX
+text tower; runtime preprocessing, ONNX image tower) equals open_clip's ``HFTokenizer``,
+``encode_text`` and ``encode_image``.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+open_clip = pytest.importorskip("open_clip")
+ort = pytest.importorskip("onnxruntime")
+from PIL import Image  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+
+from embed_runtime.image import decode_image, preprocess_batch  # noqa: E402
+from generator.declared_kind import UnsupportedModelError  # noqa: E402
+from generator.families.open_clip.assets import (  # noqa: E402
+    embedding_dim,
+    export_towers,
+    load_open_clip,
+    preprocess_params_from_model,
+)
+from generator.families.open_clip.export import _vocab_size  # noqa: E402
+from generator.families.open_clip.hf_tokenizer import (  # noqa: E402
+    CHECK_TEXTS,
+    is_hf_tokenizer,
+    write_hf_tokenizer_json,
+)
+from generator.fixtures.tiny_clip_hf_text import (  # noqa: E402
+    CONTEXT_LENGTH,
+    MODEL_CFG,
+    VOCAB_SIZE,
+    create_tiny_xlmr_clip,
+)
+from generator.fixtures.tiny_clip_towers import TOKENIZER_CORPUS  # noqa: E402
+
+MAX_ABS = 1e-5  # measured on the 2-core machine: text 1.6e-7, images 1.5e-7 (see below)
+TEXTS = [
+    *TOKENIZER_CORPUS,
+    "A DIAGRAM, with “quotes” &amp; entities",
+    "Ein Hund läuft über die Wiese",
+    "x" * 300,
+]
+
+
+def _images() -> list[bytes]:
+    rng = np.random.default_rng(1)
+    blobs = []
+    for width, height in ((640, 480), (31, 200), (64, 64)):
+        grid = np.mgrid[0:height, 0:width].astype(np.float32)
+        smooth = np.stack([grid[0] * 3, grid[1] * 2, grid[0] + grid[1]], axis=-1) % 256
+        noisy = (smooth * 0.7 + rng.integers(0, 70, (height, width, 3))).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(noisy).save(buf, "PNG")
+        blobs.append(buf.getvalue())
+    return blobs
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """(model, open_clip transform, tokenizer, folder with the exported graphs, reports)."""
+    out = tmp_path_factory.mktemp("xlmr")
+    fields = create_tiny_xlmr_clip(out / "model", seed=0)
+    model, preprocess_val, tokenizer = load_open_clip(fields["arch"])
+    size = preprocess_params_from_model(model).size
+    reports = export_towers(model, out, tokenizer.context_length, size, tokenizer)
+    return model, preprocess_val, tokenizer, out, reports
+
+
+def test_the_hub_name_in_the_config_is_read_from_the_folder(built):
+    model, _, tokenizer, _, _ = built
+    assert MODEL_CFG["text_cfg"]["hf_model_name"] == "xlm-roberta-base"  # not a local path
+    assert type(model.text).__name__ == "HFTextEncoder"
+    assert model.text.config.model_type == "xlm-roberta"
+    assert is_hf_tokenizer(tokenizer) and tokenizer.context_length == CONTEXT_LENGTH
+    size = preprocess_params_from_model(model).size
+    assert embedding_dim(model, CONTEXT_LENGTH, size) == MODEL_CFG["embed_dim"]
+    assert _vocab_size(model) == VOCAB_SIZE
+
+
+def test_towers_export_within_tolerance(built):
+    *_, reports = built
+    for name, report in reports.items():
+        print(f"\nxlmr {name}: max abs {report.max_abs_diff:.1e}")
+        assert report.max_abs_diff <= MAX_ABS, name
+
+
+def test_served_text_path_matches_open_clip(built, tmp_path):
+    model, _, tokenizer, out, _ = built
+    path = tmp_path / "tokenizer.json"
+    pad_id = write_hf_tokenizer_json(tokenizer, path, CONTEXT_LENGTH)
+    assert pad_id == 1  # XLM-R's <pad>, also what the text tower masks
+    served = Tokenizer.from_file(str(path))
+    texts = [*TEXTS, *CHECK_TEXTS]
+    ids = np.array([e.ids for e in served.encode_batch(texts)])
+    assert np.array_equal(ids, tokenizer(texts).numpy())
+    session = ort.InferenceSession(str(out / "text_encoder.onnx"))
+    (got,) = session.run(["EMBEDDING"], {"input_ids": ids.astype(np.int64)})
+    with torch.no_grad():
+        want = model.encode_text(tokenizer(texts), normalize=True).numpy()
+    max_abs = float(np.abs(got - want).max())
+    print(f"\nxlmr served text path: max abs {max_abs:.1e}")
+    assert max_abs <= MAX_ABS
+    assert float((1 - want @ want.T).max()) >= 1e-3  # the tiny tower tells texts apart
+
+
+def test_served_image_path_matches_open_clip(built):
+    model, preprocess_val, _, out, _ = built
+    blobs = _images()
+    params = preprocess_params_from_model(model)
+    pixels = preprocess_batch([decode_image(b, params) for b in blobs], params)
+    want_pixels = torch.stack([preprocess_val(Image.open(io.BytesIO(b))) for b in blobs])
+    session = ort.InferenceSession(str(out / "image_encoder.onnx"))
+    (got,) = session.run(["EMBEDDING"], {"pixel_values": pixels})
+    with torch.no_grad():
+        want = model.encode_image(want_pixels, normalize=True).numpy()
+    max_abs = float(np.abs(got - want).max())
+    print(f"\nxlmr served images: max abs {max_abs:.1e}")
+    assert float(np.abs(pixels - want_pixels.numpy()).max()) <= MAX_ABS
+    assert max_abs <= MAX_ABS
+
+
+def test_without_the_text_models_config_the_build_refuses_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    fields = create_tiny_xlmr_clip(tmp_path / "model", seed=0)
+    (tmp_path / "model" / "config.json").unlink()
+    with pytest.raises(UnsupportedModelError, match="text model's config.json"):
+        load_open_clip(fields["arch"])
