@@ -16,8 +16,10 @@ served file's added vocabulary, so such text tokenizes as the reference does (Si
 SigLIP2). Where one can survive (``'whitespace'`` / ``'lower'`` with ``[SEP]``,
 ``<pad>``) it stays, and the pieces around it are cleaned (stripped) one by one: exact
 where the tokenizer's pre-tokenizer drops those spaces anyway (BERT WordPiece, the CLIPA
-configs' ``bert-base-uncased``); where it does not (SentencePiece ``Metaspace``: XLM-R,
-XLM-V), the check below fails and the build refuses the tokenizer, naming those tokens.
+configs' ``bert-base-uncased``; XLM-R, which transformers 5.23 loads with a
+``WhitespaceSplit`` before its ``Metaspace``); where it does not (a bare SentencePiece
+``Metaspace``, T5-like), the check below fails and the build refuses the tokenizer, naming
+those tokens.
 
 Also refused with a message naming the part: ``tokenizer_mode='clips'``,
 ``strip_sep_token``, slow (Python) tokenizers, left padding or left truncation. Every
