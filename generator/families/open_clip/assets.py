@@ -330,6 +330,13 @@ def load_open_clip(arch: str, pretrained: str | None = None, checkpoint: str | N
             "arch = 'local-dir:<folder>' holding open_clip_config.json, the weights, the "
             "tokenizer's files and the text model's config.json (save_pretrained)"
         ) from None
+    pooler = getattr(getattr(model, "text", None), "pooler", None)
+    if type(pooler).__name__ == "MaxPooler":  # open_clip 3.3 masks with a long tensor
+        raise UnsupportedModelError(
+            f"arch {arch!r}: hf_pooler_type 'max_pooler' fails inside open_clip itself "
+            "(MaxPooler calls masked_fill with a long mask), so there is no reference "
+            "encode_text to serve; use mean_pooler or cls_pooler"
+        )
     return model.eval(), preprocess_val, tokenizer
 
 
