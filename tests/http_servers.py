@@ -162,6 +162,7 @@ class _ImageHandler(QuietHandler):
 
     def do_GET(self) -> None:
         path = self.path
+        self.server.seen.append(path)
         route = path.partition("?")[0]
         if route == "/silent":
             self._hold(None)

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTHCHECK = ROOT / "deploy" / "healthcheck.py"
-DELAY_S = 1.5
+DELAY_S = 4.0  # seconds, so that a busy machine's health check still runs inside it
 LONG = "A rollout replaces this replica while it answers. " * 24
 REFUSED = ("has no available versions", "failed to connect", "Connection refused")
 CUT = ("CANCELLED", "Stream removed", "Socket closed", "connection closed", "reset by peer")
@@ -118,13 +118,18 @@ def drained(tmp_path_factory):
         health_before = _healthy(http)
         term = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
-        health_during = _healthy(http)
+        health_during = True  # polled: each check is a Python process, slow on a busy machine
+        while health_during and time.monotonic() - term < DELAY_S / 2:
+            health_during = _healthy(http)
         triton_ready_during = answers_ok(http)
-        unready = None
+        unready, ready_last = None, term  # first "not ready" seen; last "ready" asked
         while proc.poll() is None and time.monotonic() - term < DELAY_S + 60:
-            if unready is None and not answers_ok(http, f"/v2/models/{TEXT_MODEL}/ready"):
-                unready = time.monotonic()
+            if unready is None:
+                asked = time.monotonic()
+                if answers_ok(http, f"/v2/models/{TEXT_MODEL}/ready"):
+                    ready_last = asked
+                else:
+                    unready = time.monotonic()
             time.sleep(0.02)
         exited = time.monotonic()
         rc = proc.wait(timeout=5)
@@ -134,7 +139,8 @@ def drained(tmp_path_factory):
             thread.join(timeout=70)
         leftovers = [p for p in os.listdir("/proc") if p.isdigit() and _mentions(p, base)]
         yield {
-            "load": load, "term": term, "unready": unready, "exited": exited, "rc": rc,
+            "load": load, "term": term, "unready": unready, "ready_last": ready_last,
+            "exited": exited, "rc": rc,
             "health": (health_before, health_during), "triton_ready": triton_ready_during,
             "leftovers": leftovers, "log": log_path.read_text(), "server_pid": server_pid,
         }
@@ -170,8 +176,10 @@ def test_sigterm_answers_every_accepted_request_and_refuses_the_rest(drained,
     assert kept, "nothing was answered while load balancers catch up"
     late = [r for r in answered if r[0] > unready + 0.05]
     assert not late, f"{len(late)} requests sent after the model left service were taken"
+    # A failed request was sent after the model was last seen ready, give or take the
+    # time a busy client thread takes from its timestamp to the send.
     for sent, _, error, _ in failed:
-        assert sent >= unready - 0.1, f"accepted at {sent - term:.2f} s, then: {error}"
+        assert sent >= drained["ready_last"] - 0.5, f"accepted at {sent - term:.2f} s: {error}"
         assert any(s in error for s in REFUSED + CUT), error
     assert unready - term >= DELAY_S - 0.2
 
@@ -179,7 +187,7 @@ def test_sigterm_answers_every_accepted_request_and_refuses_the_rest(drained,
 def test_the_health_check_fails_from_the_signal_while_triton_still_answers(drained) -> None:
     assert drained["health"] == (True, False)
     assert drained["triton_ready"]
-    assert "drain: SIGTERM: health check failing, serving 1.5 s more" in drained["log"]
+    assert f"drain: SIGTERM: health check failing, serving {DELAY_S:g} s more" in drained["log"]
 
 
 def test_the_drained_server_exits_zero_and_leaves_no_process(drained) -> None:

@@ -202,7 +202,9 @@ def test_delete_while_requests_are_in_flight_completes_or_fails_cleanly(server, 
     threads = [threading.Thread(target=hammer) for _ in range(4)]
     for t in threads:
         t.start()
-    time.sleep(1.0)
+    deadline = time.monotonic() + 30  # requests answered, so more are in flight at the delete
+    while "ok" not in outcomes and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert manager.delete_model("rt-busy")["status"] == "deleted"
     for t in threads:
         t.join(timeout=40)

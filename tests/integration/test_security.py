@@ -461,12 +461,14 @@ def _infer_text(server, model: str, rows: list[bytes], protocol: str):
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("model", [TEXT_MODEL, f"{CLIP_MODEL}_text"])
-def test_ten_megabyte_row_is_refused_in_milliseconds(server, model, protocol, bystanders):
+def test_ten_megabyte_row_is_refused_before_tokenizing(server, model, protocol, bystanders):
+    """Milliseconds idle; tokenizing 10 MB would take about 30 s, hence the 10 s bound (a
+    busy machine takes longer to send 10 MB, not that long)."""
     huge = ("word " * (2 * 1024 * 1024)).encode()
     seconds, status, message = _infer_text(server, model, [huge], protocol)
     assert status == ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
     assert f"TEXT row 0 is {len(huge)} bytes, over this model's max_text_bytes=16384" in message
-    assert seconds < 2.0, f"refusing took {seconds:.2f} s"
+    assert seconds < 10.0, f"refusing took {seconds:.2f} s"
 
 
 def test_text_at_the_byte_cap_keeps_parity(server, reference):
@@ -492,7 +494,7 @@ def test_rows_over_the_request_byte_cap_are_refused(server):
     assert (
         f"TEXT rows total 144000 bytes, over this model's max_request_text_bytes={cap}" in message
     )
-    assert seconds < 2.0
+    assert seconds < 10.0  # refused, not hung; the message shows it was not encoded
 
 
 def _client_module(protocol: str):

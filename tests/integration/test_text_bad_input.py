@@ -78,7 +78,11 @@ def test_text_caps_are_inclusive(server, protocol, reference):
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_10_mb_row_is_refused_before_tokenizing(server, protocol):
-    """Tokenizing 10 MB takes about 30 s here; the byte cap answers in a fraction of that."""
+    """Tokenizing 10 MB takes about 30 s here; the byte cap answers in a fraction of that.
+
+    Idle, the refusal takes milliseconds; the bound is a third of the tokenizing time, so
+    a busy machine (sending 10 MB takes longer there) cannot fail it, a tokenizer can.
+    """
     start = time.monotonic()
     status, message = refusal(server, protocol, text_tensor([b"a" * 10_000_000]))
     elapsed = time.monotonic() - start
@@ -87,7 +91,7 @@ def test_10_mb_row_is_refused_before_tokenizing(server, protocol):
         INVALID[protocol],
         IN_ENSEMBLE + "TEXT row 0 is 10000000 bytes, over this model's max_text_bytes=16384",
     )
-    assert elapsed < 2.0
+    assert elapsed < 10.0
 
 
 @pytest.mark.parametrize(

@@ -32,10 +32,16 @@ from tests.http_servers import closed_port as free_port
 from tests.unit import fake_pb_utils as pb
 
 SMALL_CAP = 1000
-LOCAL = FetchPolicy(allow_hosts=("127.0.0.1",), connect_timeout_s=0.5, read_timeout_s=0.5)
 # Timeouts far above what an answer takes, for tests whose point is not a timeout: on a
 # busy machine a 0.5 s timeout fired before the local server's answer (a timing flake).
-PATIENT = dataclasses.replace(LOCAL, connect_timeout_s=5.0, read_timeout_s=5.0)
+LOCAL = FetchPolicy(allow_hosts=("127.0.0.1",), connect_timeout_s=5.0, read_timeout_s=5.0)
+# For a timeout that must fire: what it waits for takes 20 s or more, and the elapsed
+# time is only bounded far below that (SLOW_S), never just above the timeout.
+SHORT = dataclasses.replace(LOCAL, connect_timeout_s=0.5, read_timeout_s=0.5)
+SLOW_S = 10.0
+# Tests where a slow URL must time out while local answers must not: the local ones get
+# seconds, and the assertions compare the order of answers, not their times.
+TARPIT = dataclasses.replace(LOCAL, read_timeout_s=3.0)
 
 
 def _png() -> bytes:
@@ -117,11 +123,18 @@ class _Handler(QuietHandler):
         elif path == "/echo":
             body = f"{self.headers['Host']}|{self.headers['User-Agent']}".encode()
             self.reply(200, body, ctype="application/octet-stream")
-        elif path == "/slow":
-            time.sleep(0.3)
+        elif path == "/late":  # answers long after the time a test's fetch has left
+            self.server.release.wait(2.5)
             self.reply(200, PNG)
+        elif path == "/together":  # answers once ``server.together`` requests are here
+            try:
+                self.server.together.wait(10)
+            except threading.BrokenBarrierError:
+                self.reply(503, b"not concurrent", "text/plain")
+            else:
+                self.reply(200, PNG)
         elif path == "/hang":
-            self.server.release.wait(5)
+            self.server.release.wait(30)
         elif path == "/drip":
             self.drip(100, 100)
         else:
@@ -186,7 +199,7 @@ def test_fetch_allows_loopback_inside_allowed_cidr(base):
 
 
 def test_fetch_allows_host_name_on_allow_list(server):
-    policy = FetchPolicy(allow_hosts=("LOCALHOST",), read_timeout_s=0.5)
+    policy = FetchPolicy(allow_hosts=("LOCALHOST",), read_timeout_s=5.0)
     body = fetch_url(f"http://localhost:{server.server_port}/echo", policy)
     assert body.split(b"|")[0] == f"localhost:{server.server_port}".encode()
 
@@ -326,35 +339,63 @@ class _SlowDns:
 
 @pytest.fixture
 def slow_dns(monkeypatch):
-    dns = _SlowDns(30.0)
+    dns = _SlowDns(60.0)
     monkeypatch.setattr(fetch.socket, "getaddrinfo", dns.getaddrinfo)
     yield dns
     dns.release.set()
 
 
+class _SteppedClock:
+    """``fetch``'s view of ``time``: the real monotonic clock plus ``skipped`` seconds."""
+
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.skipped
+
+
+class _InstantSlowDns:
+    """``getaddrinfo`` for ``*.slow.example`` that takes ``took_s`` of ``clock`` at once."""
+
+    def __init__(self, clock: _SteppedClock):
+        self.clock, self.took_s = clock, 0.0
+
+    def getaddrinfo(self, host, port, *args, **kwargs):
+        self.clock.skipped += self.took_s
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+
 def test_fetch_bounds_a_hanging_dns_lookup_by_the_deadline(server, slow_dns):
+    policy = dataclasses.replace(SHORT, connect_timeout_s=30.0)  # the deadline bounds it
     start = time.monotonic()
-    err = _error(f"http://hang.slow.example:{server.server_port}/image.png")
-    assert time.monotonic() - start < 1.0
+    err = _error(f"http://hang.slow.example:{server.server_port}/image.png", policy)
+    assert time.monotonic() - start < SLOW_S  # the lookup hangs 60 s, the deadline is 0.5 s
     assert err.code == UNAVAILABLE
     assert err.message.endswith("DNS lookup of 'hang.slow.example' timed out")
 
 
 def test_fetch_bounds_dns_lookup_by_connect_timeout(server, slow_dns):
-    policy = FetchPolicy(allow_hosts=("127.0.0.1",), connect_timeout_s=0.2, read_timeout_s=5)
+    policy = FetchPolicy(allow_hosts=("127.0.0.1",), connect_timeout_s=0.5, read_timeout_s=30)
     start = time.monotonic()
     err = _error(f"http://hang.slow.example:{server.server_port}/image.png", policy)
-    assert time.monotonic() - start < 0.6
+    assert time.monotonic() - start < SLOW_S  # not the 30 s deadline
     assert "DNS lookup of 'hang.slow.example' timed out" in err.message
 
 
-def test_fetch_counts_dns_time_against_the_deadline(server, slow_dns):
-    slow_dns.delay_s = 0.3
-    url = f"http://a.slow.example:{server.server_port}/image.png"
-    assert fetch_url(url, LOCAL) == PNG
+def test_fetch_counts_dns_time_against_the_deadline(server, monkeypatch):
+    # The lookup takes seconds of fetch's clock and none of the wall's: what is left of
+    # the 5 s deadline after it is exact, whatever the load on the machine.
+    clock = _SteppedClock()
+    dns = _InstantSlowDns(clock)
+    monkeypatch.setattr(fetch, "time", clock)
+    monkeypatch.setattr(fetch.socket, "getaddrinfo", dns.getaddrinfo)
+    dns.took_s = 2.0  # under connect_timeout_s, 3 s of the deadline left
+    assert fetch_url(f"http://a.slow.example:{server.server_port}/image.png", LOCAL) == PNG
+    dns.took_s = 4.9  # under connect_timeout_s, 0.1 s left for an answer that takes 2.5 s
     start = time.monotonic()
-    err = _error(f"http://b.slow.example:{server.server_port}/slow")
-    assert time.monotonic() - start < 1.0
+    err = _error(f"http://b.slow.example:{server.server_port}/late")
+    assert time.monotonic() - start < 2.5  # timed out before the answer, not after it
     assert err.code == UNAVAILABLE
     assert "timed out" in err.message
 
@@ -421,7 +462,7 @@ def test_fetch_rejects_bad_data_uris():
 
 @pytest.mark.parametrize("path", ["/big", "/claims-huge", "/no-length-big", "/chunked-big"])
 def test_fetch_rejects_body_over_max_bytes(base, path):
-    policy = FetchPolicy(allow_hosts=("127.0.0.1",), max_bytes=SMALL_CAP, read_timeout_s=0.5)
+    policy = FetchPolicy(allow_hosts=("127.0.0.1",), max_bytes=SMALL_CAP, read_timeout_s=5.0)
     err = _error(base + path, policy)
     assert err.code == INVALID_ARG
     assert f"over max_bytes={SMALL_CAP}" in err.message
@@ -469,7 +510,7 @@ def test_fetch_shows_bare_code_for_unknown_status(base):
     [("/reset", "connection reset"), ("/close", "connection closed without a response")],
 )
 def test_fetch_describes_network_errors_with_a_fixed_phrase(base, path, phrase):
-    err = _error(base + path, PATIENT)  # a reset or a close arrives at once
+    err = _error(base + path)  # a reset or a close arrives at once
     assert err.code == UNAVAILABLE
     assert err.message.endswith(f"unavailable: {phrase}")
     assert "Errno" not in err.message and "peer" not in err.message
@@ -556,17 +597,17 @@ def test_fetch_reports_connection_refused_as_unavailable(closed_port):
 
 def test_fetch_times_out_when_server_never_answers(base):
     start = time.monotonic()
-    err = _error(f"{base}/hang")
-    assert time.monotonic() - start < 1.5
+    err = _error(f"{base}/hang", SHORT)
+    assert time.monotonic() - start < SLOW_S  # the server holds it 30 s
     assert err.code == UNAVAILABLE
     assert "timed out" in err.message
 
 
 def test_fetch_cuts_off_slow_drip_at_total_deadline(base):
     start = time.monotonic()
-    err = _error(f"{base}/drip")
+    err = _error(f"{base}/drip", SHORT)
     elapsed = time.monotonic() - start
-    assert 0.4 < elapsed < 1.5
+    assert 0.4 < elapsed < SLOW_S  # a byte every 0.2 s for 20 s
     assert err.code == UNAVAILABLE
     assert "timed out" in err.message
 
@@ -675,12 +716,12 @@ class _Answers:
         return {g: (t, r) for g, t, r in self.calls}
 
 
-def test_fetch_pool_runs_urls_concurrently(base, pool):
-    # PATIENT: each answer takes 0.3 s; a 0.5 s read timeout failed one URL of 16.
-    urls = [f"{base}/slow?i={i}" for i in range(16)]
-    start = time.monotonic()
-    assert pool(PATIENT).fetch(urls) == [PNG] * 16
-    assert time.monotonic() - start < 2.0  # one after another: 16 x 0.3 s = 4.8 s
+def test_fetch_pool_runs_urls_concurrently(server, base, pool):
+    # The server answers none of the 16 until all 16 are in flight at once (one after
+    # another, the first waits for the others until its barrier breaks: 503).
+    server.together = threading.Barrier(16)
+    urls = [f"{base}/together?i={i}" for i in range(16)]
+    assert pool(max_concurrency=16).fetch(urls) == [PNG] * 16
 
 
 def test_fetch_pool_keeps_order_and_returns_errors(base, closed_port, pool):
@@ -723,15 +764,15 @@ def test_fetch_groups_answers_each_group_as_soon_as_its_own_urls_are_done(base, 
         [f"{base}/image.png?fast", f"{base}/drip?tarpit"],
     ]
     answers = _Answers(len(groups))
-    pool().fetch_groups(groups, answers)
-    returned = time.monotonic() - answers.start
+    pool(TARPIT).fetch_groups(groups, answers)
+    answered_at_return = {g for g, _, _ in list(answers.calls)}
     got = answers.wait()
-    assert returned < 0.3
-    for fast in (1, 2, 3):
-        assert got[fast][0] < 0.35
+    assert not answered_at_return & {0, 4}  # returned without waiting for the tarpit
+    for fast in (1, 2, 3):  # each before any tarpit group, which waits out the 3 s deadline
+        assert got[fast][0] < min(got[0][0], got[4][0])
     assert got[1][1] == [PNG] and got[2][1] == [PNG, PNG, b"x"] and got[3][1] == []
     for slow in (0, 4):
-        assert got[slow][0] > 0.4
+        assert got[slow][0] > TARPIT.read_timeout_s - 0.1
         assert got[slow][1][-1].code == UNAVAILABLE
         assert "timed out" in got[slow][1][-1].message
     assert got[4][1][0] == PNG
@@ -739,30 +780,30 @@ def test_fetch_groups_answers_each_group_as_soon_as_its_own_urls_are_done(base, 
 
 
 def test_fetch_groups_blocks_while_max_concurrency_urls_are_in_flight(base, pool):
-    fetcher = pool(max_concurrency=2)
+    fetcher = pool(TARPIT, max_concurrency=2)
     answers = _Answers(3)
     fetcher.fetch_groups([[f"{base}/hang?1"], [f"{base}/hang?2"]], answers)
     start = time.monotonic()
     fetcher.fetch_groups([[f"{base}/image.png?after-slot"]], lambda _g, r: answers(2, r))
-    assert time.monotonic() - start > 0.35
+    assert time.monotonic() - start > TARPIT.read_timeout_s / 2  # until a hang timed out
+    assert {g for g, _, _ in list(answers.calls)} & {0, 1}
     got = answers.wait()
     assert got[2][1] == [PNG]
     assert got[0][1][0].code == got[1][1][0].code == UNAVAILABLE
 
 
 def test_fetch_pool_close_returns_at_once_and_fails_waiting_urls(base, pool):
-    fetcher = pool(max_concurrency=1)
+    fetcher = pool(TARPIT, max_concurrency=1)
     answers = _Answers(2)
     fetcher.fetch_groups([[f"{base}/hang?close"]], answers)
     waiting = threading.Thread(
         target=fetcher.fetch_groups,
         args=([[f"{base}/image.png?late"]], lambda _g, r: answers(1, r)),
     )
-    waiting.start()
+    waiting.start()  # blocks for the one slot, before or after close: "shutting down" both
     time.sleep(0.1)
-    start = time.monotonic()
     fetcher.close()
-    assert time.monotonic() - start < 0.1
+    assert not answers.calls  # close did not wait for the hang (3 s to its timeout)
     got = answers.wait()
     waiting.join(2)
     assert "timed out" in got[0][1][0].message
@@ -839,8 +880,11 @@ class _UrlRequest(pb.InferenceRequest):
 
 
 @pytest.fixture
-def fetch_model(monkeypatch):
-    """The ``fetch_image`` adapter on the fake ``pb_utils``, as Triton loads it."""
+def fetch_model(monkeypatch, request):
+    """The ``fetch_image`` adapter on the fake ``pb_utils``, as Triton loads it.
+
+    Its read timeout is 5 s, or ``request.param`` (indirect parametrization).
+    """
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
     monkeypatch.setattr(pb, "TRITONSERVER_RESPONSE_COMPLETE_FINAL", FINAL, raising=False)
     path = Path(embed_runtime.__file__).parent / "models" / "fetch_image.py"
@@ -849,8 +893,8 @@ def fetch_model(monkeypatch):
     spec.loader.exec_module(module)
     params = {
         "allow_hosts": "127.0.0.1",
-        "connect_timeout_s": "0.5",
-        "read_timeout_s": "0.5",
+        "connect_timeout_s": "5",
+        "read_timeout_s": str(getattr(request, "param", 5.0)),
         "max_bytes": "100000",
         "max_redirects": "3",
         "max_concurrency": "4",
@@ -869,16 +913,16 @@ def fetch_model(monkeypatch):
     model.finalize()
 
 
+@pytest.mark.parametrize("fetch_model", [TARPIT.read_timeout_s], indirect=True)
 def test_fetch_model_answers_each_request_when_its_own_urls_are_done(fetch_model, base):
     tarpit = _UrlRequest(f"{base}/image.png?a", f"{base}/drip?model")
     fast = _UrlRequest(f"{base}/image.png?a", "data:,x")
     bad = _UrlRequest(b"\xff\xfe")
     refused = _UrlRequest("http://[2002:7f00:1::1]/x.png")
-    start = time.monotonic()
     assert fetch_model.execute([tarpit, fast, bad, refused]) is None
-    assert time.monotonic() - start < 0.3
+    assert not tarpit.sender.sent  # execute returned without waiting out the tarpit
     response, at = fast.sender.one()
-    assert at < 0.3 and fast.sender.sent[0][2] < 0.3
+    assert not tarpit.sender.sent  # the fast request was answered before the tarpit's
     assert response.output("IMAGE")[:, 0].tolist() == [PNG, b"x"]
     for request, code, fragment in (
         (bad, pb.TritonError.INVALID_ARG, "not valid UTF-8"),
@@ -888,7 +932,7 @@ def test_fetch_model_answers_each_request_when_its_own_urls_are_done(fetch_model
         response, at = request.sender.one()
         assert response.error().code() == code
         assert fragment in response.error().message()
-    assert tarpit.sender.sent[0][2] > 0.4
+    assert tarpit.sender.sent[0][2] > TARPIT.read_timeout_s - 0.1
 
 
 def test_fetch_model_applies_max_batch_bytes_per_execute(fetch_model, base):

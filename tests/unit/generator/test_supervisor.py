@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -90,21 +91,33 @@ def test_drain_settings_come_from_the_environment_and_refuse_nonsense() -> None:
 
 
 CHILD = """
-import signal, sys, time
-mode = sys.argv[1]
+import os, signal, sys, time
+mode, here = sys.argv[1], sys.argv[2]
+
+def seen():  # until the supervisor's liveness check has seen this process up
+    while True:
+        try:
+            with open(os.path.join(here, "seen")) as handle:
+                if handle.read() == str(os.getpid()):
+                    return
+        except FileNotFoundError:
+            pass
+        time.sleep(0.01)
+
 if mode == "ignore":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 elif mode == "exit3":
     sys.exit(3)
 elif mode == "kill9":
-    import os; os.kill(os.getpid(), 9)
-elif mode == "abort":  # up a moment, then the crash Triton's lock_exception ends in
-    import os; time.sleep(1.2); os.abort()
+    os.kill(os.getpid(), 9)
+elif mode == "abort":  # up, then the crash Triton's lock_exception ends in
+    seen(); os.abort()
 elif mode.startswith("orphan:"):  # a "stub" that outlives its aborted server
-    import os, subprocess
+    import subprocess
     stub = subprocess.Popen(["sleep", "60"])
     open(mode[7:], "w").write(str(stub.pid))
-    time.sleep(1.2); os.abort()
+    seen(); os.abort()
+open(os.path.join(here, "up"), "w").close()
 print("up", flush=True)
 time.sleep(60)
 """
@@ -124,21 +137,41 @@ def _supervisor(tmp_path: Path, mode: str, complete: bool = True, delay: float =
                 restarts: int = sup.DEFAULT_MAX_RESTARTS, live: bool = False):
     health = str(tmp_path / "health.json")
     lines: list[str] = []
-    run = sup.Supervisor([sys.executable, "-c", CHILD, mode], dict(os.environ), "127.0.0.1:1",
-                         "k" * 20, health, sup.DrainSettings(delay, 10.0), lines.append,
-                         restarts=restarts, is_live=lambda: live)
+
+    def is_live() -> bool:  # and tells the child it was seen up: no sleep races the check
+        (tmp_path / "seen.tmp").write_text(str(run.child.pid))
+        (tmp_path / "seen.tmp").replace(tmp_path / "seen")
+        return live
+
+    run = sup.Supervisor([sys.executable, "-c", CHILD, mode, str(tmp_path)], dict(os.environ),
+                         "127.0.0.1:1", "k" * 20, health, sup.DrainSettings(delay, 10.0),
+                         lines.append, restarts=restarts, is_live=is_live)
     run.drainer = FakeDrainer(sup.drain_marker(health), complete)
     return run, lines
 
 
-def _run_with_signal(run: sup.Supervisor, signum: int, after_s: float = 0.5) -> int:
+def _run_with_signal(run: sup.Supervisor, signum: int, after_s: float = 0.5,
+                     when: Callable[[], bool] = lambda: True) -> int:
+    """``run.run()``, sent ``signum`` ``after_s`` s in and once ``when()`` holds."""
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    timer = threading.Timer(after_s, os.kill, (os.getpid(), signum))
-    timer.start()
+    stop = threading.Event()
+
+    def send() -> None:
+        deadline = time.monotonic() + 60
+        if stop.wait(after_s):
+            return
+        while not when():
+            if stop.wait(0.02) or time.monotonic() > deadline:
+                return
+        os.kill(os.getpid(), signum)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
     try:
         return run.run()
     finally:
-        timer.cancel()
+        stop.set()
+        sender.join()
         for s, handler in saved.items():
             signal.signal(s, handler)
 
@@ -164,7 +197,8 @@ def test_sigint_drains_without_the_delay(tmp_path) -> None:
 def test_a_server_that_ignores_sigterm_after_a_full_drain_is_killed_as_idle(tmp_path) -> None:
     run, _ = _supervisor(tmp_path, "ignore")
     start = time.monotonic()
-    assert _run_with_signal(run, signal.SIGTERM) == 0
+    up = tmp_path / "up"  # written once the child ignores SIGTERM
+    assert _run_with_signal(run, signal.SIGTERM, when=up.exists) == 0
     assert sup.STOP_WAIT_S <= time.monotonic() - start < sup.STOP_WAIT_S + 5
 
 
@@ -221,11 +255,12 @@ def test_zero_restarts_and_a_clean_exit_end_serve_at_once(tmp_path) -> None:
 
 
 def test_a_signal_during_the_restart_delay_ends_serve(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(sup, "RESTART_DELAY_S", 5.0)
+    monkeypatch.setattr(sup, "RESTART_DELAY_S", 60.0)
     run, lines = _supervisor(tmp_path, "abort", restarts=3, live=True)
     start = time.monotonic()
-    assert _run_with_signal(run, signal.SIGTERM, after_s=2.0) == 128 + signal.SIGABRT
-    assert time.monotonic() - start < 4.5
+    in_delay = lambda: bool(lines)  # noqa: E731 - the restart line comes before the delay
+    assert _run_with_signal(run, signal.SIGTERM, after_s=0, when=in_delay) == 128 + signal.SIGABRT
+    assert time.monotonic() - start < 30  # not the 60 s delay
     assert len(lines) == 1 and "starting it again" in lines[0]
 
 
@@ -335,9 +370,19 @@ def test_a_stopped_test_server_leaves_no_stub_and_no_shared_memory(tmp_path) -> 
     try:
         process.stop(timeout_s=1.0)
         stub = int(stub_pid.read_text())
-        time.sleep(0.2)
         state = Path(f"/proc/{stub}/stat")
-        assert not state.exists() or state.read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+        deadline = time.monotonic() + 10  # the stub was killed: wait for it to be gone
+        while _running(state) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(state)
         assert not region.exists()
     finally:
         region.unlink(missing_ok=True)
+
+
+def _running(state: Path) -> bool:
+    """Whether the process of ``/proc/<pid>/stat`` ``state`` exists and is not a zombie."""
+    try:
+        return state.read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False

@@ -68,11 +68,13 @@ def test_run_load_counts_errors_and_keeps_samples():
 
 
 def test_run_load_stops_at_the_time_cap():
-    spec = LoadSpec(clients=2, items_per_request=1, requests_per_client=10_000, max_seconds=0.2)
+    # Uncapped, each client sends for 100 s; capped at 1 s, each sends at most 101
+    # (a request takes 10 ms or more), at least one unless a client waits 1 s for a CPU.
+    spec = LoadSpec(clients=2, items_per_request=1, requests_per_client=10_000, max_seconds=1.0)
     start = time.monotonic()
     result = run_load(lambda: FakeSender(delay_s=0.01), [[b"x"]], spec)
-    assert time.monotonic() - start < 3
-    assert 0 < result.requests < 100
+    assert time.monotonic() - start < 30
+    assert 0 < result.requests <= 2 * 101
 
 
 def test_run_load_reports_a_sender_that_cannot_start():
