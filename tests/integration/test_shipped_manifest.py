@@ -81,6 +81,7 @@ class Shipped:
 
     manifest: Manifest
     client: EmbeddingClient
+    http_url: str = ""
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,7 @@ def shipped(tmp_path_factory) -> Shipped:
     try:
         process.wait_ready(timeout_s=float(os.environ.get("TRITON_START_TIMEOUT", 240)))
         with EmbeddingClient(process.http_url, admin_key=ADMIN_KEY) as client:
-            yield Shipped(manifest, client)
+            yield Shipped(manifest, client, process.http_url)
     finally:
         process.stop()
 
@@ -201,3 +202,32 @@ def test_shipped_models_are_all_ready_from_the_manifest(shipped):
         assert listed[entry.name]["ready"] is True, entry.name
         config = shipped.client.model_config(entry.ensembles[0])
         assert config["max_batch_size"] == entry.max_batch_size
+
+
+def _readme_first_curl() -> tuple[str, dict]:
+    """The model path and the JSON body of the README's first curl, as written there."""
+    import re
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    match = re.search(r"curl -s localhost:8000(/v2/models/\S+/infer) \\\n\s*-d '([^']+)'", text)
+    assert match, "the README's first curl is not where this test reads it"
+    return match.group(1), json.loads(match.group(2))
+
+
+def test_the_readmes_first_curl_gets_embeddings_alone(shipped, reference):
+    """What a new user sends first, verbatim: no ``outputs`` named, so every declared
+    output comes back; that must be ``EMBEDDING`` alone, as the README says."""
+    import urllib.request
+
+    path, body = _readme_first_curl()
+    base = shipped.http_url if "://" in shipped.http_url else f"http://{shipped.http_url}"
+    request = urllib.request.Request(base + path, json.dumps(body).encode())
+    with urllib.request.urlopen(request, timeout=60) as response:
+        answer = json.loads(response.read())
+    assert [o["name"] for o in answer["outputs"]] == ["EMBEDDING"]
+    (output,) = answer["outputs"]
+    texts = body["inputs"][0]["data"]
+    assert output["shape"] == [len(texts), 384]
+    got = np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
+    want = reference.encode(texts, normalize_embeddings=True)
+    assert np.abs(got - want).max() <= 1e-5
