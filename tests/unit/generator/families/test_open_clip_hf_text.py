@@ -2,8 +2,8 @@
 
 Tiny random-init CLIPs with a Hugging Face text tower
 (:mod:`generator.fixtures.tiny_clip_hf_text`): open_clip's ``xlm-roberta-base-ViT-B-32``
-shape (mean pooler, MLP projection), XLM-R with its own CLS pooler, and an NLLB-CLIP-like
-M2M100 encoder (CLS, linear projection), each given as a
+shape (mean pooler, MLP projection), XLM-R with its own CLS pooler, an NLLB-CLIP-like
+M2M100 encoder (CLS, linear projection) and an mT5 encoder (mean, T5 tokenizer), each as a
 ``local-dir:`` folder that also holds the text model's ``config.json`` and its tokenizer
 files: the family builds it without the hub, and the served path (tokenizer.json, ONNX
 text tower; runtime preprocessing, ONNX image tower) equals open_clip's ``HFTokenizer``,
@@ -106,7 +106,7 @@ def test_served_text_path_matches_open_clip(built, tmp_path):
     model, _, tokenizer, out, _ = built
     path = tmp_path / "tokenizer.json"
     pad_id = write_hf_tokenizer_json(tokenizer, path, CONTEXT_LENGTH)
-    assert pad_id == 1  # XLM-R's <pad>, also what the text tower masks
+    assert pad_id == model.text.config.pad_token_id  # what the text tower masks
     served = Tokenizer.from_file(str(path))
     texts = [*TEXTS, *CHECK_TEXTS]
     ids = np.array([e.ids for e in served.encode_batch(texts)])
