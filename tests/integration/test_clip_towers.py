@@ -1,11 +1,12 @@
 """OpenCLIP beyond classic CLIP on the real server: MobileCLIP-, EVA-, PE-, CoCa-, SigLIP-shaped.
 
 The module builds its own repository from the tiny random-init models of
-:mod:`generator.fixtures.tiny_clip_towers` (``CustomTextCLIP`` with timm FastViT,
-EVA02 and Perception Encoder image towers, ``CoCa``, and a SigLIP-style model given as an open_clip
-``local-dir:`` folder with its Hugging Face tokenizer files) and
-:mod:`generator.fixtures.tiny_clip_hf_text` (an XLM-R text tower, ``hf_model_name``, whose
-folder also holds the text model's ``config.json``), and starts its own Triton.
+:mod:`generator.fixtures.tiny_clip_towers` (``CustomTextCLIP`` with timm FastViT, EVA02
+and Perception Encoder image towers, ``CoCa``, and a SigLIP-style model given as an
+open_clip ``local-dir:`` folder with its Hugging Face tokenizer files) and
+:mod:`generator.fixtures.tiny_clip_hf_text` (XLM-R, mT5 and NLLB-like text towers,
+``hf_model_name``, whose folders also hold the text model's ``config.json``), and starts
+its own Triton.
 Each model's ``_text`` and ``_image`` ensembles are held, over HTTP and gRPC, to
 open_clip in PyTorch loaded the way users load a checkpoint; one model is also loaded at
 runtime through ``model_manager`` (which builds in a worker process).
@@ -24,7 +25,8 @@ from tests.integration.conftest import serve, write_manifest
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TOWER_ARCHS = ("tiny-coca", "tiny-eva", "tiny-mobileclip", "tiny-pe-core", "tiny-siglip")
-ARCHS = (*TOWER_ARCHS, "tiny-xlmr")
+HF_TEXT = {"tiny-xlmr": "xlmr", "tiny-mt5": "mt5", "tiny-nllb": "nllb"}  # fixture variants
+ARCHS = (*TOWER_ARCHS, *HF_TEXT)
 IMAGES = sample_images()
 NAMES = sorted(IMAGES)
 TEXTS = [*varied_sentences(24), "A DIAGRAM, with “quotes” &amp; entities", "snake_case (x)!"]
@@ -40,7 +42,8 @@ def towers(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("clip-towers")
     fields = {arch: create_tiny_tower_model(arch, base / arch, seed=0) for arch in TOWER_ARCHS}
-    fields["tiny-xlmr"] = create_tiny_xlmr_clip(base / "tiny-xlmr", seed=0)
+    for arch, variant in HF_TEXT.items():
+        fields[arch] = create_tiny_xlmr_clip(base / arch, seed=0, variant=variant)
     entries = [
         {"name": arch, "family": "open-clip", "max_batch_size": 8, **fields[arch]} for arch in ARCHS
     ]
