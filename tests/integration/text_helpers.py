@@ -73,6 +73,19 @@ def infer_raw(
     return tc.infer(model, [inp]).as_numpy("EMBEDDING")
 
 
+def bytes_inputs(protocol: str, inputs: Mapping[str, Sequence[str | bytes]]) -> list:
+    """``InferInput`` of ``protocol`` for each of ``inputs`` (name: rows), a ``[N, 1]``
+    BYTES tensor of its rows (:func:`text_tensor`)."""
+    module = _MODULES[protocol]
+    items = []
+    for name, rows in inputs.items():
+        array = text_tensor(rows)
+        item = module.InferInput(name, list(array.shape), "BYTES")
+        item.set_data_from_numpy(array)
+        items.append(item)
+    return items
+
+
 def infer(
     server,
     protocol: str,
@@ -83,15 +96,9 @@ def infer(
 ) -> tuple[np.ndarray, ...]:
     """One raw request, each of ``inputs`` (name: rows) a ``[N, 1]`` BYTES tensor of its
     rows (:func:`text_tensor`); returns the arrays of ``outputs``, in that order."""
-    module = _MODULES[protocol]
     tc = raw_client(server, protocol)
     try:
-        items = []
-        for name, rows in inputs.items():
-            array = text_tensor(rows)
-            item = module.InferInput(name, list(array.shape), "BYTES")
-            item.set_data_from_numpy(array)
-            items.append(item)
+        items = bytes_inputs(protocol, inputs)
         result = tc.infer(model, items, parameters=parameters or None)
         return tuple(result.as_numpy(name) for name in outputs)
     finally:
@@ -126,13 +133,7 @@ def plain_request_outputs(
         return {o["name"]: o["shape"] for o in answer["outputs"]}
     tc = raw_client(server, "grpc")
     try:
-        items = []
-        for name, rows in inputs.items():
-            array = text_tensor(rows)
-            item = grpcclient.InferInput(name, list(array.shape), "BYTES")
-            item.set_data_from_numpy(array)
-            items.append(item)
-        answer = tc.infer(model, items).get_response()
+        answer = tc.infer(model, bytes_inputs("grpc", inputs)).get_response()
         return {o.name: list(o.shape) for o in answer.outputs}
     finally:
         tc.close()
