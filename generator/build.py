@@ -100,10 +100,10 @@ def installed_version(distribution: str) -> str:
         return "absent"
 
 
-def code_fingerprint(family_name: str | None = None) -> str:
+def code_fingerprint() -> str:
     """Hash of the code that shapes a built model dir: our packages and the build libraries.
 
-    Every family's code is in it whatever ``family_name`` says (families share modules).
+    One for every entry: families share modules, so each family's code is in it.
     """
     digest = hashlib.sha256()
     for path in code_files():
@@ -135,7 +135,7 @@ def entry_fingerprint(entry: ModelEntry, manifest: Manifest) -> str:
     """Fingerprint of everything a built entry depends on."""
     payload = {
         "entry": entry.to_dict(),
-        "code": code_fingerprint(entry.family),
+        "code": code_fingerprint(),
         "source": _source_fingerprint(entry, manifest),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
@@ -281,7 +281,7 @@ def _remove_dropped(writer, state, name: str, dirs: list[str]) -> None:
 
 
 def _build_shared(manifest: Manifest, writer, state, report, force: bool) -> None:
-    for model, fingerprint in shared_model_dirs(manifest, code_fingerprint(None)):
+    for model, fingerprint in shared_model_dirs(manifest, code_fingerprint()):
         key = f"shared:{model.name}"
         if not force and writer.is_current(key, fingerprint, state):
             continue

@@ -79,7 +79,6 @@ def embed_all(session, arrays: dict, batch: int = 64) -> np.ndarray:
     """Every sentence's embedding, in input order."""
     lengths = arrays["attention_mask"].sum(axis=1)
     order = np.argsort(lengths, kind="stable")
-    out = np.zeros((len(order), session.get_outputs()[0].shape[-1] or 0), dtype=np.float64)
     rows_out = []
     for i in range(0, len(order), batch):
         rows = order[i : i + batch]

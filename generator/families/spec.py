@@ -52,8 +52,3 @@ class Family:
     def builder(self) -> Callable:
         """``build(entry, manifest, work)`` of the family (imported now: it pulls in torch)."""
         return importlib.import_module(f"{self.package}.export").build
-
-    def source_files(self) -> list[Path]:
-        """The family's code (part of the build fingerprint of its entries)."""
-        root = Path(importlib.import_module(self.package).__file__).parent
-        return sorted(root.glob("*.py"))

@@ -222,21 +222,21 @@ def code_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_code_fingerprint_changes_when_any_build_side_module_changes(
     code_copy: Path, module: str
 ) -> None:
-    first = build.code_fingerprint("open-clip")
-    assert build.code_fingerprint("open-clip") == first
+    first = build.code_fingerprint()
+    assert build.code_fingerprint() == first
     with (code_copy / module).open("a") as f:
         f.write("\n# edited\n")
-    assert build.code_fingerprint("open-clip") != first
+    assert build.code_fingerprint() != first
 
 
 def test_code_fingerprint_ignores_bytecode_and_editor_scratch(code_copy: Path) -> None:
-    first = build.code_fingerprint(None)
+    first = build.code_fingerprint()
     cache = code_copy / "generator" / "__pycache__"
     cache.mkdir(exist_ok=True)
     (cache / "build.cpython-311.pyc").write_bytes(b"compiled")
     (code_copy / "generator" / ".build.py.swp").write_bytes(b"vim")
     (code_copy / "generator" / "build.py~").write_bytes(b"emacs")
-    assert build.code_fingerprint(None) == first
+    assert build.code_fingerprint() == first
 
 
 def test_code_fingerprint_changes_with_a_build_library_version(
@@ -246,10 +246,10 @@ def test_code_fingerprint_changes_with_a_build_library_version(
     assert versions["torch"] != "absent"
     assert build.installed_version("no-such-distribution-here") == "absent"
     monkeypatch.setattr(build, "installed_version", versions.__getitem__)
-    first = build.code_fingerprint(None)
+    first = build.code_fingerprint()
     for name, bumped in (("torch", "99.0"), ("sentence-transformers", "99.0"), ("onnx", "absent")):
         monkeypatch.setitem(versions, name, bumped)
-        assert build.code_fingerprint(None) != first, name
+        assert build.code_fingerprint() != first, name
 
 
 def test_entry_fingerprint_changes_with_a_library_upgrade(monkeypatch) -> None:
