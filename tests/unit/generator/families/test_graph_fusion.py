@@ -85,3 +85,32 @@ def test_fusion_of_a_bert_config():
 
     assert precision.Fusion.of(Bert()) == precision.Fusion("bert", 12, 384)
     assert precision.Fusion.of(_Config()) is None
+
+
+def test_a_fused_graph_that_misses_parity_is_not_kept_and_the_log_says_why(tmp_path, monkeypatch):
+    """The other side of the gate: a fused graph whose answers differ stays unused."""
+    from generator.onnx_export import ExportValidationError
+
+    graph = tmp_path / "model.onnx"
+    graph.write_bytes(b"validated fp32 graph")
+
+    def fused(src, dst, *args, **kwargs):
+        dst.write_bytes(b"fused graph")
+        return {"Attention": 2}
+
+    def refuse(path, *args, **kwargs):
+        raise ExportValidationError(path, ["EMBEDDING max abs 0.3 > 1e-4"])
+
+    monkeypatch.setattr(precision, "fuse_transformer", fused)
+    monkeypatch.setattr(precision, "validate_graph", refuse)
+    lines: list[str] = []
+
+    class Bert(_Config):
+        model_type = "bert"
+
+    assert not precision.fuse_graph(_Entry(), Bert(), graph, None, None, [], lines.append)
+    assert graph.read_bytes() == b"validated fp32 graph"
+    assert not (tmp_path / "model.fused.onnx").exists()
+    (line,) = lines
+    assert line.startswith("m: graph_fusion: the fused graph was not kept (")
+    assert "EMBEDDING max abs 0.3 > 1e-4" in line and line.endswith("graph unfused")
