@@ -104,6 +104,9 @@ class ModelEntry:
     # TOKEN_COUNT beside EMBEDDING (text models, python-ort). Off by default: a request
     # that names no output gets every output an ensemble declares, so extras are opt-in.
     token_count: bool = False
+    # The extra ensemble <name>_litellm: input input_text [N] BYTES (LiteLLM's triton/
+    # embedding provider), EMBEDDING its only output. Off by default.
+    litellm: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields (for hashing and display)."""
