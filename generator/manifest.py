@@ -104,6 +104,17 @@ class ModelEntry:
     # TOKEN_COUNT beside EMBEDDING (text models, python-ort). Off by default: a request
     # that names no output gets every output an ensemble declares, so extras are opt-in.
     token_count: bool = False
+    # open-clip preprocessing of a `checkpoint` file (open_clip uses its defaults for a file,
+    # not the tag's): preprocess_of names the pretrained tag it was trained with ("<tag>" of
+    # arch or "<arch>/<tag>", read offline from open_clip's registry); the image_* keys set
+    # fields as open_clip's create_model_and_transforms does (image_size: force_image_size).
+    preprocess_of: str | None = None
+    image_size: int | None = None
+    image_mean: tuple[float, ...] | None = None
+    image_std: tuple[float, ...] | None = None
+    image_interpolation: str | None = None
+    image_resize_mode: str | None = None
+    image_fill_color: int | None = None
     # The extra ensemble <name>_litellm: input input_text [N] BYTES (LiteLLM's triton/
     # embedding provider), EMBEDDING its only output. Off by default.
     litellm: bool = False
@@ -230,6 +241,13 @@ _OPTIONAL_SAMPLES: dict[str, object] = {
     "truncate_dim": 0,
     "max_active_dims": 0,
     "normalize": True,
+    "preprocess_of": "",
+    "image_size": 0,
+    "image_mean": (),
+    "image_std": (),
+    "image_interpolation": "",
+    "image_resize_mode": "",
+    "image_fill_color": 0,
 }
 
 
