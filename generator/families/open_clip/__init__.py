@@ -12,6 +12,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ..spec import Errors, Family
+from . import preprocess_cfg
 
 if TYPE_CHECKING:
     from ...manifest import ModelEntry
@@ -26,13 +27,12 @@ def _steps(entry: ModelEntry) -> tuple[str, ...]:
 def _check_entry(where: str, entry: ModelEntry, errors: Errors) -> None:
     if entry.pretrained and entry.checkpoint:
         errors.append(f"{where}: give either 'pretrained' or 'checkpoint', not both")
+    preprocess_cfg.check_entry(where, entry, errors)
     if entry.image_decode == "gpu":
         if entry.device != "gpu":
             errors.append(f"{where}: image_decode 'gpu' needs device 'gpu'")
         if entry.image_draft_decode:
-            errors.append(
-                f"{where}: image_decode 'gpu' and image_draft_decode exclude each other"
-            )
+            errors.append(f"{where}: image_decode 'gpu' and image_draft_decode exclude each other")
 
 
 def _default_name(request: dict[str, Any]) -> str:
@@ -49,6 +49,6 @@ FAMILY = Family(
     check_entry=_check_entry,
     check_folder=None,
     default_name=_default_name,
-    own_options=("image_decode",),
+    own_options=("image_decode", *preprocess_cfg.MANIFEST_KEYS),
     shared=(FETCH_IMAGE,),
 )

@@ -43,6 +43,7 @@ from ...onnx_export import (
 )
 from ...precision import apply_precision
 from .clean import basic_clean_steps, lower_steps, whitespace_steps
+from .preprocess_cfg import PreprocessChoice, check_resolved
 
 VALIDATION_TEXTS = (
     "a photo of a cat",
@@ -293,14 +294,23 @@ def export_towers(
     return reports
 
 
-def load_open_clip(arch: str, pretrained: str | None = None, checkpoint: str | None = None):
+def load_open_clip(
+    arch: str,
+    pretrained: str | None = None,
+    checkpoint: str | None = None,
+    preprocess: PreprocessChoice | None = None,
+):
     """``(model, eval_preprocess, tokenizer)`` for a manifest entry.
 
     ``arch`` is an open_clip architecture name, ``local-dir:``/``hf-hub:`` source, or a
     path to an architecture JSON (registered with ``open_clip.add_model_config``; its
     file stem is the architecture name). ``checkpoint`` is a local weights file.
+    ``preprocess`` (the entry's ``preprocess_of`` / ``image_*`` keys) reaches open_clip as
+    ``force_image_size`` and ``force_preprocess_cfg``, as ``create_model_and_transforms``
+    passes its own ``image_*`` arguments.
     """
     import open_clip  # noqa: PLC0415
+    from open_clip.transform import PreprocessCfg, image_transform_v2  # noqa: PLC0415
 
     if arch.endswith(".json") and Path(arch).is_file():
         open_clip.add_model_config(Path(arch))
@@ -316,9 +326,14 @@ def load_open_clip(arch: str, pretrained: str | None = None, checkpoint: str | N
             "holding open_clip_config.json, the weights and that tokenizer's files"
         ) from None
     overrides = _local_hf_text_model(arch)
+    preprocess = preprocess or PreprocessChoice()
     try:
-        model, _, preprocess_val = open_clip.create_model_and_transforms(
-            arch, pretrained=checkpoint or pretrained, **overrides
+        model = open_clip.create_model(
+            arch,
+            pretrained=checkpoint or pretrained,
+            force_image_size=preprocess.image_size,
+            force_preprocess_cfg=preprocess.force_preprocess_cfg(arch),
+            **overrides,
         )
     except OSError as exc:
         text_cfg = (open_clip.get_model_config(arch) or {}).get("text_cfg", {})
@@ -330,6 +345,8 @@ def load_open_clip(arch: str, pretrained: str | None = None, checkpoint: str | N
             "arch = 'local-dir:<folder>' holding open_clip_config.json, the weights, the "
             "tokenizer's files and the text model's config.json (save_pretrained)"
         ) from None
+    check_resolved(preprocess, model.visual.preprocess_cfg)
+    preprocess_val = image_transform_v2(PreprocessCfg(**model.visual.preprocess_cfg), False)
     pooler = getattr(getattr(model, "text", None), "pooler", None)
     if type(pooler).__name__ == "MaxPooler":  # open_clip 3.3 masks with a long tensor
         raise UnsupportedModelError(

@@ -30,6 +30,7 @@ from .assets import (
     write_tokenizer_json,
 )
 from .hf_tokenizer import is_hf_tokenizer, write_hf_tokenizer_json
+from .preprocess_cfg import PreprocessChoice
 
 
 def _load(entry: ModelEntry, manifest: Manifest):
@@ -42,7 +43,12 @@ def _load(entry: ModelEntry, manifest: Manifest):
         if not path.is_file():
             raise FileNotFoundError(f"{entry.name}: checkpoint {path} does not exist")
         checkpoint = str(path)
-    return load_open_clip(arch, pretrained=entry.pretrained, checkpoint=checkpoint)
+    return load_open_clip(
+        arch,
+        pretrained=entry.pretrained,
+        checkpoint=checkpoint,
+        preprocess=PreprocessChoice.from_entry(entry),
+    )
 
 
 def _vocab_size(model) -> int:
