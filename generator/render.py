@@ -33,6 +33,8 @@ class IOSpec:
     data_type: str
     dims: tuple[int, ...]
     ragged: bool = False
+    # The shape the steps see, when it differs from ``dims`` (a config ``reshape``).
+    reshape: tuple[int, ...] | None = None
 
     @classmethod
     def from_tensor(cls, tensor: TensorSpec, ragged: bool = False) -> IOSpec:

@@ -25,6 +25,7 @@ from ..render import (
     onnxruntime_model,
     python_model,
 )
+from .spec import LITELLM_SUFFIX
 
 # The optional per-row token count of text ensembles (python-ort encoders that take an
 # attention mask): the tokens the encoder saw, prompt and special tokens included.
@@ -42,6 +43,9 @@ TRT_WORKSPACE_BYTES = 1 << 30
 
 # The public input of text models: one string a row.
 TEXT = IOSpec("TEXT", "TYPE_STRING", (1,))
+# LiteLLM's triton/ embedding provider sends its texts as ``input_text`` of shape [N] (no
+# row dim): a non-batching ensemble takes that and Triton reshapes it to the steps' [N, 1].
+LITELLM_INPUT = IOSpec("input_text", "TYPE_STRING", (-1,), reshape=(-1, 1))
 # The files of an inference-free sparse encoder's query route (QueryRoute).
 QUERY_TOKENIZER_FILE = "query_tokenizer.json"
 QUERY_WEIGHTS_FILE = "query_weights.npy"
@@ -384,6 +388,32 @@ def chain_dir(
         [IOSpec("EMBEDDING", "TYPE_FP32", (dim,)), *extra_outputs],
         [
             Step(model, tuple((n, n) for n in ins), tuple((n, n) for n in outs))
+            for model, ins, outs in steps
+        ],
+    )
+    return ModelDir(name, config, None, {})
+
+
+def litellm_dir(
+    entry: ModelEntry, dim: int, steps: Sequence[tuple[str, Sequence[str], Sequence[str]]]
+) -> ModelDir:
+    """``<name>_litellm``: ``steps`` (as in :func:`chain_dir`) called as LiteLLM calls them.
+
+    Input ``input_text`` [N] BYTES, fed to the first step as ``TEXT`` [N, 1]; output
+    ``EMBEDDING`` [N, ``dim``] alone (LiteLLM turns every output it gets into rows). The
+    ensemble does not batch (``max_batch_size`` 0): its steps batch as they do for
+    ``<name>``, and N may be at most the entry's ``max_batch_size``. The model's default
+    prompt and ``truncate_dim`` apply (LiteLLM sends no request parameters).
+    """
+    name = f"{entry.name}{LITELLM_SUFFIX}"
+    outer = {"TEXT": LITELLM_INPUT.name}
+    config = ensemble(
+        name,
+        0,
+        [LITELLM_INPUT],
+        [IOSpec("EMBEDDING", "TYPE_FP32", (-1, dim))],
+        [
+            Step(model, tuple((n, outer.get(n, n)) for n in ins), tuple((n, n) for n in outs))
             for model, ins, outs in steps
         ],
     )

@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     from ..manifest import ModelEntry
 
 Errors = list[str]
+# The ensemble LiteLLM's triton/ embedding provider calls (manifest ``litellm = true``).
+LITELLM_SUFFIX = "_litellm"
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,9 @@ class Family:
         return (*self.ensemble_names(entry), *(f"{entry.name}_{s}" for s in self.steps(entry)))
 
     def ensemble_names(self, entry: ModelEntry) -> tuple[str, ...]:
-        """The ensembles a user calls for ``entry``."""
-        return tuple(f"{entry.name}{suffix}" for suffix in self.ensembles)
+        """The ensembles a user calls for ``entry`` (``<name>_litellm`` where it opts in)."""
+        suffixes = (*self.ensembles, *((LITELLM_SUFFIX,) if entry.litellm else ()))
+        return tuple(f"{entry.name}{suffix}" for suffix in suffixes)
 
     def builder(self) -> Callable:
         """``build(entry, manifest, work)`` of the family (imported now: it pulls in torch)."""

@@ -161,5 +161,5 @@ FAMILY = text_family(
         pipelines=(("StaticEmbedding",), ("StaticEmbedding", "Normalize")),
     ),
     check_entry=_check_entry,
-    own_options=(*PROMPT_OPTIONS, "fused_tokenize", "output_precisions", "token_count"),
+    own_options=(*PROMPT_OPTIONS, "fused_tokenize", "output_precisions", "token_count", "litellm"),
 )

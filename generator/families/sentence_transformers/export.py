@@ -29,6 +29,7 @@ from ..common import (
     TOKEN_COUNT,
     chain_dir,
     fused_encoder_dir,
+    litellm_dir,
     split_encoder_dirs,
 )
 from ..text_export import (
@@ -324,6 +325,7 @@ def _model_dirs(
                 calibration,
             ),
             chain_dir(entry, entry.name, TEXT, out_dim, [(encode, ["TEXT"], outs)], extra),
+            *_litellm_dirs(entry, out_dim, [(encode, ["TEXT"], ["EMBEDDING"])]),
         ]
     # The Python runner counts the tokens each row had (its attention mask); Triton's
     # native onnxruntime backend can only return what the graph does.
@@ -355,4 +357,14 @@ def _model_dirs(
             [(tokenize, ["TEXT"], input_names), (encode, input_names, outs)],
             extra,
         ),
+        *_litellm_dirs(
+            entry,
+            out_dim,
+            [(tokenize, ["TEXT"], input_names), (encode, input_names, ["EMBEDDING"])],
+        ),
     ]
+
+
+def _litellm_dirs(entry: ModelEntry, dim: int, steps: list) -> list[ModelDir]:
+    """``<name>_litellm`` over ``steps`` where the entry opts in (``litellm = true``)."""
+    return [litellm_dir(entry, dim, steps)] if entry.litellm else []
