@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
+from .clip_scores import ClipScoresMixin
 from .errors import EmbeddingClientError
 from .lifecycle import LifecycleMixin
 from .multivector import MultiVectorMixin
@@ -165,7 +166,7 @@ def grpc_channel_args(keepalive) -> list[tuple[str, int]]:
     ]
 
 
-class EmbeddingClient(LifecycleMixin, RerankMixin, MultiVectorMixin):
+class EmbeddingClient(LifecycleMixin, RerankMixin, MultiVectorMixin, ClipScoresMixin):
     """Embed texts and images with models served by Triton; query server state.
 
     Every failure (Triton error, unreachable server, unreadable local file, bad input)

@@ -32,6 +32,8 @@ NAMES = sorted(IMAGES)
 TEXTS = [*varied_sentences(24), "A DIAGRAM, with “quotes” &amp; entities", "snake_case (x)!"]
 # Served vs open_clip, fp32 (measured on the 2-core machine: <= 4.8e-7 for every arch).
 SERVED_MAX_ABS = 1e-5
+# client scores from served embeddings vs open_clip's forward (probabilities)
+SCORE_MAX_ABS = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +88,34 @@ def test_served_images_match_open_clip(towers, references, arch, protocol):
     assert got.shape == want.shape
     for row, name in enumerate(NAMES):
         assert _max_abs(got[row], want[row]) <= SERVED_MAX_ABS, name
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("arch", ["tiny-siglip", "tiny-mobileclip"])
+def test_client_scores_equal_open_clips(towers, references, arch, protocol):
+    """SigLIP: sigmoid(img @ txt.T * logit_scale.exp() + logit_bias); CLIP: softmax per image."""
+    import torch
+
+    server, _ = towers
+    blobs, texts = [IMAGES[name] for name in NAMES], TEXTS[:6]
+    with server.client(protocol) as client:
+        logits = client.clip_logit_params(arch)
+        got = client.clip_scores(
+            arch, client.embed_images(arch, blobs), client.embed_texts(f"{arch}_text", texts)
+        )
+    ref = references[arch]
+    with torch.no_grad():
+        image, text, scale, *rest = ref.model(ref.pixels(blobs), ref.tokenizer(texts))
+        if arch == "tiny-siglip":
+            want = torch.sigmoid(image @ text.T * scale + rest[0]).numpy()
+        else:
+            want = (scale * image @ text.T).softmax(dim=-1).numpy()
+    assert logits.sigmoid == (arch == "tiny-siglip")
+    assert logits.scale == float(scale.item())
+    spread = f"{want.min():.2e}..{want.max():.2e}"
+    print(f"\n{arch} scores {protocol}: max abs {_max_abs(got, want):.1e}, range {spread}")
+    assert got.shape == want.shape
+    assert _max_abs(got, want) <= SCORE_MAX_ABS
 
 
 def test_model_manager_loads_a_coca_checkpoint(towers):

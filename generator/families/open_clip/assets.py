@@ -204,6 +204,25 @@ def embedding_dim(model, context_length: int, image_size: int | tuple[int, int])
     return int(text.shape[-1])
 
 
+def score_parameters(model) -> dict[str, str]:
+    """``logit_scale`` and, where the model has one (SigLIP), ``logit_bias`` as config values.
+
+    ``logit_scale`` is the multiplier itself, ``logit_scale.exp()`` as open_clip's forward
+    returns it (the parameter holds its log). Values are the float32 numbers written
+    exactly (``repr`` of the float), so a client reproduces open_clip's scores:
+    ``sigmoid(image @ text.T * logit_scale + logit_bias)``, or a softmax without a bias.
+    """
+    import torch  # noqa: PLC0415
+
+    values = {}
+    for key, transform in (("logit_scale", torch.exp), ("logit_bias", None)):
+        tensor = getattr(model, key, None)
+        if isinstance(tensor, torch.Tensor) and tensor.numel() == 1:
+            tensor = tensor.detach().float()
+            values[key] = repr(float((transform(tensor) if transform else tensor).item()))
+    return values
+
+
 def text_graph_spec(context_length: int, dim: int) -> GraphSpec:
     """Graph of the text encoder: ``input_ids`` [L] int64 -> ``EMBEDDING`` [D] float32."""
     return GraphSpec(

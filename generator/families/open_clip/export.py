@@ -10,6 +10,7 @@ reproduces open_clip's tokenizer, fixed context), ``<name>_encode_text``,
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from embed_runtime.image_gpu import require_cuda_device
@@ -26,6 +27,7 @@ from .assets import (
     image_graph_spec,
     load_open_clip,
     preprocess_params_from_model,
+    score_parameters,
     text_graph_spec,
     write_tokenizer_json,
 )
@@ -80,6 +82,15 @@ def _preprocess_dir(entry: ModelEntry, name: str, parameters: dict[str, str], si
     return ModelDir(name, config, "preprocess_image", {})
 
 
+def _with_parameters(model_dir: ModelDir, parameters: dict[str, str]) -> ModelDir:
+    """``model_dir`` whose config also carries ``parameters`` (read by clients, not steps)."""
+    blocks = "".join(
+        f'parameters {{\n  key: "{key}"\n  value {{ string_value: "{value}" }}\n}}\n'
+        for key, value in sorted(parameters.items())
+    )
+    return dataclasses.replace(model_dir, config=model_dir.config + blocks)
+
+
 def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     """Export and validate both towers; describe the model dirs of one CLIP model."""
     if entry.image_decode == "gpu":  # refused before any export where it could never run
@@ -111,18 +122,8 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
         (f"{n}_encode_image", ["pixel_values"], ["EMBEDDING"]),
     ]
     string = "TYPE_STRING"
-    return [
-        tokenize_dir(entry, f"{n}_tokenize", tokenizer_json, tok_params, context),
-        encoder_dir(
-            entry,
-            f"{n}_encode_text",
-            work / "text_encoder.onnx",
-            text_spec,
-            False,
-            limits={"vocab_size": _vocab_size(model), "max_width": context},
-        ),
-        _preprocess_dir(entry, f"{n}_preprocess_image", pre.to_parameters(), pre.size),
-        encoder_dir(entry, f"{n}_encode_image", work / "image_encoder.onnx", image_spec, False),
+    scores = score_parameters(model)  # the ensembles tell clients how open_clip scores pairs
+    ensembles = [
         chain_dir(
             entry,
             f"{n}_text",
@@ -141,4 +142,18 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
             dim,
             [(FETCH_IMAGE, ["IMAGE_URL"], ["IMAGE"]), *image_steps],
         ),
+    ]
+    return [
+        tokenize_dir(entry, f"{n}_tokenize", tokenizer_json, tok_params, context),
+        encoder_dir(
+            entry,
+            f"{n}_encode_text",
+            work / "text_encoder.onnx",
+            text_spec,
+            False,
+            limits={"vocab_size": _vocab_size(model), "max_width": context},
+        ),
+        _preprocess_dir(entry, f"{n}_preprocess_image", pre.to_parameters(), pre.size),
+        encoder_dir(entry, f"{n}_encode_image", work / "image_encoder.onnx", image_spec, False),
+        *(_with_parameters(d, scores) for d in ensembles),
     ]
