@@ -15,11 +15,15 @@ import stat
 import tempfile
 import time
 
+from .external_data import align_external_data
 from .integrity import IntegrityError, verify_digests, write_digests
 
 WEIGHT_CACHE_ENV = "EMBED_ORT_CACHE_DIR"
 _CACHED_MODEL, _CACHED_WEIGHTS = "model.onnx", "weights.bin"
 CACHE_UNUSED_DAYS = 7  # a copy no server loaded for this long is removed by the next write
+# The layout of a written copy; part of the key, so copies of an older layout (version 1:
+# blobs as ONNX Runtime wrote them, unaligned) are never loaded again.
+CACHE_LAYOUT = 2
 
 
 def graph_level(ort, name: str):
@@ -81,6 +85,7 @@ def host_key(model_path: str, graph_optimization: str) -> str:
             info = os.stat(os.path.join(folder, name))
             digest.update(f"{name}:{info.st_size}:{info.st_mtime_ns}".encode())
     host = f"{ort.__version__}|{graph_optimization}|{platform.machine()}|{_cpu_flags()}"
+    host += f"|layout {CACHE_LAYOUT}"
     digest.update(host.encode())
     return digest.hexdigest()[:32]
 
@@ -117,6 +122,12 @@ def cached_model(
     names the CPU's flags and ONNX Runtime's version; the first instance writes it under
     a lock, into a folder renamed into place when complete, with the SHA-256 of every
     file it holds; a load checks them first, and a copy that fails is rewritten.
+
+    ONNX Runtime writes the blobs of the weights file back to back; a session maps the
+    file and runs MLAS's kernels on the pre-packed blobs in place, with aligned loads. So
+    the blobs are moved onto 64-byte boundaries before the digests are taken
+    (``external_data.py``): one odd-sized initializer (SPLADE's 30,522-float decoder
+    bias) had put every later pre-packed MatMul weight 8 bytes off and crashed the stub.
     """
     import onnxruntime as ort  # noqa: PLC0415 - serve-time dependency
 
@@ -148,6 +159,9 @@ def cached_model(
                 options.add_session_config_entry(name, value)
             cpu = ["CPUExecutionProvider"]
             ort.InferenceSession(model_path, sess_options=options, providers=cpu)
+            if os.path.isfile(os.path.join(work, _CACHED_WEIGHTS)):
+                # every blob on 64 bytes, or MLAS faults on a mapped pre-packed weight
+                align_external_data(os.path.join(work, _CACHED_MODEL), _CACHED_WEIGHTS)
             write_digests(work, os.listdir(work))
             os.rename(work, final)
         except BaseException:
@@ -183,3 +197,122 @@ def prune_cache(root: str, keep: str = "", days: float = CACHE_UNUSED_DAYS) -> l
         except OSError:
             continue
     return removed
+
+
+def _probe_feeds(session, vocab_size: int = 0) -> dict:
+    """Inputs for one run of ``session``: two rows, seven positions where a dim is free.
+
+    Token ids stay below ``vocab_size`` (100 when unknown); masks are ones with the
+    second row padded; type ids are zeros; float inputs are seeded normal values.
+    """
+    import numpy as np  # noqa: PLC0415 - serve-time dependency
+
+    rng = np.random.default_rng(0)
+    dtypes = {
+        "tensor(int64)": np.int64,
+        "tensor(int32)": np.int32,
+        "tensor(float)": np.float32,
+        "tensor(float16)": np.float16,
+        "tensor(double)": np.float64,
+        "tensor(bool)": bool,
+    }
+    feeds = {}
+    for arg in session.get_inputs():
+        shape = [
+            d if isinstance(d, int) and d > 0 else (2 if i == 0 else 7)
+            for i, d in enumerate(arg.shape)
+        ]
+        dtype = dtypes.get(arg.type, np.float32)
+        name = arg.name.lower()
+        if np.dtype(dtype).kind == "f":
+            value = rng.standard_normal(shape).astype(dtype)
+        elif "mask" in name:
+            value = np.ones(shape, dtype)
+            if len(shape) == 2 and shape[0] > 1 and shape[1] > 2:
+                value[1, shape[1] // 2 :] = 0
+        elif "type" in name or np.dtype(dtype).kind == "b":
+            value = np.zeros(shape, dtype)
+        else:
+            value = rng.integers(1, max(2, min(vocab_size or 100, 100)), shape).astype(dtype)
+        feeds[arg.name] = value
+    return feeds
+
+
+def compare_cached_copy(
+    model_path: str, graph_optimization: str = "all", vocab_size: int = 0
+) -> str:
+    """What differs when ``model_path`` runs from a fresh cached copy ("" when nothing).
+
+    Both sessions open as a stub opens them (``OrtEncoder``): the plain graph at
+    ``graph_optimization``, the cached copy with optimisation off.
+
+    Runs in this process: a copy that crashes ONNX Runtime ends it. The build calls
+    :func:`check_cached_copy`, which runs this in a child process.
+    """
+    import numpy as np  # noqa: PLC0415 - serve-time dependency
+    import onnxruntime as ort  # noqa: PLC0415
+
+    def session(path: str, level: str):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.graph_optimization_level = graph_level(ort, level)
+        return ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
+
+    plain = session(model_path, graph_optimization)
+    feeds = _probe_feeds(plain, vocab_size)
+    want = plain.run(None, feeds)
+    with tempfile.TemporaryDirectory(prefix="embed-cache-check-") as root:
+        os.chmod(root, 0o700)
+        copy = cached_model(model_path, graph_optimization, root=root)
+        got = session(copy, "disable").run(None, feeds)
+    for arg, a, b in zip(plain.get_outputs(), got, want, strict=True):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape:
+            return f"output {arg.name}: shape {a.shape} from the cached copy, {b.shape} plain"
+        if a.dtype.kind == "f":
+            diff = float(np.max(np.abs(a.astype(np.float64) - b), initial=0.0))
+            scale = max(1.0, float(np.max(np.abs(b), initial=0.0)))
+            if not diff <= 1e-5 * scale:  # NaN fails too
+                return f"output {arg.name}: the cached copy differs by {diff:.3g} (max abs)"
+        elif not np.array_equal(a, b):
+            return f"output {arg.name}: the cached copy's values differ"
+    return ""
+
+
+def check_cached_copy(
+    model_path: str, graph_optimization: str = "all", vocab_size: int = 0, timeout_s: float = 900.0
+) -> str:
+    """:func:`compare_cached_copy` in a child process: "" when the copy runs equal.
+
+    A crash (the SIGSEGV that an unaligned pre-packed weight caused) or a difference is
+    returned as a sentence naming it, so the build can refuse the graph instead of
+    leaving it to kill every stub that loads it.
+    """
+    import signal  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    code = (
+        "import faulthandler, sys; faulthandler.enable()\n"
+        "from embed_runtime.weight_cache import compare_cached_copy\n"
+        "problem = compare_cached_copy(sys.argv[1], sys.argv[2], int(sys.argv[3]))\n"
+        "print(problem); sys.exit(1 if problem else 0)\n"
+    )
+    args = [sys.executable, "-c", code, model_path, graph_optimization, str(vocab_size)]
+    try:
+        done = subprocess.run(  # noqa: S603 - this interpreter, our own code
+            args, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return f"the cached copy did not finish one run within {timeout_s:g} s"
+    if done.returncode < 0:
+        name = signal.Signals(-done.returncode).name
+        tail = done.stderr.strip().splitlines()[-3:]
+        return f"ONNX Runtime crashed ({name}) running the cached copy: {' | '.join(tail)}"
+    if done.returncode:
+        lines = (done.stdout.strip() or done.stderr.strip()).splitlines()
+        return lines[-1] if lines else f"the check exited with status {done.returncode}"
+    return ""

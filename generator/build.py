@@ -19,6 +19,7 @@ from pathlib import Path
 import embed_runtime
 from embed_runtime.integrity import write_digests
 
+from .cache_check import check_weight_cache
 from .families import family
 from .manifest import Manifest, ModelEntry
 from .model_dir import ModelDir
@@ -248,6 +249,7 @@ def _build_locked(manifest, repo, only, force, log) -> BuildReport:
         work.mkdir(parents=True)
         try:
             dirs = family_builder(entry.family)(entry, manifest, work)
+            check_weight_cache(dirs, log)  # each graph run from its cached copy too
             staged = [(writer.stage(model), model.name) for model in dirs]
             for path, name in staged:
                 writer.swap_in(path, name)

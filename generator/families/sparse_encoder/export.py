@@ -188,11 +188,6 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
                 )
     apply_precision(onnx_path, entry.graph_precision, spec, encoder, cases)
 
-    # The shared weight cache (ort_weight_cache) is not used: ONNX Runtime crashed
-    # (SIGSEGV) running this graph from the cached, host-optimised copy at every
-    # optimisation level, where the plain session runs it correctly. Each encoder instance
-    # keeps its own weights until that is understood.
-    entry = dataclasses.replace(entry, ort_weight_cache=False)
     return [
         *split_encoder_dirs(
             entry, tokenizer_json, tok_params, onnx_path, spec, token_limits(model),

@@ -11,7 +11,6 @@ rows are checked against the declared model's own ``encode_query`` and ``encode_
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -200,7 +199,6 @@ def build(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
             f"{entry.name}: graph_precision {entry.graph_precision!r} is not supported for "
             "an inference-free sparse encoder (fp32 only)"
         )
-    entry = dataclasses.replace(entry, ort_weight_cache=False)  # as every sparse encoder
     # Queries (request parameter task=query) are weighed by the query route's static
     # weights, documents go through the SPLADE graph; each route has its own tokenizer.
     encode = text_encoder_dir(
