@@ -44,6 +44,7 @@ from ...onnx_export import (
 from ...precision import apply_precision
 from .clean import basic_clean_steps, lower_steps, whitespace_steps
 from .preprocess_cfg import PreprocessChoice, check_resolved
+from .support import check_reproducible
 
 VALIDATION_TEXTS = (
     "a photo of a cat",
@@ -366,13 +367,7 @@ def load_open_clip(
         ) from None
     check_resolved(preprocess, model.visual.preprocess_cfg)
     preprocess_val = image_transform_v2(PreprocessCfg(**model.visual.preprocess_cfg), False)
-    pooler = getattr(getattr(model, "text", None), "pooler", None)
-    if type(pooler).__name__ == "MaxPooler":  # open_clip 3.3 masks with a long tensor
-        raise UnsupportedModelError(
-            f"arch {arch!r}: hf_pooler_type 'max_pooler' fails inside open_clip itself "
-            "(MaxPooler calls masked_fill with a long mask), so there is no reference "
-            "encode_text to serve; use mean_pooler or cls_pooler"
-        )
+    check_reproducible(model, arch)
     return model.eval(), preprocess_val, tokenizer
 
 
