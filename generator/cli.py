@@ -2,6 +2,7 @@
 
 python -m generator build                 # every entry of models.toml (skips unchanged)
 python -m generator add NAME --family sentence-transformers --source ID_OR_DIR
+python -m generator defaults     # the serving profile a bare entry gets on each device
 python -m generator remove NAME
 python -m generator list
 python -m generator serve                 # build, run tritonserver (foreground; SIGTERM drains)
@@ -29,8 +30,10 @@ from .admin import (
 )
 from .build import RepositoryWriter, build_repository, entry_fingerprint, remove_entry
 from .families import FAMILIES
-from .manifest import ManifestError, load_serving_manifest
+from .manifest import DEVICES, ManifestError, load_serving_manifest
 from .manifest_edit import append_entry, remove_entry_text, restored_on_error
+from .profiles import describe as profiles_text
+from .profiles import profile_defaults
 from .shared_models import startup_models
 from .supervisor import DrainSettings, Supervisor, max_restarts
 from .tracing import ENDPOINT_ENV, EXPORT_DELAY_ENV, RATE_ENV, RESOURCE_ENV, TraceSettings
@@ -68,6 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--pretrained", help="open_clip pretrained tag")
     add.add_argument("--checkpoint", help="local open_clip checkpoint file")
     add.add_argument("--max-batch-size", type=int)
+    add.add_argument(
+        "--device",
+        choices=DEVICES,
+        help="where the encoder runs (default cpu); the entry takes that device's profile",
+    )
+    sub.add_parser("defaults", help="print the per-device serving profiles of bare entries")
     remove = sub.add_parser("remove", help="remove a model from the manifest and repository")
     remove.add_argument("name")
     sub.add_parser("list", help="print what is served")
@@ -146,12 +155,23 @@ def _cmd_add(args) -> int:
         "pretrained": args.pretrained,
         "checkpoint": args.checkpoint,
         "max_batch_size": args.max_batch_size,
+        "device": args.device,
     }
     with restored_on_error(args.manifest):
         append_entry(args.manifest, {k: v for k, v in fields.items() if v is not None})
         manifest = load_serving_manifest(args.manifest, args.repo)
         build_repository(manifest, args.repo, only=[args.name])
-    print(f"added {args.name}: serves {', '.join(manifest.get(args.name).ensembles)}")
+    entry = manifest.get(args.name)
+    print(f"added {args.name}: serves {', '.join(entry.ensembles)}")
+    taken = profile_defaults(entry.device, entry.family, entry.encoder_backend)
+    given = {k: v for k, v in fields.items() if v is not None}
+    settings = ", ".join(f"{k} = {getattr(entry, k)!r}" for k in taken if k not in given)
+    print(f"  {entry.device} profile (python -m generator defaults): {settings}")
+    return 0
+
+
+def _cmd_defaults(_args) -> int:
+    print(profiles_text())
     return 0
 
 
@@ -277,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         "add": _cmd_add,
         "remove": _cmd_remove,
         "list": _cmd_list,
+        "defaults": _cmd_defaults,
         "tiny-clip": _cmd_tiny_clip,
         "tiny-rerank": _cmd_tiny_rerank,
         "random-text": _cmd_random_text,

