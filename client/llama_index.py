@@ -9,6 +9,10 @@
     clip.get_text_embedding("a photo of a cat")
     clip.get_image_embedding("cat.jpg")                   # a path, an http(s) URL or a BytesIO
 
+    doc_fn, query_fn = triton_sparse_functions("splade", inference_free=True)
+    store = QdrantVectorStore(..., enable_hybrid=True, sparse_doc_fn=doc_fn,
+                              sparse_query_fn=query_fn)
+
 Batches of ``embed_batch_size`` texts go to the server in one call, which the client
 splits into requests of at most the model's ``max_batch_size``. Errors are the client's
 :class:`~client.EmbeddingClientError`. The async methods run the calls in a worker thread.
@@ -17,6 +21,7 @@ splits into requests of at most the model's ``max_batch_size``. Errors are the c
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from io import BytesIO
 from typing import Any
 
@@ -24,8 +29,11 @@ from llama_index.core.embeddings import BaseEmbedding, MultiModalEmbedding
 from pydantic import Field, PrivateAttr
 
 from .langchain import _Connection
+from .sparse import as_lists
 
 ImageType = str | BytesIO
+# LlamaIndex's SparseEncoderCallable: texts -> (indices of each row, values of each row).
+SparseFunction = Callable[[list[str]], tuple[list[list[int]], list[list[float]]]]
 
 
 class _TritonFields:
@@ -61,7 +69,10 @@ class TritonEmbedding(_TritonFields, BaseEmbedding):
         if not texts:
             return []
         vectors = self._conn().call(
-            "embed_texts", self.model_name, texts, prompt_name=prompt_name,
+            "embed_texts",
+            self.model_name,
+            texts,
+            prompt_name=prompt_name,
             dimensions=self.dimensions,
         )
         return vectors.astype(float).tolist()
@@ -131,3 +142,41 @@ class TritonMultiModalEmbedding(_TritonFields, MultiModalEmbedding):
 
     async def _aget_image_embedding(self, img_file_path: ImageType) -> list[float]:
         return await asyncio.to_thread(self._get_image_embedding, img_file_path)
+
+
+def triton_sparse_functions(
+    model: str,
+    url: str | None = None,
+    protocol: str = "http",
+    *,
+    inference_free: bool = False,
+    max_active_dims: int | None = None,
+    timeout_s: float = 60.0,
+    admin_key: str | None = None,
+) -> tuple[SparseFunction, SparseFunction]:
+    """``(sparse_doc_fn, sparse_query_fn)`` of a sparse-encoder ensemble of the server.
+
+    What LlamaIndex's ``QdrantVectorStore(enable_hybrid=True, sparse_doc_fn=...,
+    sparse_query_fn=...)`` takes: texts -> each row's indices and values, the server's
+    padding removed. ``inference_free``: queries go with ``task="query"`` (the model's
+    inference-free query side), documents with ``task="document"``; otherwise no task.
+    ``max_active_dims`` keeps each row's k largest weights. Both share one connection.
+    """
+    connection = _Connection(url, protocol, timeout_s, admin_key)
+
+    def encoder(task: str) -> SparseFunction:
+        def encode(texts: list[str]) -> tuple[list[list[int]], list[list[float]]]:
+            if not texts:
+                return [], []
+            rows = connection.call(
+                "embed_sparse",
+                model,
+                list(texts),
+                task=task if inference_free else None,
+                max_active_dims=max_active_dims,
+            )
+            return as_lists(rows)
+
+        return encode
+
+    return encoder("document"), encoder("query")
