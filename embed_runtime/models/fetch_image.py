@@ -2,14 +2,24 @@
 
 All URLs of one ``execute`` are fetched concurrently on a pool built once, and each
 request is answered through its response sender as soon as its own URLs are done, so a
-slow URL never holds back the other requests of the batch; ``execute`` returns ``None``.
-(Measured on the Triton 2.51 shipped here: a non-decoupled model may send its one final
-response per request from any thread, during or after ``execute``, ensembles included.)
-``execute`` blocks while ``max_concurrency`` URLs are in flight. Each URL is checked
-against the SSRF policy; a failed URL fails only its own request.
+slow URL never holds back the other requests of the batch. (Measured on the Triton 2.51
+shipped here: a non-decoupled model may send its one final response per request from any
+thread during ``execute``, ensembles included.)
+
+``execute`` returns only once every request of its batch is answered. A request still
+open when ``execute`` has returned belongs to nobody: if the stub then dies (``kill -9``,
+the OOM killer), Triton's Python backend never answers it and the client waits for its
+own deadline (60 s, measured). While ``execute`` runs, the backend watches the stub; when
+it dies, every request of the batch not answered yet gets an error ("Stub process ... is
+not healthy") within seconds, and those already answered are left alone (the backend
+records each final response sent). So the cost of a slow URL is the instance it holds:
+batches run one at a time per instance, and ``[fetch_image] instances`` sets how many run
+side by side. Each URL is checked against the SSRF policy; a failed URL fails only its
+own request.
 """
 
 import threading
+import time
 import traceback
 
 import numpy as np
@@ -21,6 +31,11 @@ from embed_runtime.fetch_pool import FetchPool
 from embed_runtime.tokenizer import decode_texts
 
 
+# How long ``execute`` waits for its batch beyond the fetches' own deadlines before it
+# gives up holding it (a bug, never a slow URL: each fetch ends by its deadline).
+HOLD_MARGIN_S = 30.0
+
+
 class _Reply:
     """Sends the one final response of one request; later sends are dropped."""
 
@@ -28,6 +43,7 @@ class _Reply:
         self._sender = request.get_response_sender()
         self._lock = threading.Lock()
         self._sent = False
+        self.done = threading.Event()
 
     def send(self, response) -> None:
         with self._lock:
@@ -38,6 +54,8 @@ class _Reply:
             self._sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception:  # noqa: BLE001 - runs on a fetch thread; nothing to raise to
             pb_utils.Logger.log_error(traceback.format_exc())
+        finally:
+            self.done.set()
 
 
 def _response(results):
@@ -58,10 +76,16 @@ class TritonPythonModel:
         params = config_parameters(args["model_config"])
         policy = FetchPolicy.from_parameters(params)
         self.pool = FetchPool(policy, int(params["max_concurrency"]))
+        self.max_concurrency = int(params["max_concurrency"])
+        self.url_deadline_s = policy.connect_timeout_s + policy.read_timeout_s
 
     def execute(self, requests):
-        """Start every URL of every valid request; each request is answered when done."""
+        """Fetch every URL of every valid request; each request is answered when done.
+
+        Returns once all are answered (see the module's docstring for why).
+        """
         replies = [_Reply(r) for r in requests]
+        urls = len(requests)
         try:
             batch = gather_rows(
                 pb_utils,
@@ -72,13 +96,28 @@ class TritonPythonModel:
                 if response is not None:
                     reply.send(response)
             groups = [batch.items[start:stop] for _, start, stop in batch.slices()]
+            urls = sum(len(g) for g in groups)
             owners = [replies[i] for i in batch.valid]
             self.pool.fetch_groups(groups, lambda g, results: self._answer(owners[g], results))
         except Exception as exc:  # noqa: BLE001 - every request must get a response
             self.logger.log_error(traceback.format_exc())
             for reply in replies:
                 reply.send(error_response(pb_utils, exc, self.logger.log_error))
+        self._hold(replies, urls)
         return None
+
+    def _hold(self, replies: list[_Reply], urls: int) -> None:
+        """Wait until every reply is sent: URLs wait for a slot, each ends by its deadline."""
+        limit = (1 + urls // self.max_concurrency) * self.url_deadline_s + HOLD_MARGIN_S
+        until = time.monotonic() + limit
+        for reply in replies:
+            if not reply.done.wait(max(0.0, until - time.monotonic())):
+                still = sum(not r.done.is_set() for r in replies)
+                self.logger.log_error(
+                    f"fetch_image: {still} request(s) still open after {limit:g} s; "
+                    "execute returns without them"
+                )
+                return
 
     def _answer(self, reply: _Reply, results) -> None:
         try:

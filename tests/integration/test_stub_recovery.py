@@ -41,6 +41,11 @@ from tests.integration.supervised import Supervised, start_supervised
 pytestmark = pytest.mark.integration
 
 RECOVERY_S = 10.0
+# Every request in flight when a stub dies ends (an error, or its right answer) within
+# this long of the kill: the target is 5 s (measured ~1-2 s: Triton's backend sees the
+# dead stub within its 1 s health poll), the bound has room for a loaded 2-core machine.
+# Before the fetch stub held its batch, its requests waited for the client's 60 s.
+IN_FLIGHT_S = 15.0
 RESTART_S = 180.0  # a whole server loading the session's models on 2 busy cores
 CLIENTS = 8
 AFTER_S = 2.0  # load kept up this long after the recovery
@@ -179,6 +184,7 @@ def _run(serving: Supervised, call, check, kill) -> tuple[Load, Outcome]:
     output = serving.output()
     assert serving.process.poll() is None, f"generator serve ended:\n{output[-3000:]}"
     assert recovered is not None, f"not recovered after {RESTART_S} s:\n{output[-3000:]}"
+    in_flight = [(s, d, e) for s, d, e in load.results if s < killed < d]
     stats = {
         "recovery_s": round(recovered - killed, 2),
         "restarted": restarted,
@@ -189,6 +195,10 @@ def _run(serving: Supervised, call, check, kill) -> tuple[Load, Outcome]:
         "reconnecting": sum(1 for s, _, e in load.results if e and recovered < s
                             <= recovered + RECONNECT_S and any(c in e for c in CONNECT_ERRORS)),
         "slowest_failure_s": round(max((d - s for s, d, e in load.results if e), default=0), 2),
+        # requests sent before the kill and still open at it: how long after it they ended
+        "in_flight": len(in_flight),
+        "in_flight_failed": sum(1 for _, _, e in in_flight if e),
+        "in_flight_ended_s": round(max((d - killed for _, d, _ in in_flight), default=0), 2),
         "errors": sorted({e.split(" (")[0][-120:] for _, _, e in load.results if e}),
         "unhealthy_s": round(sum(0.05 for t, ok in health if not ok and t > killed), 2),
         "healthy_before": all(ok for t, ok in health if t < killed),
@@ -219,6 +229,7 @@ def _assert_recovered(serving: Supervised, load: Load, outcome: Outcome, what: s
         assert TRITON_ABORT in output and RESTARTED in output, output[-3000:]
     _assert_back(outcome, RESTART_S if outcome.restarted else RECOVERY_S)
     assert not load.wrong
+    assert outcome.stats["in_flight_ended_s"] <= IN_FLIGHT_S
     # Triton leaves a dead stub's region in /dev/shm: the watch (or the restart) removes it
     assert region and not os.path.exists(f"/dev/shm/{region}")
 
@@ -309,3 +320,87 @@ def image_server():
 
     with ImageServer({"photo.jpg": sample_images()["photo.jpg"]}) as srv:
         yield srv
+
+
+@pytest.fixture(scope="module")
+def slow_image_server():
+    """``/silent`` holds each response for 30 s: the fetch is in flight until it times out."""
+    from tests.http_servers import ImageServer
+
+    with ImageServer({"photo.jpg": sample_images()["photo.jpg"]}, hang_s=30.0) as srv:
+        yield srv
+
+
+def _wait_back(serving: Supervised, server_pid: int, model: str, victim: tuple[str, int],
+               health_file: str, reloads_before: int) -> bool:
+    """Until the killed stub's model is reloaded (or a restarted server is ready)."""
+    deadline = time.monotonic() + RESTART_S
+    while time.monotonic() < deadline:
+        now = serving.triton_pid()
+        if now != server_pid:
+            if now is not None and serving.ready():
+                return True
+        elif (_stubs_of(server_pid, model).get(victim[0]) not in (None, victim[1])
+              and _watch_reloads(health_file) > reloads_before):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_requests_inside_a_killed_fetch_stub_get_an_error_within_seconds(
+    supervised, slow_image_server, photo
+) -> None:
+    """Slow URLs in flight in ``fetch_image`` when it is killed: each gets an error soon.
+
+    Each of 8 clients sends one URL that the local server holds (the fetch would time out
+    after the session's read_timeout_s); once the fetch stub is fetching, it is killed.
+    Every request must end with an error (never an answer) within IN_FLIGHT_S of the
+    kill; before the stub held its batch in ``execute``, they waited for the client's
+    60 s deadline.
+    """
+    health_file = _healthcheck().health_file(supervised.http)
+    reloads_before = _watch_reloads(health_file)
+    server_pid = supervised.triton_pid()
+    results: list[tuple[float, str]] = []  # (ended, error or "")
+
+    def client(i: int) -> None:
+        with supervised.client("grpc") as c:
+            try:
+                c.embed_images(CLIP_MODEL, [slow_image_server.url(f"/silent?in-flight={i}")])
+                error = ""
+            except Exception as exc:
+                error = str(exc)[:300] or type(exc).__name__
+            results.append((time.monotonic(), error))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while not any("in-flight" in p for p in list(slow_image_server.httpd.seen)):
+        assert time.monotonic() < deadline, "no fetch started"
+        time.sleep(0.02)
+    time.sleep(0.3)  # inside the fetch: well before its read timeout
+    kill = _kill_stub("fetch_image")
+    _, victim = kill(server_pid)
+    killed = time.monotonic()
+    for thread in threads:
+        thread.join(timeout=90)
+    ended = sorted(round(t - killed, 2) for t, _ in results)
+    errors = sorted({e.split(" (")[0][-120:] for _, e in results})
+    print(f"\nkill -9 fetch_image with {CLIENTS} slow URLs in flight: ended after {ended} s; "
+          f"errors {errors}")
+    assert len(results) == CLIENTS
+    assert all(error for _, error in results), "a request in flight was answered"
+    assert max(ended) <= IN_FLIGHT_S
+    assert _wait_back(supervised, server_pid, "fetch_image", victim, health_file,
+                      reloads_before), supervised.output()[-3000:]
+    with supervised.client("grpc") as c:  # and the model serves again
+        deadline = time.monotonic() + RECOVERY_S
+        while True:
+            try:
+                got = c.embed_images(CLIP_MODEL, [slow_image_server.url("/img/photo.jpg")])
+                break
+            except Exception:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert got.shape[0] == 1

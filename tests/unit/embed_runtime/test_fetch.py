@@ -920,9 +920,11 @@ def test_fetch_model_answers_each_request_when_its_own_urls_are_done(fetch_model
     bad = _UrlRequest(b"\xff\xfe")
     refused = _UrlRequest("http://[2002:7f00:1::1]/x.png")
     assert fetch_model.execute([tarpit, fast, bad, refused]) is None
-    assert not tarpit.sender.sent  # execute returned without waiting out the tarpit
+    # execute held its batch until every request was answered (a stub that dies while it
+    # holds them leaves Triton's backend to fail them, never to forget them) ...
+    assert all(len(r.sender.sent) == 1 for r in (tarpit, fast, bad, refused))
     response, at = fast.sender.one()
-    assert not tarpit.sender.sent  # the fast request was answered before the tarpit's
+    assert at < tarpit.sender.sent[0][2]  # ... and answered the fast one first
     assert response.output("IMAGE")[:, 0].tolist() == [PNG, b"x"]
     for request, code, fragment in (
         (bad, pb.TritonError.INVALID_ARG, "not valid UTF-8"),
@@ -933,6 +935,33 @@ def test_fetch_model_answers_each_request_when_its_own_urls_are_done(fetch_model
         assert response.error().code() == code
         assert fragment in response.error().message()
     assert tarpit.sender.sent[0][2] > TARPIT.read_timeout_s - 0.1
+
+
+def test_fetch_model_execute_returns_only_once_its_batch_is_answered(fetch_model, base):
+    """A request left open after ``execute`` is lost with the stub; so none is left."""
+
+    def late(groups, on_done):
+        timer = threading.Timer(0.4, on_done, args=(0, [PNG]))
+        timer.start()
+
+    fetch_model.pool.fetch_groups = late
+    request = _UrlRequest(f"{base}/image.png?late")
+    start = time.monotonic()
+    fetch_model.execute([request])
+    assert time.monotonic() - start >= 0.35
+    assert len(request.sender.sent) == 1 and not request.sender.sent[0][0].has_error()
+
+
+def test_fetch_model_stops_holding_a_request_no_fetch_answers(fetch_model, monkeypatch):
+    """A bug that never answers does not hold the instance for ever: logged, returned."""
+    monkeypatch.setitem(type(fetch_model).execute.__globals__, "HOLD_MARGIN_S", 0.2)
+    fetch_model.url_deadline_s = 0.1
+    fetch_model.pool.fetch_groups = lambda groups, on_done: None
+    pb.Logger.clear()
+    start = time.monotonic()
+    fetch_model.execute([_UrlRequest("http://127.0.0.1:9/x.png")])
+    assert time.monotonic() - start < 5
+    assert any("1 request(s) still open" in m for level, m in pb.Logger.messages)
 
 
 def test_fetch_model_applies_max_batch_bytes_per_execute(fetch_model, base):
