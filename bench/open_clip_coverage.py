@@ -1,0 +1,228 @@
+"""Share of open_clip's architectures that the project builds exactly (offline, random init).
+
+For every name of ``open_clip.list_models()``: its config reduced to a size a 2-core box
+creates and exports in seconds (every transformer or CNN tower at most 2 layers / one block
+per stage, timm towers through their own ``depth`` / ``depths`` / ``layers`` arguments
+where they take one; widths, heads, pooling, projections, image size and tokenizer kept),
+created with random weights (seeded), saved, and built through the family's ``build()``
+(the path of ``generator build`` and ``model_manager``: load, refusals, tokenizer.json and
+its check, both towers exported and held to PyTorch). Each is classified:
+
+- ``exact``: built; both towers within the export gate (1e-4 / cos 0.9999) and the
+  tokenizer check passed;
+- ``exact-stand-in-tokenizer``: as exact, with a stand-in for a Hugging Face tokenizer
+  (made offline with ``tokenizers``, the kind the config names: T5-like Unigram for
+  SigLIP, Gemma-like BPE for SigLIP2, WordPiece for BERT) in a ``local-dir:`` folder,
+  since the hub's files cannot be read here;
+- ``refused``: ``UnsupportedModelError`` naming the part (or a parity failure of the gate);
+- ``offline``: cannot be created here at all (a Hugging Face text model's config.json
+  comes from the hub);
+- ``crash``: any other exception (a bug).
+
+Usage::
+
+    python -m bench.open_clip_coverage [--budget-s 1200] [--only NAME ...] [--json out.json]
+
+Architectures are visited round-robin over structural classes (tower kind, tokenizer kind),
+so a time-boxed run covers every class before repeating one; the rest are listed as not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import logging
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections import Counter, defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+_TIMM_REDUCTION = (  # (name prefix, kwargs) tried in order; full size if none fits
+    (("vit_", "eva", "vitamin"), {"depth": 2}),
+    (("convnext", "swin"), {"depths": (1, 1, 1, 1)}),
+    (("fastvit",), {"layers": (1, 1, 1, 1)}),
+)
+
+
+def _structure(cfg: dict) -> tuple[str, str, str]:
+    text, vision = cfg.get("text_cfg", {}), cfg.get("vision_cfg", {})
+    if "hf_model_name" in text:
+        text_kind = "hf-text-model"
+    elif text.get("hf_tokenizer_name"):
+        text_kind = "hf-tokenizer"
+    else:
+        text_kind = "clip-bpe"
+    if vision.get("timm_model_name"):
+        vision_kind = "timm:" + vision["timm_model_name"].split("_")[0]
+    elif isinstance(vision.get("layers"), (list, tuple)):
+        vision_kind = "resnet"
+    else:
+        vision_kind = "vit"
+    return text_kind, vision_kind, "coca" if "multimodal_cfg" in cfg else "clip"
+
+
+def reduce_config(cfg: dict) -> dict:
+    """``cfg`` with every open_clip-built tower cut to 2 layers (ResNet: 1 block per stage)."""
+    cfg = copy.deepcopy(cfg)
+    vision = cfg.get("vision_cfg", {})
+    if not vision.get("timm_model_name"):
+        layers = vision.get("layers", 12)
+        vision["layers"] = (1, 1, 1, 1) if isinstance(layers, (list, tuple)) else min(layers, 2)
+    text = cfg.get("text_cfg", {})
+    if "hf_model_name" not in text:
+        text["layers"] = min(text.get("layers", 12), 2)
+    if "multimodal_cfg" in cfg:
+        cfg["multimodal_cfg"]["layers"] = 1
+    return cfg
+
+
+@contextmanager
+def reduced_timm():
+    """timm.create_model builds the named tower at a reduced depth where it takes one."""
+    import timm
+
+    original = timm.create_model
+
+    def create(name, *args, **kwargs):
+        for prefixes, extra in _TIMM_REDUCTION:
+            if name.startswith(prefixes):
+                try:
+                    return original(name, *args, **{**kwargs, **extra})
+                except TypeError:
+                    break
+        return original(name, *args, **kwargs)
+
+    timm.create_model = create
+    try:
+        yield
+    finally:
+        timm.create_model = original
+
+
+def _stand_in_tokenizer(folder: Path, text_cfg: dict) -> None:
+    from generator.fixtures.tiny_clip_towers import (
+        write_tiny_gemma_like_tokenizer,
+        write_tiny_hf_tokenizer,
+        write_tiny_wordpiece_tokenizer,
+    )
+
+    name = text_cfg["hf_tokenizer_name"].lower()
+    vocab = min(600, int(text_cfg.get("vocab_size", 600)))
+    if "siglip2" in name or "gemma" in name:
+        write_tiny_gemma_like_tokenizer(folder, vocab)
+    elif "bert" in name and "roberta" not in name:
+        write_tiny_wordpiece_tokenizer(folder, vocab)
+    else:
+        write_tiny_hf_tokenizer(folder, vocab)
+
+
+def _prepare(name: str, cfg: dict, folder: Path) -> tuple[dict, str]:
+    """Create and save the reduced model; the manifest fields and its tokenizer kind."""
+    import open_clip
+    import torch
+
+    folder.mkdir(parents=True)
+    arch = f"cov-{name}"
+    config = folder / f"{arch}.json"
+    config.write_text(json.dumps(cfg))
+    open_clip.add_model_config(config)
+    torch.manual_seed(0)
+    model = open_clip.create_model(arch, pretrained=None)
+    if cfg["text_cfg"].get("hf_tokenizer_name"):
+        _stand_in_tokenizer(folder, cfg["text_cfg"])
+        local = {"model_cfg": cfg, "preprocess_cfg": {}}
+        (folder / "open_clip_config.json").write_text(json.dumps(local))
+        torch.save(model.state_dict(), folder / "open_clip_pytorch_model.bin")
+        return {"arch": f"local-dir:{folder}"}, "stand-in"
+    torch.save(model.state_dict(), folder / "weights.pt")
+    return {"arch": str(config), "checkpoint": str(folder / "weights.pt")}, "own"
+
+
+def check_one(name: str, work: Path) -> tuple[str, str]:
+    """(class, detail) for one open_clip architecture."""
+    import open_clip
+
+    from generator.declared_kind import UnsupportedModelError
+    from generator.families.open_clip.export import build
+    from generator.manifest import parse_manifest
+    from generator.onnx_export import ExportValidationError
+
+    cfg = open_clip.get_model_config(name)
+    if "hf_model_name" in cfg.get("text_cfg", {}):
+        return "offline", f"text model {cfg['text_cfg']['hf_model_name']!r} needs the hub"
+    cfg = reduce_config(cfg)
+    try:
+        fields, tokenizer = _prepare(name, cfg, work / name)
+        entry = {"name": "m", "family": "open-clip", "max_batch_size": 4, **fields}
+        manifest = parse_manifest({"models": [entry]}, work)
+        out = work / name / "build"
+        out.mkdir()
+        build(manifest.models[0], manifest, out)
+    except UnsupportedModelError as exc:
+        return "refused", str(exc).splitlines()[0][:300]
+    except ExportValidationError as exc:
+        return "refused", "parity gate: " + "; ".join(exc.failures)[:300]
+    except Exception as exc:  # noqa: BLE001 - every other failure is what this counts
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        return "crash", f"{type(exc).__name__}: {str(exc)[:200]} ({where.filename}:{where.lineno})"
+    return ("exact" if tokenizer == "own" else "exact-stand-in-tokenizer"), ""
+
+
+def _order(names: list[str]) -> list[str]:
+    import open_clip
+
+    classes: dict[tuple, list[str]] = defaultdict(list)
+    for name in sorted(names):
+        classes[_structure(open_clip.get_model_config(name))].append(name)
+    queues = [classes[k] for k in sorted(classes)]
+    ordered = []
+    while any(queues):
+        ordered += [q.pop(0) for q in queues if q]
+    return ordered
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the survey; print one line per architecture, then the counts."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-s", type=float, default=1200.0)
+    parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    import open_clip
+    import torch
+
+    torch.set_num_threads(2)
+    names = args.only or open_clip.list_models()
+    ordered = _order(names)
+    results: dict[str, tuple[str, str, float]] = {}
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp, reduced_timm():
+        for name in ordered:
+            if time.monotonic() - start > args.budget_s:
+                results[name] = ("not-run", "time box", 0.0)
+                continue
+            t0 = time.monotonic()
+            kind, detail = check_one(name, Path(tmp))
+            results[name] = (kind, detail, time.monotonic() - t0)
+            print(f"{name:40s} {kind:26s} {results[name][2]:5.1f}s {detail}", flush=True)
+            gc.collect()
+    counts = Counter(kind for kind, _, _ in results.values())
+    total = len(results)
+    print(f"\n{total} architectures, {time.monotonic() - start:.0f} s")
+    for kind, n in counts.most_common():
+        print(f"  {kind:26s} {n:4d}  ({100 * n / total:.0f}%)")
+    if args.json:
+        args.json.write_text(json.dumps({k: list(v) for k, v in results.items()}, indent=1))
+    return 1 if counts.get("crash") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
