@@ -114,7 +114,9 @@ clean:
 	rm -rf $(VENV) .build model_repository/*/ model_repository/.generator-state.json
 
 # Benchmark suite: Triton vs the raw ONNX Runtime ceiling and peer services, written to
-# docs/benchmarks.md (BENCH_ARGS="--quick" for a smoke test, "--device gpu" on a GPU), the
+# docs/benchmarks.md (BENCH_ARGS="--quick" for a smoke test, "--device gpu" on a GPU),
+# a bare manifest entry against the tuned one and the generic one, side by side
+# (bench.studies.bare_entry, gate >= 0.95x at every load; BARE_ARGS="--quick"), the
 # rerank load (bench.rerank, RERANK_ARGS="--quick"),
 # then the precision / graph-optimisation knobs in-process, written to docs/precision.md,
 # then the rate of each model kind beyond dense text (static, sparse, multi-vector, LLM
@@ -128,6 +130,7 @@ clean:
 bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)
 	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[bench]"
 	$(PY) -m bench.run $(BENCH_ARGS)
+	$(PY) -m bench.studies.bare_entry $(BARE_ARGS)
 	$(PY) -m bench.rerank $(RERANK_ARGS)
 	$(PY) -m bench.studies.precision $(PRECISION_ARGS)
 	$(PY) -m bench.studies.model_kinds $(KINDS_ARGS)

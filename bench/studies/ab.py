@@ -22,13 +22,14 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from bench.common import logger
-from bench.loads import text_loads
+from bench.loads import BenchLoad, text_loads
 from bench.machine import CpuMonitor
 from bench.manifest import BUILD, TEXT_MODEL, bench_manifest, parse_overrides
 from client.load.loadgen import run_triton_load
 from client.load.workload import text_pool, text_requests
 from generator.admin import KEY_ENV
 from generator.build import build_repository
+from generator.manifest import Manifest
 from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 
 log = logger("bench")
@@ -49,18 +50,70 @@ def parse_args(argv=None) -> argparse.Namespace:
 def start(variant: str, index: int, stack: ExitStack) -> TritonPorts:
     """Build and start the server of one variant; returns its ports."""
     overrides = parse_overrides([p for p in variant.split(";") if p.strip()])
-    manifest = bench_manifest("cpu", False, overrides)
-    repo = BUILD / f"ab-repo-{index}"
+    ports = serve(bench_manifest("cpu", False, overrides), f"ab-{index}", stack)
+    log(f"variant {index} {variant or '(shipped)'}: grpc {ports.grpc}, http {ports.http}")
+    return ports
+
+
+def serve(manifest: Manifest, label: str, stack: ExitStack) -> TritonPorts:
+    """Build ``manifest`` into ``.build/<label>-repo`` and serve its text model.
+
+    Triton is stopped by ``stack``; returns its ports once ready.
+    """
+    repo = BUILD / f"{label}-repo"
     build_repository(manifest, repo, log=log)
     ports = TritonPorts(*free_ports(3))
     key = os.environ.setdefault(KEY_ENV, secrets.token_urlsafe(32))
     launch = TritonLaunch(repo, ports, load_models=(TEXT_MODEL,), admin_key=key)
-    process = TritonProcess(launch, BUILD / f"ab-work-{index}")
+    process = TritonProcess(launch, BUILD / f"{label}-work")
     process.start()
     stack.callback(process.stop)
     process.wait_ready(timeout_s=300)
-    log(f"variant {index} {variant or '(shipped)'}: grpc {ports.grpc}, http {ports.http}")
     return ports
+
+
+def rotate(
+    servers: list[TritonPorts], loads: list[BenchLoad], repeats: int, pool: list[str],
+    protocol: str,
+) -> list[dict]:
+    """Every load on every server, ``repeats`` times, the server order rotated per repeat.
+
+    One row of figures per run (``variant`` is the server's index).
+    """
+    monitor = CpuMonitor()
+    rows: list[dict] = []
+    for repeat in range(repeats):
+        for load in loads:
+            spec = load.spec
+            count = spec.clients * (spec.warmup_requests + spec.requests_per_client)
+            requests = text_requests(pool, spec.items_per_request, count)
+            order = list(range(len(servers)))
+            shift = repeat % len(order)
+            for i in order[shift:] + order[:shift]:
+                ports = servers[i]
+                url = f"127.0.0.1:{ports.grpc if protocol == 'grpc' else ports.http}"
+                monitor.start()
+                result = run_triton_load(
+                    url, protocol, TEXT_MODEL, "TEXT", requests, spec, load.key
+                )
+                foreign = monitor.stop().foreign_share
+                rows.append(
+                    {
+                        "repeat": repeat,
+                        "load": load.key,
+                        "variant": i,
+                        "items_per_s": result.items_per_s,
+                        "p50_ms": result.median_ms,
+                        "errors": result.errors,
+                        "foreign_cpu": foreign,
+                    }
+                )
+                log(
+                    f"{load.key:7s} v{i} {result.items_per_s:7.1f}/s "
+                    f"p50 {result.median_ms:7.2f} ms errors {result.errors} "
+                    f"foreign {foreign:.0%}"
+                )
+    return rows
 
 
 def main(argv=None) -> int:
@@ -68,41 +121,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     loads = [ld for ld in text_loads(False) if not args.load or ld.key in args.load]
     pool = text_pool(args.pool)
-    monitor = CpuMonitor()
-    rows: list[dict] = []
     with ExitStack() as stack:
         servers = [start(v, i, stack) for i, v in enumerate(args.variant)]
-        for repeat in range(args.repeats):
-            for load in loads:
-                spec = load.spec
-                count = spec.clients * (spec.warmup_requests + spec.requests_per_client)
-                requests = text_requests(pool, spec.items_per_request, count)
-                order = list(range(len(servers)))
-                shift = repeat % len(order)
-                for i in order[shift:] + order[:shift]:
-                    ports = servers[i]
-                    url = f"127.0.0.1:{ports.grpc if args.protocol == 'grpc' else ports.http}"
-                    monitor.start()
-                    result = run_triton_load(
-                        url, args.protocol, TEXT_MODEL, "TEXT", requests, spec, load.key
-                    )
-                    foreign = monitor.stop().foreign_share
-                    rows.append(
-                        {
-                            "repeat": repeat,
-                            "load": load.key,
-                            "variant": i,
-                            "items_per_s": result.items_per_s,
-                            "p50_ms": result.median_ms,
-                            "errors": result.errors,
-                            "foreign_cpu": foreign,
-                        }
-                    )
-                    log(
-                        f"{load.key:7s} v{i} {result.items_per_s:7.1f}/s "
-                        f"p50 {result.median_ms:7.2f} ms errors {result.errors} "
-                        f"foreign {foreign:.0%}"
-                    )
+        rows = rotate(servers, loads, args.repeats, pool, args.protocol)
     print(f"\nmedians of {args.repeats} repeats ({args.protocol})")
     for i, variant in enumerate(args.variant):
         print(f"  v{i}: {variant or '(shipped models.toml)'}")

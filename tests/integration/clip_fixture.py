@@ -24,6 +24,7 @@ def tiny_clip_entry(directory: Path) -> dict:
         "arch": str(directory / "tiny-clip.json"),
         "checkpoint": str(checkpoint),
         "max_batch_size": 16,
+        "encoder_instances": 1,  # one process per tower (the CPU profile would give two)
         "max_queue_delay_us": 5000,
         "max_rows_per_run": 8,
     }

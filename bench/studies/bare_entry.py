@@ -1,0 +1,157 @@
+"""A bare manifest entry against the tuned one, side by side (part of ``make bench``).
+
+    python -m bench.studies.bare_entry [--quick] [--repeats 3] [--protocol grpc]
+
+Three servers of all-MiniLM-L6-v2, all started before the first load:
+
+- ``bare``: ``name``, ``family`` and ``source`` only, so every serving knob comes from
+  the CPU profile (:mod:`generator.profiles`), as after ``generator add``;
+- ``tuned``: the settings measured best on a CPU written out key by key, as the shipped
+  ``models.toml`` carried them before the profile existed (:data:`TUNED`);
+- ``plain``: every profile key pinned to the manifest's generic default (what a bare
+  entry was served with before the profile: 2 ms queue delay, 32-row chunks padded to
+  their longest row, the split tokenizer, one encoder process, unbounded queues).
+
+Every repeat runs each text load of ``bench.run`` on each server in a rotated order
+(``bench.studies.ab``); the ratio bare / tuned is taken inside each repeat and its
+median printed per load with the gate (>= 0.95x). Writes
+``bench/results/bare-entry-<time>.json`` (``.build/bench-results`` with ``--quick``).
+Exits 1 when a load's median ratio is under the gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import Any
+
+from bench.common import logger, median, save_results, table
+from bench.loads import text_loads
+from bench.machine import machine_info
+from bench.manifest import ROOT, TEXT_DEFAULTS
+from bench.studies.ab import rotate, serve
+from client.load.workload import text_pool
+from generator.manifest import ModelEntry, parse_manifest
+from generator.profiles import PROFILES, profile_defaults
+
+log = logger("bare-entry", sys.stdout)
+GATE = 0.95
+# The CPU settings as models.toml carried them by hand (docs/benchmarks.md measures each).
+TUNED: dict[str, Any] = {
+    "max_batch_size": 64,
+    "max_queue_delay_us": 0,
+    "max_rows_per_run": 64,
+    "max_padding_share": 0.1,
+    "encoder_instances": 2,
+    "ort_threads_shared": -1,
+    "ort_spin_us": 20,
+    "fused_tokenize": True,
+}
+_GENERIC = {f.name: f.default for f in dataclasses.fields(ModelEntry)}
+
+
+def variants() -> dict[str, dict[str, Any]]:
+    """The three manifest entries by label (``bare`` first)."""
+    profiled = {key for kind in PROFILES["cpu"].values() for key in kind}
+    return {
+        "bare": dict(TEXT_DEFAULTS),
+        "tuned": {**TEXT_DEFAULTS, **TUNED},
+        "plain": {**TEXT_DEFAULTS, **{key: _GENERIC[key] for key in sorted(profiled)}},
+    }
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.studies.bare_entry", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="few requests, 1 repeat")
+    parser.add_argument("--repeats", type=int, help="repeats of every load (default 3)")
+    parser.add_argument("--pool", type=int, default=512, help="distinct sentences")
+    parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    return parser.parse_args(argv)
+
+
+def ratios(rows: list[dict], loads: list[str], labels: list[str]) -> dict[str, dict]:
+    """Per load: each variant's median items/s and p50, and bare / tuned per repeat."""
+    out: dict[str, dict] = {}
+    for load in loads:
+        mine = [r for r in rows if r["load"] == load]
+        figures: dict[str, Any] = {}
+        for i, label in enumerate(labels):
+            runs = [r for r in mine if r["variant"] == i]
+            figures[label] = {
+                "items_per_s": median(r["items_per_s"] for r in runs),
+                "p50_ms": median(r["p50_ms"] for r in runs),
+                "errors": sum(r["errors"] for r in runs),
+            }
+        per_repeat = []
+        for repeat in sorted({r["repeat"] for r in mine}):
+            rate = {r["variant"]: r["items_per_s"] for r in mine if r["repeat"] == repeat}
+            per_repeat.append(rate[0] / rate[1])
+        figures["bare_over_tuned"] = median(per_repeat)
+        figures["bare_over_tuned_runs"] = per_repeat
+        out[load] = figures
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve the three entries, run the loads in rotation, print and save; 1 below the gate."""
+    args = parse_args(argv)
+    repeats = args.repeats or (1 if args.quick else 3)
+    loads = text_loads(args.quick)
+    pool = text_pool(args.pool)
+    entries = variants()
+    labels = list(entries)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with ExitStack() as stack:
+        servers = []
+        for label, entry in entries.items():
+            manifest = parse_manifest({"models": [entry]}, ROOT, f"{label} entry")
+            servers.append(serve(manifest, f"bare-entry-{label}", stack))
+        rows = rotate(servers, loads, repeats, pool, args.protocol)
+    figures = ratios(rows, [ld.key for ld in loads], labels)
+    header = ["load", *(f"{label} items/s" for label in labels), "bare / tuned", "gate"]
+    lines = [
+        [
+            load,
+            *(f"{f[label]['items_per_s']:.1f}" for label in labels),
+            f"{f['bare_over_tuned']:.3f}x",
+            "ok" if f["bare_over_tuned"] >= GATE else f"BELOW {GATE}",
+        ]
+        for load, f in figures.items()
+    ]
+    print(f"\nmedians of {repeats} repeats ({args.protocol}); bare takes the CPU profile:")
+    profile = profile_defaults("cpu", "sentence-transformers", "python-ort")
+    print("  " + ", ".join(f"{k} = {v!r}" for k, v in profile.items()))
+    print(table(header, lines))
+    results = {
+        "started": started,
+        "machine": machine_info(),
+        "protocol": args.protocol,
+        "repeats": repeats,
+        "variants": entries,
+        "figures": figures,
+        "rows": rows,
+    }
+    if args.quick:
+        out = ROOT / ".build" / "bench-results"
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / "bare-entry-quick.json"
+        path.write_text(json.dumps(results, indent=1))
+        print(f"wrote {path}")
+    else:
+        print(f"wrote {save_results(results, 'bare-entry')}")
+    below = [load for load, f in figures.items() if f["bare_over_tuned"] < GATE]
+    return 1 if below and not args.quick else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""The bare-entry study compares what it says: a bare entry, the hand-tuned one, the generic one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.studies.bare_entry import TUNED, ratios, variants
+from generator.manifest import ModelEntry, parse_manifest
+
+
+def _served(entry: dict) -> ModelEntry:
+    return parse_manifest({"models": [entry]}, Path("/b")).models[0]
+
+
+def test_the_bare_entry_names_no_knob_and_the_tuned_one_writes_them_out() -> None:
+    bare, tuned, plain = (_served(e) for e in variants().values())
+    assert set(variants()["bare"]) == {"name", "family", "source"}
+    # Served alike: the profile is the tuned settings; the study checks it stays so.
+    assert bare == tuned
+    for key, value in TUNED.items():
+        assert getattr(tuned, key) == value
+    # The generic entry is what a bare one was before the profile.
+    assert (plain.fused_tokenize, plain.encoder_instances, plain.max_queue_delay_us) == (
+        False,
+        1,
+        2000,
+    )
+    assert (plain.max_rows_per_run, plain.max_padding_share, plain.max_queue_size) == (32, 1.0, 0)
+
+
+def test_ratios_are_taken_inside_each_repeat_and_their_median_kept() -> None:
+    rows = [
+        {"repeat": r, "load": "1 x 1", "variant": v, "items_per_s": rate, "p50_ms": 1.0,
+         "errors": 0}
+        for r, rates in enumerate(((90.0, 100.0, 10.0), (200.0, 100.0, 10.0), (99.0, 100.0, 1.0)))
+        for v, rate in enumerate(rates)
+    ]
+    figures = ratios(rows, ["1 x 1"], ["bare", "tuned", "plain"])["1 x 1"]
+    assert figures["bare_over_tuned_runs"] == [0.9, 2.0, 0.99]
+    assert figures["bare_over_tuned"] == 0.99
+    assert figures["tuned"]["items_per_s"] == 100.0
