@@ -35,7 +35,7 @@ from .manifest_edit import append_entry, remove_entry_text, restored_on_error
 from .profiles import describe as profiles_text
 from .profiles import profile_defaults
 from .shared_models import startup_models
-from .supervisor import DrainSettings, Supervisor, max_restarts
+from .supervisor import DrainSettings, Supervisor, max_restarts, start_stall_s
 from .tracing import ENDPOINT_ENV, EXPORT_DELAY_ENV, RATE_ENV, RESOURCE_ENV, TraceSettings
 from .triton_local import (
     TritonLaunch,
@@ -232,6 +232,7 @@ def _cmd_random_text(args) -> int:
 def _cmd_serve(args) -> int:
     drain = DrainSettings.from_env()  # a typo in these settings fails before the build
     restarts = max_restarts()
+    stall_s = start_stall_s()
     trace = TraceSettings.resolve(
         args.trace_endpoint, args.trace_rate, args.trace_resource, args.trace_export_delay_ms
     )
@@ -275,6 +276,7 @@ def _cmd_serve(args) -> int:
     supervisor = Supervisor(
         cmd, launch_env(launch), local_http_url(launch), launch.admin_key,
         health_path(launch.ports.http), drain, restarts=restarts, shm_prefix=launch.shm_prefix,
+        stall_s=stall_s,
     )
     return supervisor.run()
 

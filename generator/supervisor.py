@@ -45,6 +45,16 @@ other than ours is started again after ``RESTART_DELAY_S``, at most
 never came up (a bad model or config: a restart would fail the same way), this process
 exits with its status so that Docker or Kubernetes sees a crash loop. ``0`` turns the
 restarts off. The health check fails while the new server loads (it probes readiness).
+
+A start can also hang: about one pod start in twelve under load never listened, every
+model but one loaded, ``tritonserver`` and two encoder stubs asleep in futex waits. A
+loading server burns CPU (exporting nothing, it still reads, maps and initialises every
+model), a hung one none. So until the server first answers ``/v2/health/live``, the
+CPU time of its whole process group (server and stubs) is watched: a start whose
+processes used less than 1 % of a core over ``EMBED_START_STALL_S`` seconds (default
+120; 0: no watch) is killed, with the reason in the log, and started again within the
+same restart budget as a crash. Docker and Kubernetes run ``generator serve`` as the
+container's main process, so they get the same watch.
 """
 
 from __future__ import annotations
@@ -73,6 +83,9 @@ RESTARTS_ENV = "EMBED_MAX_RESTARTS"
 DEFAULT_MAX_RESTARTS = 3
 RESTART_WINDOW_S = 600.0
 RESTART_DELAY_S = 1.0
+STALL_ENV = "EMBED_START_STALL_S"
+DEFAULT_STALL_S = 120.0
+STALL_CPU_SHARE = 0.01  # of one core: less over the whole window is no progress
 STOP_WAIT_S = 3.0
 MANAGER_MODEL = "model_manager"
 PR_SET_PDEATHSIG = 1
@@ -105,6 +118,56 @@ def max_restarts(env: dict[str, str] | None = None) -> int:
     if not raw.isdigit() or int(raw) > 100:
         raise ValueError(f"{RESTARTS_ENV}={raw!r}: expected a whole number from 0 to 100")
     return int(raw)
+
+
+def start_stall_s(env: dict[str, str] | None = None) -> float:
+    """``EMBED_START_STALL_S``: seconds without progress before a start is cut (0: never)."""
+    env = os.environ if env is None else env
+    return _seconds(env, STALL_ENV, DEFAULT_STALL_S)
+
+
+def group_cpu_seconds(pgid: int, proc: str = "/proc") -> float:
+    """CPU seconds (user + system) used so far by the live processes of group ``pgid``."""
+    ticks = 0
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(os.path.join(entry.path, "stat"), encoding="ascii") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError, UnicodeDecodeError):
+            continue  # gone meanwhile
+        # After "pid (comm)": state, ppid, pgrp, ..., utime (12th), stime (13th).
+        if int(fields[2]) == pgid:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class StartWatch:
+    """Whether a starting server still makes progress: its processes keep using CPU.
+
+    ``cpu()`` gives the CPU seconds used so far; ``clock()`` the time. Progress is at
+    least ``STALL_CPU_SHARE`` of a core since the last progress; :meth:`stalled` says
+    why once ``window_s`` seconds have passed without it.
+    """
+
+    def __init__(self, window_s: float, cpu: Callable[[], float],
+                 clock: Callable[[], float] = time.monotonic):
+        self.window_s = window_s
+        self.cpu = cpu
+        self.clock = clock
+        self.since, self.used = clock(), cpu()
+
+    def stalled(self) -> str | None:
+        """None while the start progresses; else what was seen, for the log."""
+        now, used = self.clock(), self.cpu()
+        if used - self.used >= STALL_CPU_SHARE * self.window_s:
+            self.since, self.used = now, used
+            return None
+        if now - self.since < self.window_s:
+            return None
+        return (f"no progress for {now - self.since:.0f} s ({used - self.used:.2f} s of CPU "
+                f"used by the server and its stubs; {STALL_ENV}={self.window_s:g})")
 
 
 def describe_status(status: int) -> str:
@@ -189,7 +252,8 @@ class Supervisor:
                  log: Callable[[str], None] = lambda m: print(m, flush=True),
                  restarts: int = DEFAULT_MAX_RESTARTS,
                  is_live: Callable[[], bool] | None = None, shm_prefix: str = "",
-                 shm_dir: str = "/dev/shm"):  # noqa: S108 - where shm_open puts regions
+                 shm_dir: str = "/dev/shm",  # noqa: S108 - where shm_open puts regions
+                 stall_s: float = DEFAULT_STALL_S):
         self.cmd = cmd
         self.env = env
         api = RepositoryApi(http_url, admin_key, timeout_s=10.0)
@@ -206,6 +270,8 @@ class Supervisor:
         self.restarts: list[float] = []  # when each crash was restarted (monotonic)
         self.shm_prefix = shm_prefix
         self.shm_dir = shm_dir
+        self.stall_s = stall_s
+        self.stalled: str | None = None  # why the last start was cut, if it was
 
     def _on_signal(self, signum: int, _frame) -> None:
         self.signals.append(signum)
@@ -233,7 +299,9 @@ class Supervisor:
         self._clear_marker()
         while True:
             status, served = self._serve_once()
-            if self.signals or status == 0 or not served or not self._restart(status):
+            if self.signals or status == 0 or not (served or self.stalled):
+                break
+            if not self._restart(status):
                 break
         self._clear_marker()
         if self.drained and status in (0, -signal.SIGTERM, -signal.SIGKILL):
@@ -246,9 +314,17 @@ class Supervisor:
             self.cmd, env=self.env, start_new_session=True, preexec_fn=_die_with_parent,
         )
         served = False
+        self.stalled = None
+        pgid = self.child.pid
+        watch = StartWatch(self.stall_s, lambda: group_cpu_seconds(pgid)) if self.stall_s else None
         while self.child.poll() is None and not self.signals:
             self.wake.wait(0.5)
             served = served or (self.child.poll() is None and self.is_live())
+            if not served and watch is not None and (why := watch.stalled()) is not None:
+                self.stalled = why
+                self.log(f"tritonserver start stalled: {why}; killing it")
+                self._kill(signal.SIGKILL)
+                break
         if self.signals and self.child.poll() is None:
             self.drain(self.signals[0])
         status = self.child.wait()
@@ -268,7 +344,8 @@ class Supervisor:
         """Whether a server that died with ``status`` is started again (module doc)."""
         now = time.monotonic()
         self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_S]
-        died = f"tritonserver died ({describe_status(status)})"
+        died = ("tritonserver start stalled" if self.stalled
+                else f"tritonserver died ({describe_status(status)})")
         if len(self.restarts) >= self.max_restarts:
             self.log(f"{died}; not restarted: {len(self.restarts)} restarts within the last "
                      f"{RESTART_WINDOW_S:g} s ({RESTARTS_ENV}={self.max_restarts})")

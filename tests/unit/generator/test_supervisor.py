@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -106,6 +107,13 @@ def seen():  # until the supervisor's liveness check has seen this process up
 
 if mode == "ignore":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+elif mode == "hang":  # a start that never listens and uses no CPU (futex waits)
+    time.sleep(600)
+elif mode.startswith("busy:"):  # a slow start: CPU, no port, then a failure of its own
+    end = time.monotonic() + float(mode[5:])
+    while time.monotonic() < end:
+        pass
+    sys.exit(3)
 elif mode == "exit3":
     sys.exit(3)
 elif mode == "kill9":
@@ -134,7 +142,8 @@ class FakeDrainer:
 
 
 def _supervisor(tmp_path: Path, mode: str, complete: bool = True, delay: float = 0.0,
-                restarts: int = sup.DEFAULT_MAX_RESTARTS, live: bool = False):
+                restarts: int = sup.DEFAULT_MAX_RESTARTS, live: bool = False,
+                stall_s: float = sup.DEFAULT_STALL_S):
     health = str(tmp_path / "health.json")
     lines: list[str] = []
 
@@ -145,7 +154,7 @@ def _supervisor(tmp_path: Path, mode: str, complete: bool = True, delay: float =
 
     run = sup.Supervisor([sys.executable, "-c", CHILD, mode, str(tmp_path)], dict(os.environ),
                          "127.0.0.1:1", "k" * 20, health, sup.DrainSettings(delay, 10.0),
-                         lines.append, restarts=restarts, is_live=is_live)
+                         lines.append, restarts=restarts, is_live=is_live, stall_s=stall_s)
     run.drainer = FakeDrainer(sup.drain_marker(health), complete)
     return run, lines
 
@@ -386,3 +395,59 @@ def _running(state: Path) -> bool:
         return state.read_text().rsplit(")", 1)[-1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+# --- a start that stops making progress ----------------------------------------------------
+
+
+def test_start_watch_sees_progress_in_cpu_time_and_names_a_stall() -> None:
+    now, used = [0.0], [5.0]
+    watch = sup.StartWatch(10.0, lambda: used[0], lambda: now[0])
+    now[0], used[0] = 9.9, 5.05
+    assert watch.stalled() is None  # under the window, whatever the CPU
+    now[0], used[0] = 10.0, 5.2  # >= 1 % of a core over the window: progress, window anew
+    assert watch.stalled() is None
+    now[0], used[0] = 19.9, 5.25
+    assert watch.stalled() is None
+    now[0] = 20.5
+    why = watch.stalled()
+    assert why is not None and why.startswith("no progress for 10 s (0.05 s of CPU")
+    assert sup.STALL_ENV in why
+
+
+def test_group_cpu_seconds_counts_a_busy_process_group() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "while True: pass"], start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while sup.group_cpu_seconds(child.pid) < 0.2:
+            assert time.monotonic() < deadline, "a busy loop used no CPU for 60 s"
+            time.sleep(0.05)
+        assert sup.group_cpu_seconds(os.getpgrp() + 10**7) == 0.0  # no such group
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_start_that_hangs_is_killed_and_started_again_within_the_budget(tmp_path) -> None:
+    run, lines = _supervisor(tmp_path, "hang", restarts=1, stall_s=1.5)
+    status = run.run()
+    assert status == 128 + signal.SIGKILL
+    stalls = [line for line in lines if line.startswith("tritonserver start stalled: no progress")]
+    assert len(stalls) == 2, lines
+    assert any("start stalled; starting it again" in line for line in lines), lines
+    assert any("start stalled; not restarted: 1 restarts" in line for line in lines), lines
+
+
+def test_a_slow_start_that_uses_cpu_is_not_cut(tmp_path) -> None:
+    run, lines = _supervisor(tmp_path, "busy:4", stall_s=1.0)
+    assert run.run() == 3  # its own failure, after four windows with no port
+    assert not [line for line in lines if "stalled" in line], lines
+
+
+def test_the_stall_window_comes_from_the_environment_and_refuses_nonsense() -> None:
+    assert sup.start_stall_s({}) == sup.DEFAULT_STALL_S
+    assert sup.start_stall_s({sup.STALL_ENV: "0"}) == 0.0
+    with pytest.raises(ValueError, match=sup.STALL_ENV):
+        sup.start_stall_s({sup.STALL_ENV: "-5"})
