@@ -1,0 +1,73 @@
+"""A sparse-encoder ensemble as langchain-qdrant's ``SparseEmbeddings`` (extra ``frameworks``).
+
+Import :class:`TritonSparseEmbeddings` from :mod:`client.langchain`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from langchain_qdrant import SparseEmbeddings, SparseVector
+
+from .langchain import _Connection
+
+
+class TritonSparseEmbeddings(SparseEmbeddings):
+    """A sparse-encoder ensemble of the server as langchain-qdrant ``SparseEmbeddings``.
+
+    For ``QdrantVectorStore(sparse_embedding=...)`` (sparse or hybrid retrieval). Each
+    text gives a ``SparseVector`` of its active dimensions, the server's padding removed.
+    ``inference_free``: the model has an inference-free query side (a ``Router`` with a
+    static query route, as ``SparseEncoder.encode_query`` uses): queries are sent with
+    ``task="query"``, documents with ``task="document"``; otherwise no task is sent.
+    ``max_active_dims`` keeps each row's k largest weights.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        url: str | None = None,
+        protocol: str = "http",
+        *,
+        inference_free: bool = False,
+        max_active_dims: int | None = None,
+        timeout_s: float = 60.0,
+        admin_key: str | None = None,
+    ):
+        self.model = model
+        self.inference_free = inference_free
+        self.max_active_dims = max_active_dims
+        self._connection = _Connection(url, protocol, timeout_s, admin_key)
+
+    def _embed(self, texts: Sequence[str], task: str) -> list[SparseVector]:
+        if not texts:
+            return []
+        rows = self._connection.call(
+            "embed_sparse",
+            self.model,
+            list(texts),
+            task=task if self.inference_free else None,
+            max_active_dims=self.max_active_dims,
+        )
+        return [SparseVector(indices=i.tolist(), values=v.tolist()) for i, v in rows]
+
+    def embed_documents(self, texts: list[str]) -> list[SparseVector]:
+        """One sparse vector per text (the document side)."""
+        return self._embed(texts, "document")
+
+    def embed_query(self, text: str) -> SparseVector:
+        """The sparse vector of one query (the query side)."""
+        return self._embed([text], "query")[0]
+
+    async def aembed_documents(self, texts: list[str]) -> list[SparseVector]:
+        """:meth:`embed_documents` in a worker thread."""
+        return await asyncio.to_thread(self.embed_documents, texts)
+
+    async def aembed_query(self, text: str) -> SparseVector:
+        """:meth:`embed_query` in a worker thread."""
+        return await asyncio.to_thread(self.embed_query, text)
+
+    def close(self) -> None:
+        """Close the connection (a later call opens a new one)."""
+        self._connection.close()
