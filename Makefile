@@ -124,8 +124,9 @@ clean:
 # (KINDS_ARGS="--texts 128 --repeats 1" for a smoke test),
 # then the faults benchmarks, each writing bench/results/ (OVERLOAD_ARGS / SOAK_ARGS="--quick"):
 # all-MiniLM-L6-v2 at 3 x its sustainable rate, queues unbounded and bounded (bench.faults.overload,
-# about 10 min), and 10 min of mixed load with the server's memory sampled (bench.faults.soak,
-# docs/bench-soak.png).
+# about 10 min), 10 min of mixed load with the server's memory sampled (bench.faults.soak,
+# docs/bench-soak.png), and 100 starts of `generator serve` under traffic with the start
+# watch off and on, hangs counted (bench.faults.start_loop; START_LOOP_ARGS="--starts 5").
 .PHONY: bench
 bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)
 	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[bench]"
@@ -136,6 +137,7 @@ bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)
 	$(PY) -m bench.studies.model_kinds $(KINDS_ARGS)
 	$(PY) -m bench.faults.overload $(OVERLOAD_ARGS)
 	$(PY) -m bench.faults.soak $(SOAK_ARGS)
+	$(PY) -m bench.faults.start_loop $(START_LOOP_ARGS)
 
 # Kubernetes (deploy/k8s, docs/kubernetes.md). tests/unit/deploy/test_k8s_*.py render
 # every kustomization with a real Kustomize: kubectl 1.32.3 (embedded Kustomize v5.5.0)

@@ -161,7 +161,10 @@ class FetchSettings:
     max_bytes: int = _FETCH_DEFAULTS.max_bytes
     max_redirects: int = _FETCH_DEFAULTS.max_redirects
     max_concurrency: int = 32
-    instances: int = 1
+    # Each instance runs one batch at a time, held until all of it is answered (so a stub
+    # that dies errors its requests at once): two let a batch waiting on a slow host not
+    # hold back the next one.
+    instances: int = 2
     allowed_ports: tuple[int, ...] = _FETCH_DEFAULTS.allowed_ports
     max_batch_bytes: int = _FETCH_DEFAULTS.max_batch_bytes
 
