@@ -1,6 +1,13 @@
 """LangChain and LlamaIndex on the real server: the packages from PyPI, the integrations
 of ``client/langchain.py`` and ``client/llama_index.py``.
 
+LangChain's own standard suites (``langchain-tests``) run here too: the embeddings
+integration suite over ``TritonEmbeddings`` (HTTP and gRPC) and the retrievers suite over
+a retriever that ranks a fixed corpus with ``TritonReranker`` (a document compressor is
+no retriever itself). pytest-socket lets them reach 127.0.0.1 alone. Neither LlamaIndex
+nor Haystack ships such a suite for embeddings: llama-index-core 0.14 packages no test
+base classes, and ``haystack.testing`` has them for document stores only (we ship none).
+
 Each must give what the plain client gives (float32 vectors turned into the frameworks'
 float lists, so equal to 1e-7), send long lists in requests no larger than the model's
 ``max_batch_size`` (1,000 texts; Triton's own request count says how many went), and
@@ -16,7 +23,13 @@ from io import BytesIO
 
 import numpy as np
 import pytest
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
+from langchain_tests.integration_tests import (
+    EmbeddingsIntegrationTests,
+    RetrieversIntegrationTests,
+)
 from llama_index.core.embeddings import BaseEmbedding, MultiModalEmbedding
 
 from client import EmbeddingClientError
@@ -67,12 +80,17 @@ def test_langchain_embeddings_equal_the_plain_client(server, protocol) -> None:
     documents = embeddings.embed_documents(texts)
     assert isinstance(documents, list) and isinstance(documents[0], list)
     assert isinstance(documents[0][0], float)
-    _assert_equal_to_the_plain_client(server, protocol, texts, [
-        (documents, slice(None)),
-        (embeddings.embed_query(texts[0]), 0),
-        (asyncio.run(embeddings.aembed_documents(texts[:3])), slice(3)),
-        (asyncio.run(embeddings.aembed_query(texts[1])), 1),
-    ])
+    _assert_equal_to_the_plain_client(
+        server,
+        protocol,
+        texts,
+        [
+            (documents, slice(None)),
+            (embeddings.embed_query(texts[0]), 0),
+            (asyncio.run(embeddings.aembed_documents(texts[:3])), slice(3)),
+            (asyncio.run(embeddings.aembed_query(texts[1])), 1),
+        ],
+    )
     embeddings.close()
 
 
@@ -99,15 +117,21 @@ def test_langchain_errors_surface_as_the_clients_error(server) -> None:
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_llama_index_embedding_equals_the_plain_client(server, protocol) -> None:
     texts = varied_sentences(40)
-    model = TritonEmbedding(model_name=TEXT_MODEL, url=server.url(protocol), protocol=protocol,
-                            embed_batch_size=16)
+    model = TritonEmbedding(
+        model_name=TEXT_MODEL, url=server.url(protocol), protocol=protocol, embed_batch_size=16
+    )
     assert isinstance(model, BaseEmbedding)
-    _assert_equal_to_the_plain_client(server, protocol, texts, [
-        (model.get_text_embedding_batch(texts), slice(None)),
-        (model.get_query_embedding(texts[2]), 2),
-        (asyncio.run(model.aget_text_embedding_batch(texts[:5])), slice(5)),
-        (asyncio.run(model.aget_query_embedding(texts[3])), 3),
-    ])
+    _assert_equal_to_the_plain_client(
+        server,
+        protocol,
+        texts,
+        [
+            (model.get_text_embedding_batch(texts), slice(None)),
+            (model.get_query_embedding(texts[2]), 2),
+            (asyncio.run(model.aget_text_embedding_batch(texts[:5])), slice(5)),
+            (asyncio.run(model.aget_query_embedding(texts[3])), 3),
+        ],
+    )
 
 
 def test_llama_index_errors_surface_as_the_clients_error(server) -> None:
@@ -165,3 +189,70 @@ def test_langchain_reranker_keeps_the_best_documents_with_their_scores(reranker_
     assert compressor.compress_documents([], query) == []
     everything = TritonReranker(model="rr", url=reranker_server.http_url, top_n=None)
     assert len(everything.compress_documents(documents, query)) == len(documents)
+
+
+# --- LangChain's standard suites (langchain-tests) -----------------------------------------
+
+LOOPBACK_ONLY = pytest.mark.allow_hosts(["127.0.0.1"])
+
+
+@LOOPBACK_ONLY
+class TestTritonEmbeddingsStandardHTTP(EmbeddingsIntegrationTests):
+    protocol = "http"
+
+    @property
+    def embeddings_class(self) -> type[TritonEmbeddings]:
+        return TritonEmbeddings
+
+    @pytest.fixture
+    def model(self, server) -> TritonEmbeddings:
+        return TritonEmbeddings(TEXT_MODEL, server.url(self.protocol), self.protocol)
+
+
+@LOOPBACK_ONLY
+class TestTritonEmbeddingsStandardGRPC(TestTritonEmbeddingsStandardHTTP):
+    protocol = "grpc"
+
+
+class RerankedCorpus(BaseRetriever):
+    """A retriever over a fixed corpus: the server's cross-encoder keeps the best ``k``."""
+
+    url: str
+    k: int = 3
+    documents: list[Document] = [Document(page_content=t) for t in varied_sentences(12)]
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun, k: int | None = None
+    ) -> list[Document]:
+        reranker = TritonReranker(model="rr", url=self.url, top_n=k or self.k)
+        return list(reranker.compress_documents(self.documents, query))
+
+
+@LOOPBACK_ONLY
+class TestTritonRerankerRetrieverStandard(RetrieversIntegrationTests):
+    @pytest.fixture(autouse=True)
+    def _url(self, reranker_server) -> None:
+        self.url = reranker_server.http_url
+
+    @property
+    def retriever_constructor(self) -> type[RerankedCorpus]:
+        return RerankedCorpus
+
+    @property
+    def retriever_constructor_params(self) -> dict:
+        return {"url": self.url}
+
+    @property
+    def retriever_query_example(self) -> str:
+        return "what does Triton serve?"
+
+
+@LOOPBACK_ONLY
+@pytest.mark.filterwarnings("ignore:A test tried to use socket.socket.connect")
+def test_the_standard_suites_cannot_leave_the_machine() -> None:
+    import socket
+
+    from pytest_socket import SocketConnectBlockedError
+
+    with pytest.raises(SocketConnectBlockedError):
+        socket.create_connection(("192.0.2.1", 80), timeout=1)
