@@ -34,6 +34,7 @@ import copy
 import gc
 import json
 import logging
+import shutil
 import sys
 import tempfile
 import time
@@ -43,11 +44,13 @@ from collections import Counter, defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 
-_TIMM_REDUCTION = (  # (name prefix, kwargs) tried in order; full size if none fits
-    (("vit_", "eva", "vitamin"), {"depth": 2}),
-    (("convnext", "swin"), {"depths": (1, 1, 1, 1)}),
-    (("fastvit",), {"layers": (1, 1, 1, 1)}),
+_TIMM_REDUCTION = (  # (name prefixes, shallower, also narrower); full size if none fits
+    (("vit_", "eva", "vitamin"), {"depth": 2}, {"embed_dim": 64, "num_heads": 2}),
+    (("convnext",), {"depths": (1, 1, 1, 1)}, {"dims": (32, 64, 128, 256)}),
+    (("swin",), {"depths": (1, 1, 1, 1)}, {"embed_dim": 32, "num_heads": (1, 2, 4, 8)}),
+    (("fastvit",), {"layers": (1, 1, 1, 1)}, {"embed_dims": (32, 64, 128, 256)}),
 )
+NARROW = {"vision": 128, "resnet": 32, "text": 128, "heads": 2}
 
 
 def _structure(cfg: dict) -> tuple[str, str, str]:
@@ -67,35 +70,46 @@ def _structure(cfg: dict) -> tuple[str, str, str]:
     return text_kind, vision_kind, "coca" if "multimodal_cfg" in cfg else "clip"
 
 
-def reduce_config(cfg: dict) -> dict:
-    """``cfg`` with every open_clip-built tower cut to 2 layers (ResNet: 1 block per stage)."""
+def reduce_config(cfg: dict, narrow: bool = False) -> dict:
+    """``cfg`` with every open_clip-built tower cut to 2 layers (ResNet: 1 block per stage).
+
+    ``narrow`` also cuts their widths (ViT 128, 2 heads of 64; ResNet base 32; text 128,
+    2 heads); the image size, patch size, pooling and projection stay.
+    """
     cfg = copy.deepcopy(cfg)
     vision = cfg.get("vision_cfg", {})
     if not vision.get("timm_model_name"):
         layers = vision.get("layers", 12)
-        vision["layers"] = (1, 1, 1, 1) if isinstance(layers, (list, tuple)) else min(layers, 2)
-    text = cfg.get("text_cfg", {})
-    if "hf_model_name" not in text:
-        text["layers"] = min(text.get("layers", 12), 2)
-    if "multimodal_cfg" in cfg:
-        cfg["multimodal_cfg"]["layers"] = 1
+        resnet = isinstance(layers, (list, tuple))
+        vision["layers"] = (1, 1, 1, 1) if resnet else min(layers, 2)
+        if narrow:
+            vision["width"] = NARROW["resnet"] if resnet else NARROW["vision"]
+            vision["head_width"] = NARROW["vision"] // NARROW["heads"]
+    for key in ("text_cfg", "multimodal_cfg"):
+        tower = cfg.get(key)
+        if tower is None or "hf_model_name" in tower:
+            continue
+        tower["layers"] = min(tower.get("layers", 12), 2 if key == "text_cfg" else 1)
+        if narrow:
+            tower["width"], tower["heads"] = NARROW["text"], NARROW["heads"]
     return cfg
 
 
 @contextmanager
-def reduced_timm():
-    """timm.create_model builds the named tower at a reduced depth where it takes one."""
+def reduced_timm(narrow: bool = False):
+    """timm.create_model builds the named tower shallower (and narrower) where it can."""
     import timm
 
     original = timm.create_model
 
     def create(name, *args, **kwargs):
-        for prefixes, extra in _TIMM_REDUCTION:
+        for prefixes, shallow, thin in _TIMM_REDUCTION:
             if name.startswith(prefixes):
-                try:
-                    return original(name, *args, **{**kwargs, **extra})
-                except TypeError:
-                    break
+                for extra in ({**shallow, **thin}, shallow) if narrow else (shallow,):
+                    try:
+                        return original(name, *args, **{**kwargs, **extra})
+                    except Exception:  # noqa: BLE001 - this model takes no such kwargs
+                        continue
         return original(name, *args, **kwargs)
 
     timm.create_model = create
@@ -144,7 +158,7 @@ def _prepare(name: str, cfg: dict, folder: Path) -> tuple[dict, str]:
     return {"arch": str(config), "checkpoint": str(folder / "weights.pt")}, "own"
 
 
-def check_one(name: str, work: Path) -> tuple[str, str]:
+def check_one(name: str, work: Path, narrow: bool = False) -> tuple[str, str]:
     """(class, detail) for one open_clip architecture."""
     import open_clip
 
@@ -156,9 +170,14 @@ def check_one(name: str, work: Path) -> tuple[str, str]:
     cfg = open_clip.get_model_config(name)
     if "hf_model_name" in cfg.get("text_cfg", {}):
         return "offline", f"text model {cfg['text_cfg']['hf_model_name']!r} needs the hub"
-    cfg = reduce_config(cfg)
     try:
-        fields, tokenizer = _prepare(name, cfg, work / name)
+        try:
+            fields, tokenizer = _prepare(name, reduce_config(cfg, narrow), work / name)
+        except Exception:
+            if not narrow:
+                raise
+            shutil.rmtree(work / name, ignore_errors=True)  # this config takes no narrowing
+            fields, tokenizer = _prepare(name, reduce_config(cfg), work / name)
         entry = {"name": "m", "family": "open-clip", "max_batch_size": 4, **fields}
         manifest = parse_manifest({"models": [entry]}, work)
         out = work / name / "build"
@@ -193,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=1200.0)
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--narrow", action="store_true", help="also cut tower widths")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
@@ -204,13 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     ordered = _order(names)
     results: dict[str, tuple[str, str, float]] = {}
     start = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp, reduced_timm():
+    with tempfile.TemporaryDirectory() as tmp, reduced_timm(args.narrow):
         for name in ordered:
             if time.monotonic() - start > args.budget_s:
                 results[name] = ("not-run", "time box", 0.0)
                 continue
             t0 = time.monotonic()
-            kind, detail = check_one(name, Path(tmp))
+            kind, detail = check_one(name, Path(tmp), args.narrow)
             results[name] = (kind, detail, time.monotonic() - t0)
             print(f"{name:40s} {kind:26s} {results[name][2]:5.1f}s {detail}", flush=True)
             gc.collect()

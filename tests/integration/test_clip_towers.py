@@ -14,6 +14,8 @@ runtime through ``model_manager`` (which builds in a worker process).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -139,3 +141,57 @@ def test_model_manager_loads_a_coca_checkpoint(towers):
             )
         finally:
             assert client.delete_model("rt-coca")["status"] == "deleted"
+
+
+def test_model_manager_serves_a_checkpoint_with_its_tags_preprocessing(towers):
+    """preprocess_of through a runtime load: open_clip's MobileCLIP tag pixels, served."""
+    from generator.families.open_clip.assets import load_open_clip
+    from generator.families.open_clip.preprocess_cfg import PreprocessChoice
+
+    server, fields = towers
+    mc = fields["tiny-mobileclip"]
+    tag = "MobileCLIP-S1/datacompdr"
+    blobs = [IMAGES[name] for name in NAMES]
+    ref = ClipReference(mc["arch"], mc["checkpoint"])
+    ref.model, ref.preprocess, ref.tokenizer = load_open_clip(
+        mc["arch"], checkpoint=mc["checkpoint"], preprocess=PreprocessChoice(tag)
+    )
+    with server.client() as client:
+        answer = client.load_open_clip(
+            mc["arch"], checkpoint=mc["checkpoint"], name="rt-mc", preprocess_of=tag
+        )
+        try:
+            assert answer["status"] == "loaded"
+            got = client.embed_images("rt-mc", blobs)
+            default = client.embed_images("tiny-mobileclip", blobs)
+        finally:
+            assert client.delete_model("rt-mc")["status"] == "deleted"
+    want = ref.images(blobs)
+    print(f"\nrt-mc ({tag}) served vs open_clip: max abs {_max_abs(got, want):.1e}")
+    assert _max_abs(got, want) <= SERVED_MAX_ABS
+    assert _max_abs(default, want) > 100 * SERVED_MAX_ABS  # the file alone: other pixels
+
+
+def test_model_manager_refuses_an_unreproducible_pooling_by_name(towers):
+    """A text tower with pool_type 'none' is refused naming it, through the worker build."""
+    import json
+
+    import open_clip
+    import torch
+
+    from client.errors import EmbeddingClientError
+    from generator.fixtures.tiny_clip import tiny_model_config
+
+    server, fields = towers
+    base = Path(fields["tiny-coca"]["checkpoint"]).parent.parent / "pool-none"
+    base.mkdir(exist_ok=True)
+    cfg = tiny_model_config()
+    cfg["text_cfg"]["pool_type"] = "none"
+    arch = base / "tiny-pool-none.json"
+    arch.write_text(json.dumps(cfg))
+    open_clip.add_model_config(arch)
+    torch.save(open_clip.create_model(arch.stem).state_dict(), base / "weights.pt")
+    with server.client() as client:
+        with pytest.raises(EmbeddingClientError, match="text pool_type 'none'"):
+            client.load_open_clip(str(arch), checkpoint=str(base / "weights.pt"), name="rt-bad")
+        assert "rt-bad" not in {m["name"] for m in client.managed_models()}
