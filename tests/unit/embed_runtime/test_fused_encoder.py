@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from tests.unit import fake_pb_utils as pb
-from tests.unit.embed_runtime.models import test_adapters
-from tests.unit.embed_runtime.models.test_adapters import (
+from tests.unit.embed_runtime.models import helpers
+from tests.unit.embed_runtime.models.helpers import (
     BAD_TEXT_REQUESTS,
     ENCODE_PARAMS,
     LONG_PROMPT_PARAMS,
@@ -26,9 +26,9 @@ from tests.unit.embed_runtime.models.test_adapters import (
     load_adapter,
 )
 
-backend = test_adapters.backend
-tokenizer_json = test_adapters.tokenizer_json
-token_onnx = test_adapters.token_onnx
+backend = helpers.backend
+tokenizer_json = helpers.tokenizer_json
+token_onnx = helpers.token_onnx
 
 GRAPH_INPUTS = "input_ids,attention_mask"  # the test graph's inputs: what the tokenizer emits
 FUSED_PARAMS = {
@@ -92,7 +92,7 @@ def test_fused_encode_equals_tokenize_then_encode_per_request_in_order(
     for texts, g, w in zip(REQUEST_TEXTS, got, want, strict=True):
         assert [t.name() for t in g.output_tensors()] == ["EMBEDDING"]
         out = g.output("EMBEDDING")
-        assert out.dtype == np.float32 and out.shape == (len(texts), test_adapters.DIM)
+        assert out.dtype == np.float32 and out.shape == (len(texts), helpers.DIM)
         np.testing.assert_allclose(out, w.output("EMBEDDING"), rtol=1e-5, atol=1e-6)
         tokens = fused.text.tokenizer.encode(texts)
         np.testing.assert_allclose(out, _expected_mean(tokens), rtol=1e-5, atol=1e-6)
@@ -128,8 +128,8 @@ def test_fused_bad_request_gets_the_tokenizers_invalid_arg_while_others_succeed(
     code, text = _error(responses[1])
     assert code == pb.TritonError.INVALID_ARG
     assert text.startswith(message)
-    assert responses[0].output("EMBEDDING").shape == (1, test_adapters.DIM)
-    assert responses[2].output("EMBEDDING").shape == (2, test_adapters.DIM)
+    assert responses[0].output("EMBEDDING").shape == (1, helpers.DIM)
+    assert responses[2].output("EMBEDDING").shape == (2, helpers.DIM)
 
 
 def test_fused_byte_caps_refuse_their_request_alone(fused_model) -> None:
@@ -228,7 +228,7 @@ def test_encoder_without_the_knob_still_takes_token_tensors(
     fused_model, backend, tmp_path, token_onnx
 ) -> None:
     (tmp_path / "split").mkdir()
-    split = test_adapters._encode_model(tmp_path / "split", token_onnx)
+    split = helpers._encode_model(tmp_path / "split", token_onnx)
     assert split.text is None
     tokens = fused_model.text.tokenizer.encode(["hello world"])
     (response,) = split.execute([pb.InferenceRequest([pb.Tensor(n, a) for n, a in tokens.items()])])

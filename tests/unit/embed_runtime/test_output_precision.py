@@ -25,11 +25,11 @@ from embed_runtime.output_precision import (
 )
 from embed_runtime.request_options import truncate
 from tests.unit import fake_pb_utils as pb
-from tests.unit.embed_runtime.models import test_adapters
-from tests.unit.embed_runtime.models.test_adapters import ENCODE_PARAMS, load_adapter
+from tests.unit.embed_runtime.models import helpers
+from tests.unit.embed_runtime.models.helpers import ENCODE_PARAMS, load_adapter
 
-backend = test_adapters.backend
-token_onnx = test_adapters.token_onnx
+backend = helpers.backend
+token_onnx = helpers.token_onnx
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -166,7 +166,7 @@ def _precision_encoder(tmp_path: Path, onnx_path: Path, calib: np.ndarray, **par
         "parameters": {k: {"string_value": v} for k, v in {**ENCODE_PARAMS, **params}.items()},
         "output": [{"name": n} for n in ALL_OUTPUTS],
     }
-    args = {**test_adapters._args(tmp_path, {}), "model_config": json.dumps(config)}
+    args = {**helpers._args(tmp_path, {}), "model_config": json.dumps(config)}
     model = load_adapter("encode").TritonPythonModel()
     model.initialize(args)
     return model
@@ -189,7 +189,7 @@ def _request(ids, parameters=None, requested=None) -> pb.InferenceRequest:
 
 @pytest.fixture
 def precision_encoder(backend, tmp_path, token_onnx):
-    calib = test_adapters.TABLE[RNG.integers(0, 30522, size=(64, 3))].mean(axis=1)
+    calib = helpers.TABLE[RNG.integers(0, 30522, size=(64, 3))].mean(axis=1)
     model = _precision_encoder(tmp_path, token_onnx, calib, max_dimensions="8", normalize="false")
     yield model, calib
     model.finalize()
@@ -258,7 +258,7 @@ def test_stub_refuses_a_bad_precision_for_that_request_alone(precision_encoder) 
 def test_a_model_without_the_forms_refuses_a_precision_but_takes_float32(
     backend, tmp_path, token_onnx
 ) -> None:
-    model = test_adapters._encode_model(tmp_path, token_onnx)
+    model = helpers._encode_model(tmp_path, token_onnx)
     ids = [[101, 2000, 102]]
     refused, plain = model.execute(
         [_request(ids, {"precision": "binary"}), _request(ids, {"precision": "float32"})]
@@ -284,5 +284,5 @@ def _precision_encoder_without_file(tmp_path: Path):
         "parameters": {k: {"string_value": v} for k, v in ENCODE_PARAMS.items()},
         "output": [{"name": n} for n in ALL_OUTPUTS],
     }
-    args = {**test_adapters._args(tmp_path, {}), "model_config": json.dumps(config)}
+    args = {**helpers._args(tmp_path, {}), "model_config": json.dumps(config)}
     load_adapter("encode").TritonPythonModel().initialize(args)

@@ -7,8 +7,8 @@ import shutil
 import numpy as np
 
 from tests.unit import fake_pb_utils as pb
-from tests.unit.embed_runtime.models import test_adapters
-from tests.unit.embed_runtime.models.test_adapters import (
+from tests.unit.embed_runtime.models import helpers
+from tests.unit.embed_runtime.models.helpers import (
     LONG_PROMPT_PARAMS,
     OPTION_PARAMS,
     TOKENIZE_PARAMS,
@@ -20,9 +20,9 @@ from tests.unit.embed_runtime.models.test_adapters import (
     load_adapter,
 )
 
-backend = test_adapters.backend
-tokenizer_json = test_adapters.tokenizer_json
-token_onnx = test_adapters.token_onnx
+backend = helpers.backend
+tokenizer_json = helpers.tokenizer_json
+token_onnx = helpers.token_onnx
 
 
 def _tokenizer(tmp_path, tokenizer_json, **params):
