@@ -85,19 +85,28 @@ def reduce_config(cfg: dict, narrow: bool = False) -> dict:
         if narrow:
             vision["width"] = NARROW["resnet"] if resnet else NARROW["vision"]
             vision["head_width"] = NARROW["vision"] // NARROW["heads"]
+    text_unprojected = cfg.get("text_cfg", {}).get("proj_type") == "none"
     for key in ("text_cfg", "multimodal_cfg"):
         tower = cfg.get(key)
         if tower is None or "hf_model_name" in tower:
             continue
         tower["layers"] = min(tower.get("layers", 12), 2 if key == "text_cfg" else 1)
-        if narrow:
+        if narrow and not text_unprojected:  # its width is the embedding's
             tower["width"], tower["heads"] = NARROW["text"], NARROW["heads"]
     return cfg
 
 
+def narrows_timm(cfg: dict) -> bool:
+    """Whether a timm image tower may be built narrower: not where its width is the output."""
+    return cfg.get("vision_cfg", {}).get("timm_proj") not in (None, "none", "")
+
+
 @contextmanager
-def reduced_timm(narrow: bool = False):
-    """timm.create_model builds the named tower shallower (and narrower) where it can."""
+def reduced_timm(narrow: list[bool]):
+    """timm.create_model builds the named tower shallower where it can.
+
+    Also narrower while ``narrow[0]`` is set (per architecture: :func:`narrows_timm`).
+    """
     import timm
 
     original = timm.create_model
@@ -105,7 +114,7 @@ def reduced_timm(narrow: bool = False):
     def create(name, *args, **kwargs):
         for prefixes, shallow, thin in _TIMM_REDUCTION:
             if name.startswith(prefixes):
-                for extra in ({**shallow, **thin}, shallow) if narrow else (shallow,):
+                for extra in ({**shallow, **thin}, shallow) if narrow[0] else (shallow,):
                     try:
                         return original(name, *args, **{**kwargs, **extra})
                     except Exception:  # noqa: BLE001 - this model takes no such kwargs
@@ -158,7 +167,7 @@ def _prepare(name: str, cfg: dict, folder: Path) -> tuple[dict, str]:
     return {"arch": str(config), "checkpoint": str(folder / "weights.pt")}, "own"
 
 
-def check_one(name: str, work: Path, narrow: bool = False) -> tuple[str, str]:
+def check_one(name: str, work: Path, narrow: bool = False, timm_narrow=None) -> tuple[str, str]:
     """(class, detail) for one open_clip architecture."""
     import open_clip
 
@@ -170,6 +179,8 @@ def check_one(name: str, work: Path, narrow: bool = False) -> tuple[str, str]:
     cfg = open_clip.get_model_config(name)
     if "hf_model_name" in cfg.get("text_cfg", {}):
         return "offline", f"text model {cfg['text_cfg']['hf_model_name']!r} needs the hub"
+    if timm_narrow is not None:
+        timm_narrow[0] = narrow and narrows_timm(cfg)
     try:
         try:
             fields, tokenizer = _prepare(name, reduce_config(cfg, narrow), work / name)
@@ -224,13 +235,14 @@ def main(argv: list[str] | None = None) -> int:
     ordered = _order(names)
     results: dict[str, tuple[str, str, float]] = {}
     start = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp, reduced_timm(args.narrow):
+    timm_narrow = [args.narrow]
+    with tempfile.TemporaryDirectory() as tmp, reduced_timm(timm_narrow):
         for name in ordered:
             if time.monotonic() - start > args.budget_s:
                 results[name] = ("not-run", "time box", 0.0)
                 continue
             t0 = time.monotonic()
-            kind, detail = check_one(name, Path(tmp), args.narrow)
+            kind, detail = check_one(name, Path(tmp), args.narrow, timm_narrow)
             results[name] = (kind, detail, time.monotonic() - t0)
             print(f"{name:40s} {kind:26s} {results[name][2]:5.1f}s {detail}", flush=True)
             gc.collect()
