@@ -130,15 +130,6 @@ def test_request_options_of_an_llm_reranker(exported):
         tokenizer.prepare([("q", "t")], {"prompt_name": "nope"})
 
 
-def test_pair_template_round_trips_its_parameter():
-    template = PairTemplate(("a{", "}b", "c\n"), ("p", "q", "r", "s"), "left", False)
-    assert PairTemplate.from_parameter(template.to_parameter()) == template
-    with pytest.raises(ValueError, match="truncation_side"):
-        PairTemplate.from_parameter(template.to_parameter().replace('"left"', '"middle"'))
-    with pytest.raises(InvalidInputError, match="takes no prompt"):
-        PairTemplate(("a", "b", "c")).render("q", "d", "prompt")
-
-
 def _variant(exported, tmp_path: Path, edit) -> Path:
     folder = shutil.copytree(exported.folder, tmp_path / "tiny-llm")
     edit(folder)
