@@ -20,13 +20,7 @@ import pytest
 
 from client.multivector import maxsim
 from embed_runtime.errors import InvalidInputError
-from embed_runtime.multivector import (
-    MultiVectorRequest,
-    TaskParams,
-    expand_and_score,
-    pad_rows,
-    unpad,
-)
+from embed_runtime.multivector import MultiVectorRequest, unpad
 from generator.declared_kind import UnsupportedModelError, check_source
 from generator.families import FAMILIES
 from generator.families.multi_vector import export as family
@@ -117,31 +111,6 @@ def test_rendered_configs_declare_embeddings_and_token_count(folders, tmp_path) 
                    for o in parse_config(model_dir.config).output}
         assert outputs == {"EMBEDDINGS": (11, [-1, 16]), "TOKEN_COUNT": (8, [1])}
     assert dirs[0].adapter == "encode_multivector"
-
-
-def test_query_expansion_pads_with_the_expansion_token_and_scores_it() -> None:
-    arrays = {"input_ids": np.array([[101, 7, 102, 0], [101, 7, 8, 102]]),
-              "attention_mask": np.array([[1, 1, 1, 0], [1, 1, 1, 1]])}
-    task = TaskParams(max_length=6, expansion_length=6, expansion_id=103)
-    tokens = expand_and_score(arrays, task, skip_scoring=False)
-    assert tokens.arrays["input_ids"].tolist() == [[101, 7, 102, 103, 103, 103],
-                                                   [101, 7, 8, 102, 103, 103]]
-    assert tokens.arrays["attention_mask"].tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]]
-    assert tokens.scored.all() and tokens.widths.tolist() == [6, 6]
-    attended = expand_and_score(arrays, TaskParams(6, 6, 103, expansion_attend=True), False)
-    assert attended.arrays["attention_mask"].all()
-
-
-def test_skiplist_drops_tokens_from_the_output_only() -> None:
-    arrays = {"input_ids": np.array([[101, 7, 1010, 102]]),
-              "attention_mask": np.array([[1, 1, 1, 1]])}
-    tokens = expand_and_score(arrays, TaskParams(8, skip_ids=(1010,)), skip_scoring=True)
-    assert tokens.scored.tolist() == [[True, True, False, True]]
-    assert tokens.widths.tolist() == [4]  # still fed to the encoder
-    embeddings, counts = pad_rows([np.ones((3, 2)), np.ones((1, 2))], 2)
-    assert embeddings.shape == (2, 3, 2) and counts.tolist() == [[3], [1]]
-    assert not embeddings[1, 1:].any()
-    assert [len(r) for r in unpad(embeddings, counts)] == [3, 1]
 
 
 def test_request_parameters_are_checked_per_request(folders, tmp_path) -> None:
@@ -269,24 +238,6 @@ def test_model_manager_checks_a_colbert_folder_by_this_family(folders, tmp_path)
     assert manager._source_fields(request, settings)["source"] == str(folder)
     with pytest.raises(InvalidInputError, match="use family 'multi-vector'"):
         manager.handle(_load(str(folder), "cb"))
-
-
-def test_a_prefix_token_goes_after_the_first_token_and_the_text_is_cut_one_shorter() -> None:
-    from embed_runtime.multivector import MultiVectorParams, insert_prefix
-
-    arrays = {"input_ids": np.array([[101, 7, 8, 102], [101, 9, 102, 0]]),
-              "attention_mask": np.array([[1, 1, 1, 1], [1, 1, 1, 0]]),
-              "token_type_ids": np.zeros((2, 4), dtype=np.int64)}
-    got = insert_prefix(arrays, 1)
-    assert got["input_ids"].tolist() == [[101, 1, 7, 8, 102], [101, 1, 9, 102, 0]]
-    assert got["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
-    assert not got["token_type_ids"].any()
-    task = TaskParams(max_length=16, expansion_length=16, expansion_id=103, prefix_id=1)
-    assert task.text_length == 15 and TaskParams(max_length=16).text_length == 16
-    params = MultiVectorParams(task, TaskParams(max_length=48, skip_ids=(5,)))
-    raw = json.loads(params.parameters()["multi_vector"])
-    assert raw["query"]["prefix_id"] == 1 and "prefix_id" not in raw["document"]
-    assert MultiVectorParams.from_parameters(params.parameters()) == params
 
 
 def test_a_pylate_folder_is_refused_without_its_pinned_reference(tmp_path, monkeypatch) -> None:
