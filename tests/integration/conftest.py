@@ -67,6 +67,8 @@ def test_manifest_data(
             *(extra_models or []),
         ],
         "fetch_image": {
+            # One fetcher process: test_fetch_security holds it to force batches.
+            "instances": 1,
             "allow_hosts": ["127.0.0.1"],
             "read_timeout_s": 2.0,
             "max_bytes": 2_000_000,

@@ -192,6 +192,10 @@ def test_the_health_check_fails_from_the_signal_while_triton_still_answers(drain
 
 def test_the_drained_server_exits_zero_and_leaves_no_process(drained) -> None:
     assert drained["rc"] == 0, drained["log"][-3000:]
-    assert drained["exited"] - drained["term"] < DELAY_S + 15
+    # The drain unloaded everything itself: the stop never waits Triton's 30 s exit
+    # timeout (which would end at DELAY_S + 30 s or later). 28 s leave room for a loaded
+    # 2-core machine (measured there: 20.2 s with two encoder processes to unload).
+    assert "models still loaded at the deadline" not in drained["log"]
+    assert drained["exited"] - drained["term"] < DELAY_S + 28
     assert drained["leftovers"] == []
     assert not Path(f"/proc/{drained['server_pid']}").exists()
