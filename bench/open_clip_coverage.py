@@ -101,6 +101,17 @@ def narrows_timm(cfg: dict) -> bool:
     return cfg.get("vision_cfg", {}).get("timm_proj") not in (None, "none", "")
 
 
+def _smoke(model, img_size=None) -> None:
+    """One forward at the model's input size: a reduction that builds but cannot run fails."""
+    import torch
+
+    size = getattr(model, "pretrained_cfg", {}).get("input_size", (3, 224, 224))[1:]
+    if img_size is not None:
+        size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    with torch.no_grad():
+        model.eval()(torch.zeros(1, 3, *size))
+
+
 @contextmanager
 def reduced_timm(narrow: list[bool]):
     """timm.create_model builds the named tower shallower where it can.
@@ -116,7 +127,11 @@ def reduced_timm(narrow: list[bool]):
             if name.startswith(prefixes):
                 for extra in ({**shallow, **thin}, shallow) if narrow[0] else (shallow,):
                     try:
-                        return original(name, *args, **{**kwargs, **extra})
+                        model = original(name, *args, **{**kwargs, **extra})
+                        _smoke(
+                            model, kwargs.get("img_size")
+                        )  # e.g. fastvit_mci3 has 5 stages: 4 build, then fail
+                        return model
                     except Exception:  # noqa: BLE001 - this model takes no such kwargs
                         continue
         return original(name, *args, **kwargs)
