@@ -122,6 +122,8 @@ clean:
 # then the rate of each model kind beyond dense text (static, sparse, multi-vector, LLM
 # reranker) served against the library in-process, written to docs/model-kinds.md
 # (KINDS_ARGS="--texts 128 --repeats 1" for a smoke test),
+# then a MobileCLIP-shaped CustomTextCLIP served against open_clip in-process (bench.open_clip_speed,
+# about 1.5 min; CLIP_SPEED_ARGS="--repeats 1"),
 # then the faults benchmarks, each writing bench/results/ (OVERLOAD_ARGS / SOAK_ARGS="--quick"):
 # all-MiniLM-L6-v2 at 3 x its sustainable rate, queues unbounded and bounded (bench.faults.overload,
 # about 10 min), 10 min of mixed load with the server's memory sampled (bench.faults.soak,
@@ -135,6 +137,7 @@ bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)
 	$(PY) -m bench.rerank $(RERANK_ARGS)
 	$(PY) -m bench.studies.precision $(PRECISION_ARGS)
 	$(PY) -m bench.studies.model_kinds $(KINDS_ARGS)
+	$(PY) -m bench.open_clip_speed $(CLIP_SPEED_ARGS)
 	$(PY) -m bench.faults.overload $(OVERLOAD_ARGS)
 	$(PY) -m bench.faults.soak $(SOAK_ARGS)
 	$(PY) -m bench.faults.start_loop $(START_LOOP_ARGS)
