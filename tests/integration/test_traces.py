@@ -60,7 +60,8 @@ def traced(tmp_path_factory, extra_models) -> Traced:
     base = tmp_path_factory.mktemp("traces")
     folder = build_tiny_model(TEXT, base / "models" / TEXT.name)
     manifest = parse_manifest(
-        {"models": [manifest_entry(TEXT, folder), *extra_models],
+        # The two-step text model: a trace with a span for each of its steps.
+        {"models": [manifest_entry(TEXT, folder, fused_tokenize=False), *extra_models],
          "fetch_image": {"allow_hosts": ["127.0.0.1"]}},
         base,
     )
