@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import statistics
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -72,6 +73,21 @@ def serve(manifest: Manifest, label: str, stack: ExitStack) -> TritonPorts:
     return ports
 
 
+SETTLE_S = 1.0
+
+
+def run_order(servers: int, repeat: int) -> list[int]:
+    """The order of the servers in ``repeat``: rotated by one, reversed on odd repeats.
+
+    So no server always runs right after the same other one: a plain rotation of three
+    always puts server 0 right after server 2, across loads too.
+    """
+    order = list(range(servers))
+    shift = repeat % servers
+    order = order[shift:] + order[:shift]
+    return order[::-1] if repeat % 2 else order
+
+
 def rotate(
     servers: list[TritonPorts], loads: list[BenchLoad], repeats: int, pool: list[str],
     protocol: str,
@@ -87,9 +103,8 @@ def rotate(
             spec = load.spec
             count = spec.clients * (spec.warmup_requests + spec.requests_per_client)
             requests = text_requests(pool, spec.items_per_request, count)
-            order = list(range(len(servers)))
-            shift = repeat % len(order)
-            for i in order[shift:] + order[:shift]:
+            for i in run_order(len(servers), repeat):
+                time.sleep(SETTLE_S)  # the last server's threads and stubs go quiet first
                 ports = servers[i]
                 url = f"127.0.0.1:{ports.grpc if protocol == 'grpc' else ports.http}"
                 monitor.start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.studies.ab import run_order
 from bench.studies.bare_entry import TUNED, ratios, variants
 from generator.manifest import ModelEntry, parse_manifest
 
@@ -39,3 +40,13 @@ def test_ratios_are_taken_inside_each_repeat_and_their_median_kept() -> None:
     assert figures["bare_over_tuned_runs"] == [0.9, 2.0, 0.99]
     assert figures["bare_over_tuned"] == 0.99
     assert figures["tuned"]["items_per_s"] == 100.0
+
+
+def test_no_server_always_runs_right_after_the_same_other_one() -> None:
+    """A plain rotation of three put server 0 (bare) right after server 2 (plain) in every
+    repeat, across loads too; the order must vary who precedes whom."""
+    sequence = [i for repeat in range(4) for _load in range(2) for i in run_order(3, repeat)]
+    before_zero = {sequence[k - 1] for k in range(1, len(sequence)) if sequence[k] == 0}
+    assert before_zero == {1, 2}
+    for repeat in range(6):
+        assert sorted(run_order(3, repeat)) == [0, 1, 2]
