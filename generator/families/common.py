@@ -132,29 +132,54 @@ def _encoder_scheduling(entry: ModelEntry) -> tuple[Batching, Instances]:
     return step_batching(entry, entry.max_queue_delay_us), Instances(entry.encoder_instances, kind)
 
 
+@dataclass(frozen=True)
+class TextGraph:
+    """An exported text encoder and the tokenizer that feeds it.
+
+    ``limits`` (``vocab_size``, ``type_vocab_size``, ``max_width``) bound what a direct
+    call may send the Python runner's token inputs.
+    """
+
+    onnx_path: Path
+    spec: GraphSpec
+    tokenizer_json: Path
+    tok_params: TokenizerParams
+    limits: dict[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class RunnerExtras:
+    """What the Python ORT runner answers beyond the graph's rows (the native backend: none).
+
+    ``max_dimensions`` D > 0 lets it truncate to a request's ``dimensions`` (the output is
+    then ``[-1]``). ``token_count`` adds its ``TOKEN_COUNT`` output. ``sparse``: the graph's
+    dense rows are answered as the ``SPARSE_INDICES`` / ``SPARSE_VALUES`` of their active
+    dimensions, and nothing else. ``forms``: the quantized outputs of
+    :data:`PRECISION_OUTPUTS` it answers; ``calibration`` (the embeddings saved by
+    :mod:`generator.calibration`) gives int8 / uint8 their ranges.
+    """
+
+    max_dimensions: int = 0
+    token_count: bool = False
+    sparse: SparseOutput | None = None
+    forms: Sequence[IOSpec] = ()
+    calibration: Path | None = None
+
+
 def encoder_dir(
     entry: ModelEntry,
     name: str,
     onnx_path: Path,
     spec: GraphSpec,
     ragged: bool,
+    *,
     limits: dict[str, int] | None = None,
-    max_dimensions: int = 0,
-    token_count: bool = False,
-    sparse: SparseOutput | None = None,
-    forms: Sequence[IOSpec] = (),
-    calibration: Path | None = None,
+    extras: RunnerExtras = RunnerExtras(),
 ) -> ModelDir:
     """An encoder: the Python ORT runner, or Triton's native ``onnxruntime`` backend.
 
     ``limits`` (``vocab_size``, ``type_vocab_size``, ``max_width``) bound what a direct
-    call may send the Python runner's token inputs. ``max_dimensions`` D > 0 lets the
-    Python runner truncate to a request's ``dimensions`` (the output is then ``[-1]``).
-    ``token_count`` adds the Python runner's ``TOKEN_COUNT`` output. ``sparse`` (Python
-    runner only): the graph's dense rows are answered as the ``SPARSE_INDICES`` /
-    ``SPARSE_VALUES`` of their active dimensions. ``forms`` (Python runner only): the
-    quantized outputs of :data:`PRECISION_OUTPUTS` it answers; ``calibration`` (the
-    embeddings saved by :mod:`generator.calibration`) gives int8 / uint8 their ranges.
+    call may send the Python runner's token inputs; ``extras`` what else it answers.
     """
     batching, instances = _encoder_scheduling(entry)
     outputs = [IOSpec.from_tensor(t) for t in spec.outputs]
@@ -170,19 +195,17 @@ def encoder_dir(
             accelerator=gpu_accelerator(entry, inputs),
         )
         return ModelDir(name, config, None, {"model.onnx": onnx_path})
-    parameters = _python_encoder_parameters(entry, spec, ragged, limits, max_dimensions)
-    if max_dimensions:
-        outputs = [IOSpec(o.name, o.data_type, (-1,)) for o in outputs]
-    if sparse is not None:
-        parameters.update(sparse.parameters())
-        outputs = list(sparse.outputs())
-    elif token_count:
-        outputs.append(TOKEN_COUNT)
+    parameters = _python_encoder_parameters(entry, spec, ragged, limits, extras.max_dimensions)
     files = {"model.onnx": onnx_path}
-    if sparse is None:
-        outputs.extend(forms)
-    if calibration is not None and sparse is None:
-        files[CALIBRATION_FILE] = calibration
+    if extras.sparse is not None:
+        parameters.update(extras.sparse.parameters())
+        outputs = list(extras.sparse.outputs())
+    else:
+        if extras.max_dimensions:
+            outputs = [IOSpec(o.name, o.data_type, (-1,)) for o in outputs]
+        outputs.extend((*([TOKEN_COUNT] if extras.token_count else []), *extras.forms))
+        if extras.calibration is not None:
+            files[CALIBRATION_FILE] = extras.calibration
     inputs = [IOSpec.from_tensor(t, ragged=ragged) for t in spec.inputs]
     config = python_model(
         name, entry.max_batch_size, inputs, outputs, parameters, batching, instances
@@ -201,25 +224,28 @@ def _resolved_normalize(entry: ModelEntry) -> bool:
 
 
 def split_encoder_dirs(
-    entry: ModelEntry,
-    tokenizer_json: Path,
-    tok_params: TokenizerParams,
-    onnx_path: Path,
-    spec: GraphSpec,
-    limits: dict[str, int],
-    **encoder: object,
+    entry: ModelEntry, graph: TextGraph, extras: RunnerExtras = RunnerExtras()
 ) -> list[ModelDir]:
     """``<name>_tokenize`` (``TEXT`` -> ragged token rows) and ``<name>_encode`` after it.
 
-    The encoder (:func:`encoder_dir`, ``encoder`` its further options) takes the rows
-    ragged. Before Triton's native backend, the tokenize step refuses a request
-    ``precision`` other than float32 (``float32_only``).
+    The encoder (:func:`encoder_dir`) takes the rows ragged. Before Triton's native
+    backend, the tokenize step refuses a request ``precision`` other than float32
+    (``float32_only``).
     """
     native = entry.encoder_backend != "python-ort"
-    return [
-        tokenize_dir(entry, f"{entry.name}_tokenize", tokenizer_json, tok_params, -1, native),
-        encoder_dir(entry, f"{entry.name}_encode", onnx_path, spec, True, limits, **encoder),
-    ]
+    tokenize = tokenize_dir(
+        entry, f"{entry.name}_tokenize", graph.tokenizer_json, graph.tok_params, -1, native
+    )
+    encode = encoder_dir(
+        entry,
+        f"{entry.name}_encode",
+        graph.onnx_path,
+        graph.spec,
+        True,
+        limits=graph.limits,
+        extras=extras,
+    )
+    return [tokenize, encode]
 
 
 @dataclass(frozen=True)
@@ -274,11 +300,8 @@ def _python_encoder_parameters(
 def fused_encoder_dir(
     entry: ModelEntry,
     name: str,
-    onnx_path: Path,
-    spec: GraphSpec,
-    tokenizer_json: Path,
-    tok_params: TokenizerParams,
-    limits: dict[str, int] | None = None,
+    graph: TextGraph,
+    *,
     forms: Sequence[IOSpec] = (),
     calibration: Path | None = None,
 ) -> ModelDir:
@@ -290,16 +313,21 @@ def fused_encoder_dir(
     ``TOKEN_COUNT`` when ``entry.token_count`` asks for it, and ``forms`` (with
     ``calibration`` for int8 / uint8) as :func:`encoder_dir` does.
     """
-    dims = tok_params.max_dimensions
-    output = spec.outputs[0]
+    dims = graph.tok_params.max_dimensions
+    output = graph.spec.outputs[0]
     outputs = [IOSpec(output.name, output.triton_dtype, (-1,) if dims else output.dims)]
     if entry.token_count:
         outputs.append(TOKEN_COUNT)
     outputs.extend(forms)
-    files = {CALIBRATION_FILE: calibration} if calibration is not None else {}
     return text_encoder_dir(
-        entry, name, "encode", onnx_path, spec, tokenizer_json, tok_params, limits,
-        outputs, {"fused_tokenize": "true"}, files, max_dimensions=dims,
+        entry,
+        name,
+        "encode",
+        graph,
+        outputs=outputs,
+        parameters={"fused_tokenize": "true"},
+        files={CALIBRATION_FILE: calibration} if calibration is not None else {},
+        max_dimensions=dims,
     )
 
 
@@ -307,11 +335,8 @@ def text_encoder_dir(
     entry: ModelEntry,
     name: str,
     stub: str,
-    onnx_path: Path,
-    spec: GraphSpec,
-    tokenizer_json: Path,
-    tok_params: TokenizerParams,
-    limits: dict[str, int] | None,
+    graph: TextGraph,
+    *,
     outputs: Sequence[IOSpec],
     parameters: dict[str, str],
     files: dict[str, Path] | None = None,
@@ -324,19 +349,16 @@ def text_encoder_dir(
     (:func:`fused_encoder_dir`); so are the encoders that tokenize per request ``task``
     (multi-vector, inference-free sparse), which the split tokenize step could not serve.
     """
+    runner = _python_encoder_parameters(entry, graph.spec, False, graph.limits, max_dimensions)
     config = python_model(
         name,
         entry.max_batch_size,
         [TEXT],
         outputs,
-        {
-            **_python_encoder_parameters(entry, spec, False, limits, max_dimensions),
-            **tokenizer_parameters(entry, tok_params),
-            **parameters,
-        },
+        {**runner, **tokenizer_parameters(entry, graph.tok_params), **parameters},
         *_encoder_scheduling(entry),
     )
-    files = {"model.onnx": onnx_path, "tokenizer.json": tokenizer_json, **(files or {})}
+    files = {"model.onnx": graph.onnx_path, "tokenizer.json": graph.tokenizer_json, **(files or {})}
     return ModelDir(name, config, stub, files)
 
 

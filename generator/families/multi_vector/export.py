@@ -39,7 +39,7 @@ from ...model_dir import ModelDir
 from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ...pylate_reference import PyLateReference
 from ...render import IOSpec, Step, ensemble, parse_config
-from ..common import TEXT, text_encoder_dir
+from ..common import TEXT, TextGraph, text_encoder_dir
 from ..sentence_transformers.export import write_tokenizer
 from ..text_export import (
     VALIDATION_TEXTS,
@@ -280,8 +280,12 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     # The encoder tokenizes per request task itself (query expansion feeds positions the
     # attention mask leaves out, which the split tokenize step would trim).
     model_dir = text_encoder_dir(
-        entry, f"{entry.name}_encode", "encode_multivector", onnx_path, spec, tokenizer_json,
-        tok_params, token_limits(model), _outputs(dim), mv_params.parameters(),
+        entry,
+        f"{entry.name}_encode",
+        "encode_multivector",
+        TextGraph(onnx_path, spec, tokenizer_json, tok_params, token_limits(model)),
+        outputs=_outputs(dim),
+        parameters=mv_params.parameters(),
     )
     served = _serving_encoder(model_dir, onnx_path, tokenizer_json)
     for texts in (PARITY_TEXTS[:1], PARITY_TEXTS):

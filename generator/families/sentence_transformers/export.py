@@ -27,6 +27,8 @@ from ..common import (
     PRECISION_OUTPUTS,
     TEXT,
     TOKEN_COUNT,
+    RunnerExtras,
+    TextGraph,
     chain_dir,
     fused_encoder_dir,
     litellm_dir,
@@ -252,9 +254,8 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     fuse_graph(entry, model[0].auto_model.config, onnx_path, spec, encoder, cases)
     _check_served_padding(model, entry, onnx_path, tokenizer_json, tok_params, input_names)
     apply_precision(onnx_path, entry.graph_precision, spec, encoder, cases)
-    return _model_dirs(
-        entry, onnx_path, spec, tokenizer_json, tok_params, token_limits(model), dim
-    )
+    graph = TextGraph(onnx_path, spec, tokenizer_json, tok_params, token_limits(model))
+    return _model_dirs(entry, graph, dim)
 
 
 def _build_static(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
@@ -289,21 +290,13 @@ def _build_static(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
     static.check_parity(model, onnx_path, tokenizer_json, tok_params, entry.normalize, texts)
     apply_precision(onnx_path, entry.graph_precision, spec, encoder, cases)
     limits = static.token_limits(model, truncation)
-    return _model_dirs(entry, onnx_path, spec, tokenizer_json, tok_params, limits, dim)
+    return _model_dirs(entry, TextGraph(onnx_path, spec, tokenizer_json, tok_params, limits), dim)
 
 
-def _model_dirs(
-    entry: ModelEntry,
-    onnx_path: Path,
-    spec: GraphSpec,
-    tokenizer_json: Path,
-    tok_params: TokenizerParams,
-    limits: dict[str, int],
-    dim: int,
-) -> list[ModelDir]:
+def _model_dirs(entry: ModelEntry, graph: TextGraph, dim: int) -> list[ModelDir]:
     """The tokenize, encode and ensemble dirs (or the fused encoder and the ensemble)."""
-    input_names = spec.input_names
-    truncatable = tok_params.max_dimensions
+    input_names = graph.spec.input_names
+    truncatable = graph.tok_params.max_dimensions
     tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
     out_dim = -1 if truncatable else dim
     # The Python runner also answers the quantized forms the entry names (output_precisions:
@@ -313,17 +306,16 @@ def _model_dirs(
              if p in entry.output_precisions]
     calibration = None
     if {"int8", "uint8"} & set(entry.output_precisions):
-        calibration = onnx_path.parent / CALIBRATION_FILE
+        calibration = graph.onnx_path.parent / CALIBRATION_FILE
         corpus = read_corpus(DEFAULT_CORPUS)
-        calibration_embeddings(onnx_path, tokenizer_json, tok_params, corpus, calibration)
+        calibration_embeddings(
+            graph.onnx_path, graph.tokenizer_json, graph.tok_params, corpus, calibration
+        )
     if entry.fused_tokenize:
         extra = [*([TOKEN_COUNT] if entry.token_count else []), *forms]
         outs = ["EMBEDDING", *(o.name for o in extra)]
         return [
-            fused_encoder_dir(
-                entry, encode, onnx_path, spec, tokenizer_json, tok_params, limits, forms,
-                calibration,
-            ),
+            fused_encoder_dir(entry, encode, graph, forms=forms, calibration=calibration),
             chain_dir(entry, entry.name, TEXT, out_dim, [(encode, ["TEXT"], outs)], extra),
             *_litellm_dirs(entry, out_dim, [(encode, ["TEXT"], ["EMBEDDING"])]),
         ]
@@ -339,15 +331,10 @@ def _model_dirs(
     return [
         *split_encoder_dirs(
             entry,
-            tokenizer_json,
-            tok_params,
-            onnx_path,
-            spec,
-            limits,
-            max_dimensions=truncatable,
-            token_count=counts,
-            forms=forms,
-            calibration=calibration,
+            graph,
+            RunnerExtras(
+                max_dimensions=truncatable, token_count=counts, forms=forms, calibration=calibration
+            ),
         ),
         chain_dir(
             entry,

@@ -23,7 +23,7 @@ from ...model_dir import ModelDir
 from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ...precision import apply_precision
 from ...render import Step, ensemble
-from ..common import TEXT, SparseOutput, split_encoder_dirs
+from ..common import TEXT, RunnerExtras, SparseOutput, TextGraph, split_encoder_dirs
 from ..sentence_transformers.export import (
     check_prompts,
     check_tokenizer,
@@ -190,8 +190,9 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
 
     return [
         *split_encoder_dirs(
-            entry, tokenizer_json, tok_params, onnx_path, spec, token_limits(model),
-            sparse=SparseOutput(max_active_dims),
+            entry,
+            TextGraph(onnx_path, spec, tokenizer_json, tok_params, token_limits(model)),
+            RunnerExtras(sparse=SparseOutput(max_active_dims)),
         ),
         _ensemble_dir(entry, input_names),
     ]

