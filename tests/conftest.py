@@ -16,8 +16,39 @@ import pytest
 
 # The encoders' host weight cache (embed_runtime.weight_cache.cached_model) of this run
 # only: every in-process encoder and every Triton the tests start (they inherit the
-# environment) writes here, never into the user's own cache. Removed at the end.
-_WEIGHT_CACHE = tempfile.mkdtemp(prefix="embed-test-ort-cache-")
+# environment) writes here, never into the user's own cache. Removed at the end; the
+# folder names its pytest's pid, so a run that was killed (no end) leaves a folder the
+# next run removes once that pid is gone (each holds about 1.4 GB of weights).
+_CACHE_PREFIX = "embed-test-ort-cache-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_orphan_caches(tmp: str) -> list[str]:
+    """Remove the weight caches in ``tmp`` whose pytest process no longer runs."""
+    removed = []
+    for entry in os.scandir(tmp):
+        if not entry.name.startswith(_CACHE_PREFIX) or not entry.is_dir(follow_symlinks=False):
+            continue
+        pid_text, sep, _ = entry.name.removeprefix(_CACHE_PREFIX).partition("-")
+        # A name without a pid is not known to be orphaned: it stays.
+        if not (sep and pid_text.isdigit()) or _pid_alive(int(pid_text)):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
+remove_orphan_caches(tempfile.gettempdir())
+_WEIGHT_CACHE = tempfile.mkdtemp(prefix=f"{_CACHE_PREFIX}{os.getpid()}-")
 os.environ["EMBED_ORT_CACHE_DIR"] = _WEIGHT_CACHE
 
 # node-id prefix -> why skipping it is acceptable
