@@ -49,7 +49,8 @@ def test_outputs_an_entry_opted_into_come_back_too(server):
 
 def test_json_cannot_carry_an_fp16_form_so_such_a_model_wants_outputs_named(server):
     """Triton's JSON answers have no FP16: with ``float16`` among an entry's
-    ``output_precisions``, a JSON request that names no output is refused whole (README)."""
+    ``output_precisions``, a JSON request that names no output is refused whole
+    (docs/requests.md)."""
     with pytest.raises(RuntimeError, match="HTTP 400: .*sending FP16 data via JSON"):
         plain_request_outputs(server, "http", TEXT_MODEL, {"TEXT": TEXTS})
 

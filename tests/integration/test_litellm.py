@@ -144,7 +144,7 @@ def test_litellm_ensemble_answers_embedding_alone_as_the_plain_one_does(setup) -
 
 def test_litellm_refuses_more_rows_than_max_batch_size_with_a_clear_error(setup, litellm) -> None:
     """LiteLLM sends one request whatever N is: over the entry's ``max_batch_size`` the
-    server refuses it and names the limit (the README says so)."""
+    server refuses it and names the limit (docs/clients.md says so)."""
     server, _ = setup
     with pytest.raises(litellm.exceptions.BadRequestError, match=f"<= {MAX_BATCH}"):
         litellm.embedding(

@@ -76,7 +76,7 @@ def _post(port: int, text: str) -> tuple[int, dict]:
 
 
 def test_a_full_queue_answers_http_503_with_triton_s_message(bounded_ports) -> None:
-    """What the README documents for a full queue: HTTP 503 (gRPC UNAVAILABLE), the reason
+    """What docs/requests.md documents for a full queue: HTTP 503 (gRPC UNAVAILABLE), the reason
     in the JSON ``error``; accepted requests in the same flood get their embeddings."""
     with ThreadPoolExecutor(CLIENTS) as pool:
         answers = list(pool.map(lambda _: _post(bounded_ports.http, LONG), range(CLIENTS * 2)))
