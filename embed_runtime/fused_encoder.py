@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .engine import COUNT_OUTPUT, TEXT_INPUT, text_rows, token_counts
 from .ort_encoder import EncoderParams, OrtEncoder
 from .ragged import split_counts
 from .request_options import resolve_dimensions, truncate
@@ -46,29 +47,46 @@ class TextRequest:
     keep_end: bool = False
 
 
-COUNT_OUTPUT = "TOKEN_COUNT"  # the optional output of each row's token count
-
-
 class TextEncoder:
-    """A tokenizer in front of an :class:`OrtEncoder`, both built once per instance."""
+    """A tokenizer in front of an :class:`OrtEncoder`, both built once per instance.
 
-    def __init__(self, tokenizer: BatchTokenizer, encoder: OrtEncoder, params: EncoderParams):
+    An engine (``embed_runtime.engine.Engine``): ``TEXT`` in, each request answered as
+    its embeddings and, unless ``counted`` is off, its rows' token counts.
+    """
+
+    input_names = (TEXT_INPUT,)
+
+    def __init__(
+        self,
+        tokenizer: BatchTokenizer,
+        encoder: OrtEncoder,
+        params: EncoderParams,
+        counted: bool = True,
+    ):
         self.tokenizer = tokenizer
         self.encoder = encoder
         self.params = params
+        self.output_names = (params.output_name, *((COUNT_OUTPUT,) if counted else ()))
 
     @classmethod
     def from_parameters(
-        cls, parameters: Mapping[str, str], model_dir: str, encoder: OrtEncoder
+        cls,
+        parameters: Mapping[str, str],
+        model_dir: str,
+        encoder: OrtEncoder,
+        counted: bool = True,
     ) -> TextEncoder:
         """Read the tokenizer's config parameters (they sit beside the encoder's)."""
         tok_params = TokenizerParams.from_parameters(dict(parameters))
         path = os.path.join(model_dir, parameters["tokenizer_file"])
-        return cls(BatchTokenizer(path, tok_params), encoder, encoder.params)
+        return cls(BatchTokenizer(path, tok_params), encoder, encoder.params, counted)
 
-    def read(self, rows: np.ndarray, parameters: Mapping[str, Any]) -> TextRequest:
+    def read(
+        self, inputs: Mapping[str, np.ndarray] | np.ndarray, parameters: Mapping[str, Any]
+    ) -> TextRequest:
         """Validate one request's ``TEXT`` and options; raises ``InvalidInputError``."""
         tok = self.tokenizer.params
+        rows = text_rows(inputs)
         texts = decode_texts(rows, "TEXT", tok.max_text_bytes, tok.max_request_bytes)
         texts = prompted_texts(texts, dict(parameters), tok)
         self.tokenizer.refuse_overlong(texts, parameters)
@@ -76,10 +94,11 @@ class TextEncoder:
         dimensions = resolve_dimensions(parameters, full, default)
         return TextRequest(texts, dimensions, keeps_end(parameters))
 
-    def embed(self, requests: Sequence[TextRequest]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def embed(self, requests: Sequence[TextRequest]) -> list[tuple[np.ndarray, ...]]:
         """Tokenize every row at once, run them sorted by length.
 
-        One ``(embeddings, token counts)`` pair per request.
+        One ``(embeddings, token counts)`` pair per request (embeddings alone when not
+        ``counted``).
         """
         texts = [t for r in requests for t in r.texts]
         keep_end = [r.keep_end for r in requests for _ in r.texts]
@@ -92,10 +111,5 @@ class TextEncoder:
         for request, rows, counts in parts:
             if request.dimensions:
                 rows = truncate(rows, request.dimensions, self.params.normalize)
-            out.append((np.ascontiguousarray(rows), counts))
+            out.append((np.ascontiguousarray(rows), counts)[: len(self.output_names)])
         return out
-
-
-def token_counts(attention_mask: np.ndarray) -> np.ndarray:
-    """Tokens of each row (``TOKEN_COUNT``, INT32 [rows, 1]) from its attention mask."""
-    return attention_mask.sum(axis=1, dtype=np.int32).reshape(-1, 1)

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .engine import TEXT_INPUT, text_rows
 from .errors import InvalidInputError
 from .ragged import Chunk
 from .request_options import TASKS, apply_prompt, resolve_dimensions, resolve_prompt, resolve_task
@@ -192,8 +193,12 @@ class MultiVectorTextEncoder:
     """``TEXT`` -> per-token vectors: the tokenizers of both tasks and an ORT encoder.
 
     ``encoder`` is an :class:`~embed_runtime.ort_encoder.OrtEncoder` (its
-    ``run_chunks`` runs the graph), built once per instance by the caller.
+    ``run_chunks`` runs the graph), built once per instance by the caller. An engine
+    (``embed_runtime.engine.Engine``).
     """
+
+    input_names = (TEXT_INPUT,)
+    output_names = (EMBEDDINGS, TOKEN_COUNT)
 
     def __init__(
         self,
@@ -215,10 +220,12 @@ class MultiVectorTextEncoder:
             name for name in TASKS if params.task(name).skip_ids
         )
 
-    def read(self, rows: np.ndarray, parameters: Mapping[str, Any]) -> MultiVectorRequest:
+    def read(
+        self, inputs: Mapping[str, np.ndarray] | np.ndarray, parameters: Mapping[str, Any]
+    ) -> MultiVectorRequest:
         """Validate one request's ``TEXT`` and parameters; raises ``InvalidInputError``."""
         tok = self.tok_params
-        texts = decode_texts(rows, "TEXT", tok.max_text_bytes, tok.max_request_bytes)
+        texts = decode_texts(text_rows(inputs), "TEXT", tok.max_text_bytes, tok.max_request_bytes)
         task = resolve_task(parameters)
         resolve_dimensions(parameters, 0)  # no Matryoshka truncation of token vectors
         prompts = dict(self.params.prompts)

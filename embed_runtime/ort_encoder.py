@@ -6,11 +6,12 @@ import contextlib
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
 
+from .busy_board import BusyBoard, board_path
 from .config_params import ConfigParams, param
 from .errors import InvalidInputError
 from .integrity import verify_digests
@@ -325,15 +326,27 @@ class OpenedEncoder:
     encoder: OrtEncoder
 
 
-def open_encoder(args: Mapping[str, str], parameters: Mapping[str, str]) -> OpenedEncoder:
+def open_encoder(
+    args: Mapping[str, str], parameters: Mapping[str, str], instances: int = 1
+) -> OpenedEncoder:
     """The model folder's digests checked, then its graph opened as ``EncoderParams`` say.
 
     ``args`` are the ones Triton's Python backend passes to ``initialize``; ``parameters``
     the model's config parameters. A corrupt model file fails the load, never an answer.
+    With ``shared_intra_op_threads`` and more than one of ``instances``, the instance
+    also opens the session it runs while another instance runs (a :class:`BusyBoard`
+    tells), unless both sessions would get the same threads.
     """
     params = EncoderParams.from_parameters(parameters)
+    board = None
+    if params.shared_intra_op_threads and instances > 1:
+        shared = shared_threads(params.shared_intra_op_threads, instances, available_cores())
+        params = replace(params, shared_intra_op_threads=shared)
+        if shared != params.intra_op_threads:  # else one session serves both cases
+            board = BusyBoard(board_path(args["model_name"], args["model_version"]))
     model_dir = os.path.join(args["model_repository"], args["model_version"])
     verify_digests(model_dir)
     device_id = int(args.get("model_instance_device_id") or 0)
-    encoder = OrtEncoder(os.path.join(model_dir, params.onnx_file), params, device_id)
+    path = os.path.join(model_dir, params.onnx_file)
+    encoder = OrtEncoder(path, params, device_id, board)
     return OpenedEncoder(params, model_dir, encoder)

@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from .engine import TEXT_INPUT, text_rows
 from .fused_encoder import TextEncoder, TextRequest
 from .request_options import resolve_dimensions, resolve_task
-from .sparse import request_max_active_dims, sparse_rows
+from .sparse import INDICES, VALUES, request_max_active_dims, sparse_rows
 from .tokenizer import BatchTokenizer, TokenizerParams, decode_texts, keeps_end, prompted_texts
 
 QUERY = "query"
@@ -71,7 +72,13 @@ def static_rows(
 
 
 class SparseRouter:
-    """The query route (a tokenizer and static weights) beside the document route."""
+    """The query route (a tokenizer and static weights) beside the document route.
+
+    An engine (``embed_runtime.engine.Engine``): ``TEXT`` in, ``SPARSE_*`` out.
+    """
+
+    input_names = (TEXT_INPUT,)
+    output_names = (INDICES, VALUES)
 
     def __init__(
         self,
@@ -85,8 +92,11 @@ class SparseRouter:
         self.weights = np.asarray(weights, dtype=np.float32)
         self.max_active_dims = max_active_dims
 
-    def read(self, rows: np.ndarray, parameters: Mapping[str, Any]) -> RoutedRequest:
+    def read(
+        self, inputs: Mapping[str, np.ndarray] | np.ndarray, parameters: Mapping[str, Any]
+    ) -> RoutedRequest:
         """Validate one request's ``TEXT`` and options; raises ``InvalidInputError``."""
+        rows = text_rows(inputs)
         task = resolve_task(parameters)
         k = request_max_active_dims(parameters, self.max_active_dims)
         if task != QUERY:
@@ -104,8 +114,8 @@ class SparseRouter:
         documents = [i for i, r in enumerate(requests) if r.task != QUERY]
         if documents:
             done = self.document.embed([requests[i].text for i in documents])
-            for i, (rows, _counts) in zip(documents, done, strict=True):
-                dense[i] = rows
+            for i, answer in zip(documents, done, strict=True):
+                dense[i] = answer[0]
         queries = [i for i, r in enumerate(requests) if r.task == QUERY]
         if queries:
             texts = [t for i in queries for t in requests[i].text.texts]

@@ -7,61 +7,12 @@ scored vectors: ``EMBEDDINGS`` ``[N, T, D]`` (zero-padded) and ``TOKEN_COUNT``
 (``embed_runtime.multivector``).
 """
 
-import json
-import os
-
 import triton_python_backend_utils as pb_utils
-from embed_runtime.adapter import config_parameters, embed_requests, input_array
-from embed_runtime.multivector import (
-    EMBEDDINGS,
-    TOKEN_COUNT,
-    MultiVectorParams,
-    MultiVectorTextEncoder,
-)
-from embed_runtime.ort_encoder import open_encoder
-from embed_runtime.request_options import request_parameters
-from embed_runtime.tokenizer import TokenizerParams
+from embed_runtime.encode_step import EncodeStep, open_multivector_engine
 
 
-class TritonPythonModel:
+class TritonPythonModel(EncodeStep):
     """Embeds every request of a dynamic batch into per-token vectors."""
 
-    def initialize(self, args):
-        """Build the tokenizers and the ONNX Runtime session once."""
-        self.logger = pb_utils.Logger
-        raw = config_parameters(json.loads(args["model_config"]))
-        opened = open_encoder(args, raw)
-        encoder = opened.encoder
-        self.text = MultiVectorTextEncoder(
-            os.path.join(opened.model_dir, raw["tokenizer_file"]),
-            TokenizerParams.from_parameters(raw),
-            MultiVectorParams.from_parameters(raw),
-            encoder,
-        )
-        self.logger.log_info(
-            f"{args['model_name']}: ONNX Runtime on {encoder.session.get_providers()}, "
-            f"graph {encoder.model_path}"
-        )
-        if encoder.cache_error:  # served all the same, the session with its own weights
-            self.logger.log_warn(
-                f"{args['model_name']}: weight cache not used: {encoder.cache_error}"
-            )
-
-    def _read(self, request):
-        rows = input_array(pb_utils, request, "TEXT")
-        return self.text.read(rows, request_parameters(request.parameters()))
-
-    def execute(self, requests):
-        """Embed all valid requests in one sorted, chunked pass."""
-        return embed_requests(
-            pb_utils,
-            requests,
-            self._read,
-            self.text.embed,
-            [EMBEDDINGS, TOKEN_COUNT],
-            self.logger.log_error,
-        )
-
-    def finalize(self):
-        """Release the tokenizers and the ONNX Runtime session."""
-        self.text = None
+    pb_utils = pb_utils
+    opener = staticmethod(open_multivector_engine)

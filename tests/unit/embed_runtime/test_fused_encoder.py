@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from embed_runtime.fused_encoder import TextEncoder
 from tests.unit import fake_pb_utils as pb
 from tests.unit.embed_runtime.models import helpers
 from tests.unit.embed_runtime.models.helpers import (
@@ -94,14 +95,14 @@ def test_fused_encode_equals_tokenize_then_encode_per_request_in_order(
         out = g.output("EMBEDDING")
         assert out.dtype == np.float32 and out.shape == (len(texts), helpers.DIM)
         np.testing.assert_allclose(out, w.output("EMBEDDING"), rtol=1e-5, atol=1e-6)
-        tokens = fused.text.tokenizer.encode(texts)
+        tokens = fused.engine.tokenizer.encode(texts)
         np.testing.assert_allclose(out, _expected_mean(tokens), rtol=1e-5, atol=1e-6)
     fused.finalize()
 
 
 def test_fused_encode_tokenizes_and_runs_each_execution_once(fused_model) -> None:
     calls = {"tokenize": [], "encode": []}
-    tokenize, encode = fused_model.text.tokenizer.encode, fused_model.encoder.encode_tokens
+    tokenize, encode = fused_model.engine.tokenizer.encode, fused_model.encoder.encode_tokens
 
     def counting_tokenize(texts, keep_end=None):
         calls["tokenize"].append(len(texts))
@@ -111,7 +112,7 @@ def test_fused_encode_tokenizes_and_runs_each_execution_once(fused_model) -> Non
         calls["encode"].append([len(r["input_ids"]) for r in requests])
         return encode(requests)
 
-    fused_model.text.tokenizer.encode = counting_tokenize
+    fused_model.engine.tokenizer.encode = counting_tokenize
     fused_model.encoder.encode_tokens = counting_encode
     responses = fused_model.execute([_text_request(*texts) for texts in REQUEST_TEXTS])
     assert not any(r.has_error() for r in responses)
@@ -157,7 +158,7 @@ def test_fused_prompts_and_dimensions_apply_per_request_in_one_execution(
 ) -> None:
     model = _fused(tmp_path, token_onnx, tokenizer_json, **OPTION_PARAMS, normalize="true")
     responses = _execute_options(model)
-    tokens = model.text.tokenizer.encode
+    tokens = model.engine.tokenizer.encode
     query, passage = (
         _expected_mean(tokens(["query: hello"])),
         _expected_mean(tokens(["passage: hello"])),
@@ -186,14 +187,14 @@ def test_fused_without_max_dimensions_refuses_dimensions(fused_model) -> None:
 
 
 def test_fused_failing_run_is_retried_so_only_the_failing_request_errs(fused_model) -> None:
-    tokenize = fused_model.text.tokenizer.encode
+    tokenize = fused_model.engine.tokenizer.encode
 
     def poisoned(texts, keep_end=None):
         if "poison" in texts:
             raise RuntimeError("tokenizer exploded")
         return tokenize(texts, keep_end)
 
-    fused_model.text.tokenizer.encode = poisoned
+    fused_model.engine.tokenizer.encode = poisoned
     responses = fused_model.execute(
         [_text_request("fine"), _text_request("poison"), _text_request(b""), _text_request("ok")]
     )
@@ -229,8 +230,8 @@ def test_encoder_without_the_knob_still_takes_token_tensors(
 ) -> None:
     (tmp_path / "split").mkdir()
     split = helpers._encode_model(tmp_path / "split", token_onnx)
-    assert split.text is None
-    tokens = fused_model.text.tokenizer.encode(["hello world"])
+    assert not isinstance(split.engine, TextEncoder)
+    tokens = fused_model.engine.tokenizer.encode(["hello world"])
     (response,) = split.execute([pb.InferenceRequest([pb.Tensor(n, a) for n, a in tokens.items()])])
     np.testing.assert_allclose(
         response.output("EMBEDDING"), _expected_mean(tokens), rtol=1e-5, atol=1e-6

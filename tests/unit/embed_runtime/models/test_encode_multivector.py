@@ -16,7 +16,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from tokenizers import Tokenizer
 
-from embed_runtime.multivector import EMBEDDINGS, TOKEN_COUNT, MultiVectorParams, TaskParams
+from embed_runtime.engine import Engine
+from embed_runtime.multivector import (
+    EMBEDDINGS,
+    TOKEN_COUNT,
+    MultiVectorParams,
+    MultiVectorTextEncoder,
+    TaskParams,
+)
 from tests.unit import fake_pb_utils as pb
 from tests.unit.embed_runtime.models.helpers import (
     DIM,
@@ -157,3 +164,8 @@ def test_encode_multivector_initialize_needs_its_settings(backend, tmp_path, tok
     params = {k: v for k, v in PARAMS.items() if k != "multi_vector"}
     with pytest.raises(ValueError, match="config parameter 'multi_vector' is missing"):
         load_adapter("encode_multivector").TritonPythonModel().initialize(_args(tmp_path, params))
+
+
+def test_encode_multivector_runs_a_multivector_engine(multivector_model) -> None:
+    assert isinstance(multivector_model.engine, MultiVectorTextEncoder)
+    assert isinstance(multivector_model.engine, Engine)

@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from embed_runtime.engine import Engine
 from embed_runtime.sparse import INDICES, VALUES, sparse_rows
+from embed_runtime.sparse_router import SparseRouter
 from tests.unit import fake_pb_utils as pb
 from tests.unit.embed_runtime.models.helpers import (
     ENCODE_PARAMS,
@@ -102,7 +104,7 @@ def test_encode_sparse_router_failure_is_internal_for_every_valid_request(router
     def broken(requests):
         raise RuntimeError("session died")
 
-    router_model.router.embed = broken
+    router_model.engine.embed = broken
     responses = router_model.execute(
         [_text_request("a"), _text_request(b""), _text_request("b", parameters={"task": "query"})]
     )
@@ -113,3 +115,8 @@ def test_encode_sparse_router_failure_is_internal_for_every_valid_request(router
     assert _error(responses[1])[0] == pb.TritonError.INVALID_ARG
     assert _error(responses[2])[0] == pb.TritonError.INTERNAL
     assert any("session died" in m for level, m in pb.Logger.messages if level == "error")
+
+
+def test_encode_sparse_router_runs_a_router_engine(router_model) -> None:
+    assert isinstance(router_model.engine, SparseRouter)
+    assert isinstance(router_model.engine, Engine)
