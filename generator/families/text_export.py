@@ -9,8 +9,10 @@ the serving tokenizer against the library's; and validate the graph on the same 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -160,3 +162,80 @@ def token_limits(model) -> dict[str, int]:
     if getattr(config, "type_vocab_size", None):
         limits["type_vocab_size"] = int(config.type_vocab_size)
     return limits
+
+
+# The module of a StaticEmbedding pipeline (a token table, no transformer).
+STATIC_MODULE = "StaticEmbedding"
+
+
+def is_static(model) -> bool:
+    """Whether a loaded SentenceTransformer is a StaticEmbedding pipeline."""
+    return type(model[0]).__name__ == STATIC_MODULE
+
+
+def write_tokenizer(model, path: Path) -> list[str]:
+    """Save the model's fast tokenizer (no padding, no truncation); its graph input names."""
+    from tokenizers import Tokenizer  # noqa: PLC0415
+
+    tok = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
+    tok.no_padding()
+    tok.no_truncation()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return graph_input_names(model)
+
+
+def graph_input_names(model) -> list[str]:
+    """The token tensors of the exported graph: emitted by the tokenizer *and* read by the model.
+
+    A decoder's tokenizer may emit ``token_type_ids`` that its model never reads; such an
+    input would not survive the export. A StaticEmbedding reads ids and the mask only.
+    """
+    names = ["input_ids", "attention_mask"]
+    if is_static(model):
+        return names
+    forward = inspect.signature(model[0].auto_model.forward).parameters
+    if "token_type_ids" in model.tokenizer.model_input_names and "token_type_ids" in forward:
+        names.append("token_type_ids")
+    return names
+
+
+def check_tokenizer(model, path: Path, params: TokenizerParams) -> list[str]:
+    """Differences between the runtime tokenizer and the model's ``preprocess``."""
+    runtime = BatchTokenizer(str(path), params)
+    return token_differences(model, runtime, "tokenizer differs from sentence-transformers")
+
+
+def model_prompts(entry: ModelEntry, model) -> tuple[dict[str, str], str]:
+    """The model's prompts and default prompt name, the manifest's on top.
+
+    Refuses a Pooling with ``include_prompt=False`` (prompt tokens left out of pooling):
+    the exported graph pools every attended token, so such a model would drift.
+    """
+    prompts = {k: v for k, v in (model.prompts or {}).items() if v is not None}
+    prompts.update(entry.prompts or {})
+    default = entry.default_prompt_name or model.default_prompt_name or ""
+    if default and default not in prompts:
+        raise ValueError(
+            f"{entry.name}: default_prompt_name {default!r} is not in {sorted(prompts)}"
+        )
+    for module in model:
+        if getattr(module, "include_prompt", True) is False and any(prompts.values()):
+            raise ValueError(
+                f"{entry.name}: Pooling include_prompt=False (prompt tokens left out of pooling) "
+                "is not supported"
+            )
+    return prompts, default
+
+
+def check_prompts(model, path: Path, params: TokenizerParams) -> list[str]:
+    """Differences between prompt + text at runtime and ``preprocess(prompt=...)``."""
+    runtime = BatchTokenizer(str(path), params)
+    failures = []
+    for name, prompt in params.prompts:
+        for text in VALIDATION_TEXTS[:4] + VALIDATION_TEXTS[6:7]:
+            want = model.preprocess([text], prompt=prompt)["input_ids"][0].tolist()
+            got = runtime.encode([prompt + text])["input_ids"][0].tolist()
+            if want != got:
+                failures.append(f"prompt {name!r} tokenizes differently on {text[:40]!r}")
+    return failures

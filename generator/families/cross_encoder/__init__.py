@@ -12,7 +12,7 @@ from pathlib import Path
 from embed_runtime.errors import InvalidInputError
 
 from ...declared_kind import Served
-from ..sentence_transformers import check_sentence_transformers_folder, text_family
+from ..text_family import check_sentence_transformers_folder, text_family
 
 
 def check_cross_encoder_folder(folder: Path) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...declared_kind import PYLATE, Served
-from ..sentence_transformers import text_family
 from ..spec import Errors
+from ..text_family import text_family
 
 if TYPE_CHECKING:
     from ...manifest import ModelEntry

@@ -40,13 +40,13 @@ from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ...pylate_reference import PyLateReference
 from ...render import IOSpec, Step, ensemble, parse_config
 from ..common import TEXT, TextGraph, text_encoder_dir
-from ..sentence_transformers.export import write_tokenizer
 from ..text_export import (
     VALIDATION_TEXTS,
     checked_source,
     load_on_cpu,
     token_limits,
     transformer_tokenizer_params,
+    write_tokenizer,
 )
 from . import FAMILY, pylate
 

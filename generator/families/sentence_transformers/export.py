@@ -10,13 +10,12 @@ pipeline (no transformer) exports as the mean of its table's rows (``static``).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from pathlib import Path
 
 import numpy as np
 
 from embed_runtime.output_precision import EXTRA_PRECISIONS
-from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
+from embed_runtime.tokenizer import BatchTokenizer
 
 from ...calibration import CALIBRATION_FILE, DEFAULT_CORPUS, calibration_embeddings, read_corpus
 from ...manifest import Manifest, ModelEntry
@@ -36,14 +35,19 @@ from ..common import (
 )
 from ..text_export import (
     VALIDATION_TEXTS,
+    check_prompts,
+    check_tokenizer,
+    graph_input_names,
+    is_static,
     load_checked,
+    model_prompts,
     pipeline_module,
     refuse_tokenizer_failures,
-    token_differences,
     token_features,
     token_limits,
     transformer_tokenizer_params,
     validation_batches,
+    write_tokenizer,
 )
 from . import FAMILY, static
 
@@ -52,7 +56,7 @@ def _load(entry: ModelEntry, manifest: Manifest):
     from sentence_transformers import SentenceTransformer  # noqa: PLC0415
 
     model = load_checked(FAMILY, SentenceTransformer, entry, manifest)
-    if entry.max_seq_length and not static.is_static(model):
+    if entry.max_seq_length and not is_static(model):
         model.max_seq_length = entry.max_seq_length
     return model
 
@@ -72,33 +76,6 @@ def _graph_spec(input_names: list[str], dim: int) -> GraphSpec:
         inputs=tuple(TensorSpec(n, "int64", (-1,)) for n in input_names),
         outputs=(TensorSpec("EMBEDDING", "float32", (dim,)),),
     )
-
-
-def write_tokenizer(model, path: Path) -> list[str]:
-    """Save the model's fast tokenizer (no padding, no truncation); its graph input names."""
-    from tokenizers import Tokenizer  # noqa: PLC0415
-
-    tok = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
-    tok.no_padding()
-    tok.no_truncation()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tok.save(str(path))
-    return graph_input_names(model)
-
-
-def graph_input_names(model) -> list[str]:
-    """The token tensors of the exported graph: emitted by the tokenizer *and* read by the model.
-
-    A decoder's tokenizer may emit ``token_type_ids`` that its model never reads; such an
-    input would not survive the export. A StaticEmbedding reads ids and the mask only.
-    """
-    names = ["input_ids", "attention_mask"]
-    if static.is_static(model):
-        return names
-    forward = inspect.signature(model[0].auto_model.forward).parameters
-    if "token_type_ids" in model.tokenizer.model_input_names and "token_type_ids" in forward:
-        names.append("token_type_ids")
-    return names
 
 
 # How far the graph fed the server's way may be from the library's own encode.
@@ -137,47 +114,6 @@ def _check_served_padding(
             f"{SERVED_PADDING_ATOL:g}): this model's output depends on padding the server "
             "does not reproduce, so it is not served"
         )
-
-
-def check_tokenizer(model, path: Path, params: TokenizerParams) -> list[str]:
-    """Differences between the runtime tokenizer and the model's ``preprocess``."""
-    runtime = BatchTokenizer(str(path), params)
-    return token_differences(model, runtime, "tokenizer differs from sentence-transformers")
-
-
-def model_prompts(entry: ModelEntry, model) -> tuple[dict[str, str], str]:
-    """The model's prompts and default prompt name, the manifest's on top.
-
-    Refuses a Pooling with ``include_prompt=False`` (prompt tokens left out of pooling):
-    the exported graph pools every attended token, so such a model would drift.
-    """
-    prompts = {k: v for k, v in (model.prompts or {}).items() if v is not None}
-    prompts.update(entry.prompts or {})
-    default = entry.default_prompt_name or model.default_prompt_name or ""
-    if default and default not in prompts:
-        raise ValueError(
-            f"{entry.name}: default_prompt_name {default!r} is not in {sorted(prompts)}"
-        )
-    for module in model:
-        if getattr(module, "include_prompt", True) is False and any(prompts.values()):
-            raise ValueError(
-                f"{entry.name}: Pooling include_prompt=False (prompt tokens left out of pooling) "
-                "is not supported"
-            )
-    return prompts, default
-
-
-def check_prompts(model, path: Path, params: TokenizerParams) -> list[str]:
-    """Differences between prompt + text at runtime and ``preprocess(prompt=...)``."""
-    runtime = BatchTokenizer(str(path), params)
-    failures = []
-    for name, prompt in params.prompts:
-        for text in VALIDATION_TEXTS[:4] + VALIDATION_TEXTS[6:7]:
-            want = model.preprocess([text], prompt=prompt)["input_ids"][0].tolist()
-            got = runtime.encode([prompt + text])["input_ids"][0].tolist()
-            if want != got:
-                failures.append(f"prompt {name!r} tokenizes differently on {text[:40]!r}")
-    return failures
 
 
 def _dimensions(entry: ModelEntry, model) -> tuple[ModelEntry, int, int]:
@@ -227,7 +163,7 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     """
     model = _load(entry, manifest)
     entry = resolved_normalize(entry, model)
-    if static.is_static(model):
+    if is_static(model):
         return _build_static(entry, model, work)
     tokenizer_json = work / "tokenizer.json"
     input_names = write_tokenizer(model, tokenizer_json)

@@ -23,7 +23,6 @@ import numpy as np
 
 from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
 
-STATIC_MODULE = "StaticEmbedding"
 # Graph vs SentenceTransformer.encode of the folder (float32): measured 1.2e-7 at most.
 MAX_ABS_DIFF = 1e-6
 # Rows x width of one ONNX Runtime run: the graph holds [rows, width, dim] gathered floats
@@ -36,11 +35,6 @@ EXTRA_TEXTS = (
     "naïve café — résumé, Ελληνικά, русский, עברית, العربية, हिन्दी",
     "\u0301x\u200b",
 )
-
-
-def is_static(model) -> bool:
-    """Whether a loaded SentenceTransformer is a StaticEmbedding pipeline."""
-    return type(model[0]).__name__ == STATIC_MODULE
 
 
 def normalize_steps(model, manifest_normalize: bool) -> int:

@@ -10,7 +10,7 @@ inference-free one (a Router: static query weights, SPLADE documents) builds
 from __future__ import annotations
 
 from ...declared_kind import Served
-from ..sentence_transformers import text_family
+from ..text_family import text_family
 
 FAMILY = text_family(
     "sparse-encoder",

@@ -31,15 +31,16 @@ from ..common import (
     TextGraph,
     text_encoder_dir,
 )
-from ..sentence_transformers.export import check_tokenizer, write_tokenizer
 from ..text_export import (
     VALIDATION_TEXTS,
+    check_tokenizer,
     refuse_tokenizer_failures,
     token_differences,
     token_limits,
     transformer_tokenizer_params,
+    write_tokenizer,
 )
-from . import export as sparse_export
+from . import splade
 
 # A tokenizer's "no limit" (transformers' VERY_LARGE_INTEGER): the query is then not cut.
 NO_LIMIT = 1_000_000
@@ -72,7 +73,7 @@ def check_pipeline(entry: ModelEntry, model) -> None:
         set(routes) != set(ROUTES)
         or len(query) != 1
         or not isinstance(query[0], SparseStaticEmbedding)
-        or not sparse_export.is_splade(document)
+        or not splade.is_splade(document)
     ):
         raise UnsupportedModelError(
             f"{entry.name}: only a Router of query -> SparseStaticEmbedding and document -> "
@@ -142,7 +143,7 @@ def served_parity(model, router, texts, max_active_dims: int) -> dict[str, float
         request = router.read(rows, {"task": task})
         ((indices, values),) = router.embed([request])
         library = model.encode_query if task == "query" else model.encode_document
-        want = sparse_export.library_rows(library, texts, max_active_dims)
+        want = splade.library_rows(library, texts, max_active_dims)
         got = densify(indices, values, want.shape[1])
         out[task] = float(np.max(np.abs(got - want)) / max(1.0, float(np.abs(want).max())))
     return out
@@ -194,7 +195,7 @@ def build(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
     query = _query_route(model, work)
     failures = check_tokenizer(document, tokenizer_json, tok_params)
     refuse_tokenizer_failures(entry, failures + _check_query_tokenizer(model, query, tok_params))
-    onnx_path, spec, _encoder, _cases = sparse_export.export_graph(document, input_names, work)
+    onnx_path, spec, _encoder, _cases = splade.export_graph(document, input_names, work)
     if entry.graph_precision != "fp32":
         raise UnsupportedModelError(
             f"{entry.name}: graph_precision {entry.graph_precision!r} is not supported for "
@@ -214,10 +215,10 @@ def build(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
     router = _serving_router(encode, work)
     for texts in (VALIDATION_TEXTS[:1], VALIDATION_TEXTS):
         for task, diff in served_parity(model, router, texts, max_active_dims).items():
-            if diff > sparse_export.SPARSE_ATOL:
+            if diff > splade.SPARSE_ATOL:
                 raise RuntimeError(
                     f"{entry.name}: served {task} rows differ from SparseEncoder.encode_{task} "
                     f"by {diff:.2e} (max abs, relative beyond 1; gate "
-                    f"{sparse_export.SPARSE_ATOL:.0e})"
+                    f"{splade.SPARSE_ATOL:.0e})"
                 )
     return [encode, _ensemble_dir(entry)]

@@ -213,7 +213,7 @@ def _check_source(family: str, source: str, name: str) -> DeclaredKind:
 def test_graph_inputs_follow_what_the_model_reads_not_what_the_tokenizer_emits() -> None:
     from transformers import AutoTokenizer, BertConfig, BertModel, Qwen3Config, Qwen3Model
 
-    from generator.families.sentence_transformers.export import graph_input_names
+    from generator.families.text_export import graph_input_names
 
     tokenizer = AutoTokenizer.from_pretrained(str(MINI))  # a BERT tokenizer: token_type_ids
     assert "token_type_ids" in tokenizer.model_input_names

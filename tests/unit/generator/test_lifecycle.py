@@ -18,7 +18,7 @@ from generator.admin import (
     restriction_args,
 )
 from generator.build import RepositoryWriter
-from generator.families.sentence_transformers import check_sentence_transformers_folder
+from generator.families.text_family import check_sentence_transformers_folder
 from generator.lifecycle import (
     BuildFailedError,
     ManagerParams,
