@@ -23,7 +23,6 @@ calls in a worker thread.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +32,7 @@ from langchain_core.documents.compressor import BaseDocumentCompressor
 from langchain_core.embeddings import Embeddings
 from pydantic import ConfigDict, PrivateAttr
 
-from .api import EmbeddingClient
+from .thread_client import ThreadClient
 
 
 def __getattr__(name: str) -> Any:
@@ -46,45 +45,6 @@ def __getattr__(name: str) -> Any:
 
         return TritonSparseEmbeddings
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class _Connection:
-    """The integration object's client, kept for the thread that made it.
-
-    tritonclient's HTTP client runs on gevent and may only be used, and closed, in the
-    thread that made it. The first thread to call keeps a client; calls from any other
-    thread (the frameworks' async methods run in worker threads) open a client, use it
-    and close it there.
-    """
-
-    def __init__(self, url: str | None, protocol: str, timeout_s: float, admin_key: str | None):
-        self._args = (url, protocol, timeout_s)
-        self._admin_key = admin_key
-        self._client: EmbeddingClient | None = None
-        self._owner: int | None = None
-        self._lock = threading.Lock()
-
-    def _new(self) -> EmbeddingClient:
-        url, protocol, timeout_s = self._args
-        return EmbeddingClient(url, protocol, timeout_s, admin_key=self._admin_key)
-
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        me = threading.get_ident()
-        with self._lock:
-            if self._owner is None:
-                self._owner, self._client = me, self._new()
-            mine = self._owner == me
-        if mine:
-            return getattr(self._client, method)(*args, **kwargs)
-        with self._new() as client:
-            return getattr(client, method)(*args, **kwargs)
-
-    def close(self) -> None:
-        """Close the kept client (from the thread that made it); a later call opens one."""
-        with self._lock:
-            client, self._client, self._owner = self._client, None, None
-        if client is not None:
-            client.close()
 
 
 class TritonEmbeddings(Embeddings):
@@ -111,7 +71,7 @@ class TritonEmbeddings(Embeddings):
         self.query_prompt_name = query_prompt_name
         self.document_prompt_name = document_prompt_name
         self.dimensions = dimensions
-        self._connection = _Connection(url, protocol, timeout_s, admin_key)
+        self._connection = ThreadClient(url, protocol, timeout_s, admin_key)
 
     def _embed(self, texts: Sequence[str], prompt_name: str | None) -> list[list[float]]:
         if not texts:
@@ -161,11 +121,11 @@ class TritonReranker(BaseDocumentCompressor):
     top_n: int | None = 3
     timeout_s: float = 60.0
     admin_key: str | None = None
-    _connection: _Connection | None = PrivateAttr(default=None)
+    _connection: ThreadClient | None = PrivateAttr(default=None)
 
-    def _conn(self) -> _Connection:
+    def _conn(self) -> ThreadClient:
         if self._connection is None:
-            self._connection = _Connection(self.url, self.protocol, self.timeout_s, self.admin_key)
+            self._connection = ThreadClient(self.url, self.protocol, self.timeout_s, self.admin_key)
         return self._connection
 
     def compress_documents(

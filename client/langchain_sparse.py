@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from langchain_qdrant import SparseEmbeddings, SparseVector
 
-from .langchain import _Connection
+from .thread_client import ThreadClient
 
 
 class TritonSparseEmbeddings(SparseEmbeddings):
@@ -38,7 +38,7 @@ class TritonSparseEmbeddings(SparseEmbeddings):
         self.model = model
         self.inference_free = inference_free
         self.max_active_dims = max_active_dims
-        self._connection = _Connection(url, protocol, timeout_s, admin_key)
+        self._connection = ThreadClient(url, protocol, timeout_s, admin_key)
 
     def _embed(self, texts: Sequence[str], task: str) -> list[SparseVector]:
         if not texts:

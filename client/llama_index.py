@@ -28,8 +28,8 @@ from typing import Any
 from llama_index.core.embeddings import BaseEmbedding, MultiModalEmbedding
 from pydantic import Field, PrivateAttr
 
-from .langchain import _Connection
 from .sparse import as_lists
+from .thread_client import ThreadClient
 
 ImageType = str | BytesIO
 # LlamaIndex's SparseEncoderCallable: texts -> (indices of each row, values of each row).
@@ -44,10 +44,10 @@ class _TritonFields:
     timeout_s: float = Field(default=60.0, description="seconds per call")
     admin_key: str | None = Field(default=None, exclude=True, repr=False)
 
-    def _conn(self) -> _Connection:
+    def _conn(self) -> ThreadClient:
         """The client of this object (``_connection``, a private attribute of each class)."""
         if self._connection is None:
-            self._connection = _Connection(self.url, self.protocol, self.timeout_s, self.admin_key)
+            self._connection = ThreadClient(self.url, self.protocol, self.timeout_s, self.admin_key)
         return self._connection
 
 
@@ -58,7 +58,7 @@ class TritonEmbedding(_TritonFields, BaseEmbedding):
     text_prompt_name: str | None = Field(default=None, description="prompt for documents")
     dimensions: int | None = Field(default=None, description="Matryoshka: first k values")
     embed_batch_size: int = Field(default=64, gt=0, description="texts per call")
-    _connection: _Connection | None = PrivateAttr(default=None)
+    _connection: ThreadClient | None = PrivateAttr(default=None)
 
     @classmethod
     def class_name(cls) -> str:
@@ -100,7 +100,7 @@ class TritonMultiModalEmbedding(_TritonFields, MultiModalEmbedding):
     """A CLIP model of the server (``model_name`` without a suffix): texts and images."""
 
     embed_batch_size: int = Field(default=32, gt=0, description="items per call")
-    _connection: _Connection | None = PrivateAttr(default=None)
+    _connection: ThreadClient | None = PrivateAttr(default=None)
 
     @classmethod
     def class_name(cls) -> str:
@@ -162,7 +162,7 @@ def triton_sparse_functions(
     inference-free query side), documents with ``task="document"``; otherwise no task.
     ``max_active_dims`` keeps each row's k largest weights. Both share one connection.
     """
-    connection = _Connection(url, protocol, timeout_s, admin_key)
+    connection = ThreadClient(url, protocol, timeout_s, admin_key)
 
     def encoder(task: str) -> SparseFunction:
         def encode(texts: list[str]) -> tuple[list[list[int]], list[list[float]]]:

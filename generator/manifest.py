@@ -23,14 +23,13 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from embed_runtime.fetch import FetchPolicy
 
-from .families import FAMILIES, family, owners_of
 from .profiles import profile_defaults
 
 DEVICES = ("cpu", "gpu")
@@ -41,6 +40,37 @@ PRECISIONS = ("fp32", "fp16", "int8")
 GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
 GRAPH_FUSIONS = ("off", "on")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+class FamilyRules(Protocol):
+    """What the manifest reads of a model family (``generator.families.spec.Family``)."""
+
+    name: str
+    required: tuple[str, ...]
+    own_options: tuple[str, ...]
+    check_entry: Callable[[str, ModelEntry, list[str]], None]
+
+    def model_dirs(self, entry: ModelEntry) -> tuple[str, ...]:
+        """Every model dir ``entry`` builds."""
+
+    def ensemble_names(self, entry: ModelEntry) -> tuple[str, ...]:
+        """The ensembles a user calls for ``entry``."""
+
+
+# The families an entry may name, by name. The families package fills it when it is
+# imported (``generator/__init__`` imports it first), so the manifest, which every family
+# reads, imports none of them.
+_FAMILIES: dict[str, FamilyRules] = {}
+
+
+def register_families(families: Iterable[FamilyRules]) -> None:
+    """Declare the families a manifest entry may name, in the order they are listed."""
+    _FAMILIES.update((f.name, f) for f in families)
+
+
+def _family(name: str) -> FamilyRules:
+    """The rules of family ``name``; KeyError for an unknown one."""
+    return _FAMILIES[name]
 
 
 class ManifestError(ValueError):
@@ -136,12 +166,12 @@ class ModelEntry:
     @property
     def model_dirs(self) -> tuple[str, ...]:
         """Every model dir the entry builds: its ensembles and their steps."""
-        return family(self.family).model_dirs(self)
+        return _family(self.family).model_dirs(self)
 
     @property
     def ensembles(self) -> tuple[str, ...]:
         """Names of the ensembles a user calls for this entry."""
-        return family(self.family).ensemble_names(self)
+        return _family(self.family).ensemble_names(self)
 
 
 _FETCH_DEFAULTS = FetchPolicy()
@@ -301,10 +331,12 @@ def _parse_table(
 
 def _check_family_options(where: str, entry: ModelEntry, errors: list[str]) -> None:
     """Keys only some families take, set on an entry of another family."""
-    own = family(entry.family).own_options
-    for option in sorted({o for f in FAMILIES.values() for o in f.own_options} - set(own)):
+    own = _family(entry.family).own_options
+    for option in sorted({o for f in _FAMILIES.values() for o in f.own_options} - set(own)):
         if getattr(entry, option) != _ENTRY_FIELDS[option].default:
-            owners = " or ".join(repr(f) for f in owners_of(option))
+            owners = " or ".join(
+                repr(f.name) for f in _FAMILIES.values() if option in f.own_options
+            )
             errors.append(f"{where}: {option} needs family {owners}")
 
 
@@ -339,7 +371,7 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
     if not NAME_RE.match(entry.name):
         errors.append(f"{where}: name must match {NAME_RE.pattern}")
     choices = {
-        "family": tuple(FAMILIES),
+        "family": tuple(_FAMILIES),
         "device": DEVICES,
         "encoder_backend": ENCODER_BACKENDS,
         "gpu_accelerator": GPU_ACCELERATORS,
@@ -365,9 +397,9 @@ def _parse_entry(i: int, raw: Mapping[str, Any], errors: list[str]) -> ModelEntr
         errors.append(f"{where}: precision 'int8' (dynamic quantisation) needs device 'cpu'")
     if entry.precision == "fp16" and entry.device != "gpu":
         errors.append(f"{where}: precision 'fp16' needs device 'gpu'")
-    if entry.family not in FAMILIES:
+    if entry.family not in _FAMILIES:
         return None  # "family must be one of" above
-    declared = family(entry.family)
+    declared = _family(entry.family)
     for key in declared.required:
         if not getattr(entry, key):
             errors.append(f"{where}: {entry.family} models need {key!r}")

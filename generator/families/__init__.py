@@ -11,11 +11,13 @@ A family package ``generator/families/<family>/`` holds:
   build (it pulls in torch and the model's library).
 
 Adding a family: its package, its templates if any, its tests, and one line in
-:data:`FAMILIES` below.
+:data:`FAMILIES` below. Importing this package registers them with the manifest
+(:func:`generator.manifest.register_families`), which reads no family itself.
 """
 
 from __future__ import annotations
 
+from ..manifest import register_families
 from . import cross_encoder, multi_vector, open_clip, sentence_transformers, sparse_encoder
 from .spec import Family
 
@@ -29,6 +31,7 @@ FAMILIES: dict[str, Family] = {
         multi_vector.FAMILY,
     )
 }
+register_families(FAMILIES.values())
 
 
 def family(name: str) -> Family:

@@ -1,0 +1,52 @@
+"""A client that the framework integrations share across threads.
+
+tritonclient's HTTP client runs on gevent and may only be used, and closed, in the thread
+that made it; LangChain's and LlamaIndex's async methods call from worker threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from .api import EmbeddingClient
+
+
+class ThreadClient:
+    """The integration object's client, kept for the thread that made it.
+
+    tritonclient's HTTP client runs on gevent and may only be used, and closed, in the
+    thread that made it. The first thread to call keeps a client; calls from any other
+    thread (the frameworks' async methods run in worker threads) open a client, use it
+    and close it there.
+    """
+
+    def __init__(self, url: str | None, protocol: str, timeout_s: float, admin_key: str | None):
+        self._args = (url, protocol, timeout_s)
+        self._admin_key = admin_key
+        self._client: EmbeddingClient | None = None
+        self._owner: int | None = None
+        self._lock = threading.Lock()
+
+    def _new(self) -> EmbeddingClient:
+        url, protocol, timeout_s = self._args
+        return EmbeddingClient(url, protocol, timeout_s, admin_key=self._admin_key)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``EmbeddingClient.<method>(*args, **kwargs)`` on this thread's client."""
+        me = threading.get_ident()
+        with self._lock:
+            if self._owner is None:
+                self._owner, self._client = me, self._new()
+            mine = self._owner == me
+        if mine:
+            return getattr(self._client, method)(*args, **kwargs)
+        with self._new() as client:
+            return getattr(client, method)(*args, **kwargs)
+
+    def close(self) -> None:
+        """Close the kept client (from the thread that made it); a later call opens one."""
+        with self._lock:
+            client, self._client, self._owner = self._client, None, None
+        if client is not None:
+            client.close()
