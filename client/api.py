@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from .clip_scores import ClipScoresMixin
 from .errors import EmbeddingClientError
-from .lifecycle import LifecycleMixin
+from .model_management import ModelManagementMixin
 from .multivector import MultiVectorMixin
 from .payload import (
     ImageItem,
@@ -87,13 +87,9 @@ def admin_key_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
-TEXT_OPTIONS = ("prompt_name", "dimensions", "truncate", "truncation_direction")
-SPARSE_OPTIONS = ("task", "prompt_name", "max_active_dims", "truncate", "truncation_direction")
-
-
-def _text_options(arguments: Mapping[str, Any], names=TEXT_OPTIONS) -> dict[str, Any]:
-    """The request parameters of a text call: its options that were given."""
-    return {name: arguments[name] for name in names if arguments.get(name) is not None}
+def _request_parameters(**options: Any) -> dict[str, Any]:
+    """The request parameters of a call: each option it was given (not None), by its name."""
+    return {name: value for name, value in options.items() if value is not None}
 
 
 def _precision_output(precision: str, parameters: dict[str, Any]) -> tuple[str, type]:
@@ -166,7 +162,7 @@ def grpc_channel_args(keepalive) -> list[tuple[str, int]]:
     ]
 
 
-class EmbeddingClient(LifecycleMixin, RerankMixin, MultiVectorMixin, ClipScoresMixin):
+class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipScoresMixin):
     """Embed texts and images with models served by Triton; query server state.
 
     Every failure (Triton error, unreachable server, unreadable local file, bad input)
@@ -273,7 +269,12 @@ class EmbeddingClient(LifecycleMixin, RerankMixin, MultiVectorMixin, ClipScoresM
         float32 rows (int8 / uint8 with the model's stored calibration ranges; the binary
         forms are packed bits, [N, ceil(D / 8)]); python-ort text models offer them.
         """
-        parameters = _text_options(locals())
+        parameters = _request_parameters(
+            prompt_name=prompt_name,
+            dimensions=dimensions,
+            truncate=truncate,
+            truncation_direction=truncation_direction,
+        )
         output = _precision_output(precision, parameters)
         return self._embed(model, TEXT_INPUT, encode_texts(texts), parameters, output=output)
 
@@ -292,7 +293,12 @@ class EmbeddingClient(LifecycleMixin, RerankMixin, MultiVectorMixin, ClipScoresM
         The tokens the encoder saw, prompt and special tokens included, after truncation:
         what to meter usage by. Text models with the python-ort encoder answer it.
         """
-        parameters = _text_options(locals())
+        parameters = _request_parameters(
+            prompt_name=prompt_name,
+            dimensions=dimensions,
+            truncate=truncate,
+            truncation_direction=truncation_direction,
+        )
         return self._embed(model, TEXT_INPUT, encode_texts(texts), parameters, counts=True)
 
     def embed_images(self, model: str, images: Sequence[ImageItem]) -> np.ndarray:
@@ -335,7 +341,10 @@ class EmbeddingClient(LifecycleMixin, RerankMixin, MultiVectorMixin, ClipScoresM
         items = encode_texts(texts)
         if not items:
             return []
-        parameters = _text_options(locals(), SPARSE_OPTIONS) or None
+        parameters = _request_parameters(task=task, max_active_dims=max_active_dims)
+        parameters |= _request_parameters(
+            prompt_name=prompt_name, truncate=truncate, truncation_direction=truncation_direction
+        )
         chunks = self._batched(
             model, items, lambda part: self._infer_sparse(model, part, parameters)
         )

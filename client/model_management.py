@@ -1,4 +1,4 @@
-"""Runtime model lifecycle through the ``model_manager`` model (plain Triton inference)."""
+"""Runtime model management (load, unload, delete, list) through the ``model_manager`` model."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 MANAGER = "model_manager"
 
 
-class LifecycleMixin:
+class ModelManagementMixin:
     """Load, unload, delete and list models; mixed into :class:`EmbeddingClient`.
 
     A load exports the model on the server and can take minutes: these calls use their
