@@ -190,6 +190,7 @@ class _Worker:
     errors: int = 0
     samples: list[str] = field(default_factory=list)
     setup_error: BaseException | None = None
+    finished: float = 0.0
 
     def record_error(self, exc: BaseException) -> None:
         self.errors += 1
@@ -246,71 +247,117 @@ def run_load(
     warmed up, just before the clock starts (the benchmark reads server statistics
     there); the caller reads them again after this returns.
     """
-    if not requests:
-        raise ValueError("no requests to send")
-    total = len(requests)
-    workers = []
-    for c in range(spec.clients):
-        picks = [
-            requests[(c + k * spec.clients) % total]
-            for k in range(spec.warmup_requests + spec.requests_per_client)
-        ]
-        workers.append(_Worker([list(p) for p in picks]))
-    ready = threading.Barrier(spec.clients + 1)
-    go = threading.Event()
-    deadline: list[float] = [0.0]
-    finished: list[float] = [0.0] * spec.clients
-
-    def body(index: int, worker: _Worker) -> None:
-        sender = None
-        try:
-            sender = factory()
-            prepared = [sender.prepare(r) for r in worker.requests]
-        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
-            worker.setup_error = exc
-            prepared = []
-        try:
-            for item in prepared[: spec.warmup_requests]:
-                try:
-                    sender.send(item)
-                except Exception:  # noqa: BLE001, S110 - warm-up failures show up later
-                    pass
-            ready.wait()
-            go.wait()
-            for item in prepared[spec.warmup_requests :]:
-                if time.perf_counter() >= deadline[0]:
-                    break
-                start = time.perf_counter()
-                try:
-                    worker.items += sender.send(item)
-                except Exception as exc:  # noqa: BLE001 - counted as an error
-                    worker.record_error(exc)
-                    continue
-                worker.latencies.append(time.perf_counter() - start)
-        finally:
-            finished[index] = time.perf_counter()
-            if sender is not None:
-                sender.close()
-
+    workers = _assign(requests, spec)
+    line = _StartLine(spec.clients)
     threads = [
-        threading.Thread(target=body, args=(i, w), daemon=True) for i, w in enumerate(workers)
+        threading.Thread(target=_run_client, args=(factory, spec, w, line), daemon=True)
+        for w in workers
     ]
     for thread in threads:
         thread.start()
-    ready.wait()
+    line.wait_until_ready()
     failed = [w.setup_error for w in workers if w.setup_error is not None]
     if on_start is not None and not failed:
         on_start()
-    start = time.perf_counter()
-    deadline[0] = start + spec.max_seconds
-    go.set()
+    start = line.start(spec.max_seconds)
     for thread in threads:
         thread.join()
     if failed:
         raise RuntimeError(f"client set-up failed: {failed[0]}") from failed[0]
-    seconds = max(finished) - start
+    return _result(label or spec.label, spec, workers, max(w.finished for w in workers) - start)
+
+
+def _assign(requests: Sequence[Sequence[bytes]], spec: LoadSpec) -> list[_Worker]:
+    """One worker per client, holding the requests it sends (its warm-up ones first)."""
+    if not requests:
+        raise ValueError("no requests to send")
+    total = len(requests)
+    sent = range(spec.warmup_requests + spec.requests_per_client)
+    return [
+        _Worker([list(requests[(c + k * spec.clients) % total]) for k in sent])
+        for c in range(spec.clients)
+    ]
+
+
+class _StartLine:
+    """Where the clients wait: until all are warmed up, then for one start and deadline."""
+
+    def __init__(self, clients: int):
+        self._ready = threading.Barrier(clients + 1)
+        self._go = threading.Event()
+        self._deadline = 0.0
+
+    def wait_until_ready(self) -> None:
+        """Return once every client is warmed up (the caller's side of the barrier)."""
+        self._ready.wait()
+
+    def start(self, max_seconds: float) -> float:
+        """Start every client, with a deadline ``max_seconds`` from now; the start time."""
+        start = time.perf_counter()
+        self._deadline = start + max_seconds
+        self._go.set()
+        return start
+
+    def wait_for_start(self) -> float:
+        """A client's side: say it is ready, wait for the start; the deadline."""
+        self._ready.wait()
+        self._go.wait()
+        return self._deadline
+
+
+def _run_client(factory: SenderFactory, spec: LoadSpec, worker: _Worker, line: _StartLine) -> None:
+    """One client thread: connect and prepare, warm up, wait for the start, send timed."""
+    sender, prepared = _prepare(factory, worker)
+    try:
+        if sender is not None:
+            _warm_up(sender, prepared[: spec.warmup_requests])
+        deadline = line.wait_for_start()  # a client whose set-up failed waits too
+        if sender is not None:
+            _send_timed(sender, prepared[spec.warmup_requests :], deadline, worker)
+    finally:
+        worker.finished = time.perf_counter()
+        if sender is not None:
+            sender.close()
+
+
+def _prepare(factory: SenderFactory, worker: _Worker) -> tuple[Sender | None, list[Any]]:
+    """The client's sender and prepared bodies; a failure is kept for the caller to raise."""
+    sender = None
+    try:
+        sender = factory()
+        return sender, [sender.prepare(r) for r in worker.requests]
+    except BaseException as exc:  # noqa: BLE001 - reported to the caller by run_load
+        worker.setup_error = exc
+        return sender, []
+
+
+def _warm_up(sender: Sender, prepared: Sequence[Any]) -> None:
+    """Send the untimed requests; their failures show up in the timed ones."""
+    for item in prepared:
+        try:
+            sender.send(item)
+        except Exception:  # noqa: BLE001, S110 - warm-up failures show up later
+            pass
+
+
+def _send_timed(sender: Sender, prepared: Sequence[Any], deadline: float, worker: _Worker) -> None:
+    """Send back to back until done or ``deadline``; latencies, items and errors to ``worker``."""
+    for item in prepared:
+        if time.perf_counter() >= deadline:
+            break
+        start = time.perf_counter()
+        try:
+            worker.items += sender.send(item)
+        except Exception as exc:  # noqa: BLE001 - counted as an error
+            worker.record_error(exc)
+            continue
+        worker.latencies.append(time.perf_counter() - start)
+
+
+def _result(label: str, spec: LoadSpec, workers: Sequence[_Worker], seconds: float) -> LoadResult:
+    """The run's :class:`LoadResult` from every worker's figures."""
     result = summarize(
-        label or spec.label,
+        label,
         spec,
         [lat for w in workers for lat in w.latencies],
         sum(w.items for w in workers),

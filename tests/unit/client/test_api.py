@@ -324,6 +324,26 @@ def test_empty_inputs_come_back_in_the_precision_s_dtype(protocol):
         assert client.embed_texts("m", [], precision="float16").dtype == np.float16
 
 
+def test_text_calls_send_the_options_they_were_given_under_their_names(monkeypatch):
+    sent = []
+    with EmbeddingClient(f"127.0.0.1:{_closed_port()}", timeout_s=2) as client:
+        monkeypatch.setattr(client, "_embed", lambda *args, **kwargs: sent.append(args[3]))
+        monkeypatch.setattr(client, "_batched", lambda model, items, call: [call(items)])
+        monkeypatch.setattr(client, "_infer_sparse", lambda m, items, p: sent.append(p) or [])
+        client.embed_texts("m", ["a"], prompt_name="query", truncate=False)
+        client.embed_texts("m", ["a"], dimensions=8, precision="int8")
+        client.embed_texts_with_counts("m", ["a"], truncation_direction="left")
+        client.embed_sparse("s", ["a"], task="query", max_active_dims=4, truncate=True)
+        client.embed_sparse("s", ["a"])
+    assert sent == [
+        {"prompt_name": "query", "truncate": False},
+        {"dimensions": 8, "precision": "int8"},
+        {"truncation_direction": "left"},
+        {"task": "query", "max_active_dims": 4, "truncate": True},
+        {},
+    ]
+
+
 def test_unknown_precision_is_refused_before_sending():
     with EmbeddingClient(f"127.0.0.1:{_closed_port()}", timeout_s=2) as client:
         with pytest.raises(ValueError, match="precision must be one of float32, float16"):

@@ -85,6 +85,22 @@ def test_run_load_reports_a_sender_that_cannot_start():
         run_load(broken, [[b"x"]], LoadSpec(2, 1, 3))
 
 
+def test_each_client_sends_every_clients_th_request_warm_up_first():
+    class Recording(FakeSender):
+        def prepare(self, items):
+            return items[0]
+
+        def send(self, prepared):
+            self.bodies = [*getattr(self, "bodies", []), prepared]
+            return 1
+
+    requests = [[b"r0"], [b"r1"], [b"r2"]]
+    result = run_load(Recording, requests, LoadSpec(2, 1, 2, warmup_requests=1))
+    bodies = sorted(s.bodies for s in FakeSender.instances)
+    assert bodies == [[b"r0", b"r2", b"r1"], [b"r1", b"r0", b"r2"]]
+    assert result.requests == 4 and result.items == 4
+
+
 def test_summarize_percentiles():
     latencies = [i / 1000 for i in range(1, 101)]
     result = summarize("t", LoadSpec(1, 1, 100), latencies, 100, 0, 2.0)
