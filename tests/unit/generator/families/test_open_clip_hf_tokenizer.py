@@ -21,6 +21,7 @@ from generator.declared_kind import UnsupportedModelError
 from generator.families.open_clip import hf_tokenizer
 from generator.families.open_clip.assets import load_open_clip
 from generator.families.open_clip.hf_tokenizer import (
+    SEP_MARKERS,
     served_tokenizer,
     write_hf_tokenizer_json,
 )
@@ -96,7 +97,7 @@ def test_special_token_text_is_cleaned_like_open_clip(folder, tmp_path):
     ("kwargs", "named"),
     [
         ({"tokenizer_mode": "clips"}, "tokenizer_mode='clips'"),
-        ({"strip_sep_token": True}, "strip_sep_token=True"),
+        ({"strip_sep_token": True}, "strip_sep_token=True without a separator token"),
     ],
 )
 def test_unsupported_options_are_refused_by_name(folder, tmp_path, kwargs, named):
@@ -144,3 +145,66 @@ def test_gemma_like_bpe_tokenizer_with_canonicalize_is_served_exactly(tmp_path):
     assert write_hf_tokenizer_json(tok, path, 64) == tok.tokenizer.pad_token_id == 0
     texts = [*CORPUS, "<bos> a <eos> b <pad>", "<0x41> bytes"]
     assert _mismatches(tok, path, texts, 64) == []
+
+
+@pytest.fixture(scope="module")
+def wordpiece(tmp_path_factory):
+    path = tmp_path_factory.mktemp("wordpiece")
+    write_tiny_wordpiece_tokenizer(path, vocab_size=500)
+    return path
+
+
+def _clipa_texts(sep: str, pad: str) -> list[str]:
+    marker = SEP_MARKERS[0]
+    return [
+        *CORPUS,  # unicode, long text, text empty after cleaning
+        sep,
+        f"a {sep} b",
+        f"x{sep}y{pad}z",
+        f"{pad}{sep}{pad}",
+        f"[sep] {sep.lower()} [ SEP ]",
+        f"{sep} " * 40,
+        f"{marker} a{marker}b {marker}{marker} {marker}{sep}{marker}",
+        "\t \n  ",
+    ]
+
+
+def test_strip_sep_token_is_served_exactly_clipa_kind(wordpiece, tmp_path):
+    """CLIPA (``bert-base-uncased``, clean 'whitespace', ``strip_sep_token``): open_clip's ids.
+
+    Every ``[SEP]`` id (appended, or typed in a text) is 0, through the served file and
+    through the serve-time ``BatchTokenizer`` alike; typed ``[PAD]`` stays 0 and a typed
+    marker character ``[UNK]``.
+    """
+    tok = HFTokenizer(str(wordpiece), context_length=32, clean="whitespace", strip_sep_token=True)
+    path = tmp_path / "served.json"
+    assert write_hf_tokenizer_json(tok, path, 32) == 0
+    sep_id = tok.tokenizer.sep_token_id
+    texts = _clipa_texts(str(tok.tokenizer.sep_token), str(tok.tokenizer.pad_token))
+    assert "" in texts and any(len(t) > 400 for t in texts)
+    assert _mismatches(tok, path, texts, 32) == []
+    ids = BatchTokenizer(str(path), TokenizerParams(32, True, ("input_ids",), 0)).encode(texts)
+    want = tok(texts).numpy()
+    assert np.array_equal(ids["input_ids"], want)
+    assert not (want == sep_id).any()
+    unstripped = HFTokenizer(str(wordpiece), context_length=32, clean="whitespace")(texts)
+    assert (unstripped.numpy() == sep_id).sum() > len(texts)  # the control: [SEP] was there
+    marker_row = want[texts.index(_clipa_texts("[SEP]", "[PAD]")[-2])]
+    assert tok.tokenizer.unk_token_id in marker_row
+
+
+def test_strip_sep_token_with_canonicalize_only_renumbers_the_appended_separator(
+    wordpiece, tmp_path
+):
+    tok = HFTokenizer(str(wordpiece), context_length=16, clean="canonicalize", strip_sep_token=True)
+    path = tmp_path / "served.json"
+    write_hf_tokenizer_json(tok, path, 16)
+    assert _mismatches(tok, path, _clipa_texts("[SEP]", "[PAD]"), 16) == []
+
+
+def test_strip_sep_token_without_a_free_marker_is_refused_by_name(wordpiece, tmp_path, monkeypatch):
+    monkeypatch.setattr(hf_tokenizer, "SEP_MARKERS", ("a", "b"))
+    tok = HFTokenizer(str(wordpiece), context_length=32, clean="whitespace", strip_sep_token=True)
+    with pytest.raises(UnsupportedModelError, match=r"strip_sep_token=True .*every marker"):
+        write_hf_tokenizer_json(tok, tmp_path / "tokenizer.json", 32)
+    assert not (tmp_path / "tokenizer.json").exists()
