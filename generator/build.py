@@ -18,6 +18,7 @@ from pathlib import Path
 
 import embed_runtime
 from embed_runtime.integrity import write_digests
+from embed_runtime.steps import Adapter
 
 from .cache_check import check_weight_cache
 from .families import family
@@ -29,7 +30,6 @@ from .shared_models import shared_model_dirs
 GENERATOR = Path(__file__).parent
 RUNTIME = Path(embed_runtime.__file__).parent
 RUNTIME_PACKAGE = RUNTIME.name
-MANAGER_ADAPTER = "model_manager"  # the one model.py that drives the generator: generator/
 STATE_DIR = ".generator"
 STATE_FILE = ".generator-state.json"
 CODE_ROOTS = (GENERATOR, RUNTIME)
@@ -62,14 +62,14 @@ def family_builder(name: str) -> Callable:
     return family(name).builder()
 
 
-def adapter_path(adapter: str) -> Path:
+def adapter_path(adapter: Adapter) -> Path:
     """The ``model.py`` source of a step: ``embed_runtime/models/<adapter>.py``.
 
     model_manager's is the exception: it drives the build side, so it lives in ``generator/``.
     """
-    if adapter == MANAGER_ADAPTER:
+    if adapter == Adapter.MODEL_MANAGER:
         return GENERATOR / "manager_model.py"
-    return RUNTIME / "models" / f"{adapter}.py"
+    return RUNTIME / "models" / f"{adapter.value}.py"
 
 
 def code_files() -> list[Path]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import sys
 
+from embed_runtime.steps import Adapter
+
 from .families import family
 from .families.open_clip import FETCH_IMAGE
 from .manifest import Manifest
@@ -46,7 +48,7 @@ def model_manager_dir(manifest: Manifest) -> ModelDir:
         Batching(False),
         Instances(1),
     )
-    return ModelDir(MODEL_MANAGER, config, MODEL_MANAGER, {})
+    return ModelDir(MODEL_MANAGER, config, Adapter.MODEL_MANAGER, {})
 
 
 def shared_model_dirs(manifest: Manifest, code_fp: str) -> list[tuple[ModelDir, str]]:
@@ -73,7 +75,7 @@ def shared_model_dirs(manifest: Manifest, code_fp: str) -> list[tuple[ModelDir, 
         Instances(manifest.fetch_image.instances),
     )
     fingerprint = hashlib.sha256((config + code_fp).encode()).hexdigest()
-    return [*out, (ModelDir(FETCH_IMAGE, config, FETCH_IMAGE, {}), fingerprint)]
+    return [*out, (ModelDir(FETCH_IMAGE, config, Adapter.FETCH_IMAGE, {}), fingerprint)]
 
 
 def startup_models(manifest: Manifest) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from embed_runtime.ort_encoder import EncoderParams
 from embed_runtime.output_precision import CALIBRATION_FILE, EXTRA_PRECISIONS, FORMS
 from embed_runtime.sparse import INDICES, VALUES
+from embed_runtime.steps import Adapter
 from embed_runtime.tokenizer import TokenizerParams
 
 from ..manifest import ModelEntry
@@ -74,7 +75,7 @@ def tokenize_dir(
         step_batching(entry, entry.max_queue_delay_us // 2),
         Instances(entry.preprocess_instances),
     )
-    return ModelDir(name, config, "tokenize", {"tokenizer.json": tokenizer_json})
+    return ModelDir(name, config, Adapter.TOKENIZE, {"tokenizer.json": tokenizer_json})
 
 
 def tokenizer_parameters(entry: ModelEntry, params: TokenizerParams) -> dict[str, str]:
@@ -210,7 +211,7 @@ def encoder_dir(
     config = python_model(
         name, entry.max_batch_size, inputs, outputs, parameters, batching, instances
     )
-    return ModelDir(name, config, "encode", files)
+    return ModelDir(name, config, Adapter.ENCODE, files)
 
 
 def _resolved_normalize(entry: ModelEntry) -> bool:
@@ -322,7 +323,7 @@ def fused_encoder_dir(
     return text_encoder_dir(
         entry,
         name,
-        "encode",
+        Adapter.ENCODE,
         graph,
         outputs=outputs,
         parameters={"fused_tokenize": "true"},
@@ -334,7 +335,7 @@ def fused_encoder_dir(
 def text_encoder_dir(
     entry: ModelEntry,
     name: str,
-    stub: str,
+    stub: Adapter,
     graph: TextGraph,
     *,
     outputs: Sequence[IOSpec],

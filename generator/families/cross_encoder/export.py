@@ -15,6 +15,7 @@ import numpy as np
 
 from embed_runtime.pair_template import TemplatePairTokenizer
 from embed_runtime.pair_tokenizer import PairTokenizer
+from embed_runtime.steps import Adapter
 from embed_runtime.tokenizer import TokenizerParams
 
 from ...manifest import Manifest, ModelEntry
@@ -135,7 +136,7 @@ def _tokenize_dir(
         step_batching(entry, entry.max_queue_delay_us // 2),
         Instances(entry.preprocess_instances),
     )
-    return ModelDir(name, config, "tokenize_pairs", {"tokenizer.json": tokenizer_json})
+    return ModelDir(name, config, Adapter.TOKENIZE_PAIRS, {"tokenizer.json": tokenizer_json})
 
 
 def _ensemble_dir(entry: ModelEntry, labels: int, input_names: list[str]) -> ModelDir:

@@ -31,6 +31,7 @@ from embed_runtime.multivector import (
     TaskParams,
 )
 from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
+from embed_runtime.steps import Adapter
 from embed_runtime.tokenizer import TokenizerParams
 
 from ...declared_kind import PYLATE, UnsupportedModelError
@@ -282,7 +283,7 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     model_dir = text_encoder_dir(
         entry,
         f"{entry.name}_encode",
-        "encode_multivector",
+        Adapter.ENCODE_MULTIVECTOR,
         TextGraph(onnx_path, spec, tokenizer_json, tok_params, token_limits(model)),
         outputs=_outputs(dim),
         parameters=mv_params.parameters(),

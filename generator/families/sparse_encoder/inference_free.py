@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from embed_runtime.sparse import INDICES, VALUES, densify
+from embed_runtime.steps import Adapter
 from embed_runtime.tokenizer import TokenizerParams
 
 from ...declared_kind import UnsupportedModelError
@@ -206,7 +207,7 @@ def build(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
     encode = text_encoder_dir(
         entry,
         f"{entry.name}_encode",
-        "encode_sparse_router",
+        Adapter.ENCODE_SPARSE_ROUTER,
         TextGraph(onnx_path, spec, tokenizer_json, tok_params, token_limits(document)),
         outputs=SparseOutput.outputs(),
         parameters={**SparseOutput(max_active_dims).parameters(), **query.parameters()},
