@@ -1,12 +1,24 @@
-"""Served images/s and texts/s of a new OpenCLIP tower kind against open_clip in-process.
+"""Served images/s and texts/s of each new OpenCLIP tower kind against open_clip in-process.
 
-    .venv/bin/python -m bench.open_clip_speed [--kind tiny-mobileclip] [--images 64]
+    .venv/bin/python -m bench.open_clip_speed [--kind all|tiny-eva ...] [--images 64]
         [--texts 256] [--repeats 3]
 
-Builds, offline and seeded, one ``CustomTextCLIP`` (default: the MobileCLIP-shaped tiny
-model of ``generator.fixtures.tiny_clip_towers``, FastViT image tower; random weights, so
-the speed of a shape), serves it from a Triton of its own (free ports, the manifest's
-defaults) and times, in rotation, the same items two ways:
+Builds, offline and seeded, one tiny model per tower kind (random weights, so the speed of
+a shape; ``generator.fixtures``):
+
+- ``tiny-mobileclip``: ``CustomTextCLIP``, timm FastViT image tower (MobileCLIP-S1);
+- ``tiny-eva``: ``CustomTextCLIP``, timm EVA02 image tower, rotary embeddings (EVA02-B-16);
+- ``tiny-coca``: ``CoCa``, attentional pooler, text ``embed_cls`` (coca_ViT-B-32;
+  embeddings only);
+- ``tiny-siglip``: timm ViT with ``map`` pool, last-token text pool, a Hugging Face
+  T5-like tokenizer made offline, SigLIP's preprocessing (ViT-B-16-SigLIP);
+- ``tiny-pe-core``: timm Perception Encoder ViT (rope, ``map`` pool) (PE-Core-B-16);
+- ``tiny-xlmr``: Hugging Face XLM-R text tower (mean pooler) with an XLM-R-like
+  tokenizer made offline, ViT image tower (xlm-roberta-base-ViT-B-32).
+
+``--kind all`` (the default) builds them into one repository, serves it from one Triton of
+its own (free ports, the manifest's defaults) and, kind by kind, times in rotation the same
+items two ways:
 
 - open_clip in this process, batches of 32: its own transform on each decoded image +
   ``encode_image``, its tokenizer + ``encode_text`` (what a user runs without a server);
@@ -15,7 +27,8 @@ defaults) and times, in rotation, the same items two ways:
 
 Images are 640x480 JPEGs of smooth colour fields plus noise; texts the load corpus's
 varied sentences. Each served answer is compared with open_clip's (largest absolute
-difference). Prints the rates and writes ``bench/results/clip-speed-<time>.json``.
+difference). Prints one table and writes ``bench/results/clip-speed-<time>.json``, with
+the load average of the machine before and after (it is shared).
 """
 
 from __future__ import annotations
@@ -44,6 +57,8 @@ from generator.shared_models import startup_models
 from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 
 BATCH = 32
+GATE = 0.9  # served / open_clip, each load
+KINDS = ("tiny-mobileclip", "tiny-eva", "tiny-coca", "tiny-siglip", "tiny-pe-core", "tiny-xlmr")
 log = logger("clip-speed", sys.stdout)
 
 
@@ -99,19 +114,55 @@ class _Reference:
         )
 
 
-def measure(args: argparse.Namespace, base: Path) -> dict[str, Any]:
-    """Make, build and serve the model; time the loads in rotation."""
-    import torch
+def served_name(kind: str) -> str:
+    """The manifest name of ``kind``'s model: ``tiny-pe-core`` -> ``pe_core``."""
+    return kind.removeprefix("tiny-").replace("-", "_")
 
+
+def create_kind(kind: str, directory: Path) -> dict[str, str]:
+    """Make ``kind``'s tiny model under ``directory``; its manifest fields."""
+    from generator.fixtures.tiny_clip_hf_text import create_tiny_xlmr_clip
     from generator.fixtures.tiny_clip_towers import create_tiny_tower_model
 
+    if kind == "tiny-xlmr":
+        return create_tiny_xlmr_clip(directory, seed=0)
+    return create_tiny_tower_model(kind, directory, seed=0)
+
+
+def _time_load(runs: dict, n: int, repeats: int, label: str) -> dict[str, Any]:
+    runs["served"]()  # warm-up: sessions, connections, first shapes
+    runs["library"]()
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    answers = {}
+    for repeat in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            answers[name] = run()
+            rates[name].append(n / (time.perf_counter() - start))
+        log(
+            f"{label} repeat {repeat + 1}: "
+            + ", ".join(f"{k} {v[-1]:,.1f}/s" for k, v in rates.items())
+        )
+    gap = float(np.abs(answers["served"] - answers["library"]).max())
+    ratio = median(rates["served"]) / median(rates["library"])
+    log(f"{label}: served / open_clip {ratio:.2f}x (medians), max abs diff {gap:.1e}")
+    return {"items": n, "rates": rates, "ratio": ratio, "max_abs_diff": gap}
+
+
+def measure(args: argparse.Namespace, kinds: Sequence[str], base: Path) -> dict[str, Any]:
+    """Make, build and serve the models; time each kind's loads in rotation."""
+    import torch
+
     torch.set_num_threads(args.torch_threads)
-    fields = create_tiny_tower_model(args.kind, base / "model", seed=0)
-    ref = _Reference(fields)
-    entry = {"name": "clip", "family": "open-clip", **fields}
-    manifest = parse_manifest({"models": [entry]}, base)
+    fields = {kind: create_kind(kind, base / kind) for kind in kinds}
+    refs = {kind: _Reference(f) for kind, f in fields.items()}
+    entries = [
+        {"name": served_name(kind), "family": "open-clip", **f} for kind, f in fields.items()
+    ]
+    manifest = parse_manifest({"models": entries}, base)
+    start = time.perf_counter()
     build_repository(manifest, base / "repo", log=lambda _msg: None)
-    log("built the repository (parity gate passed)")
+    log(f"built {len(kinds)} models in {time.perf_counter() - start:.0f} s (parity gates passed)")
     blobs, texts = _images(args.images), varied_sentences(args.texts)
     key = secrets.token_urlsafe(24)
     ports = TritonPorts(*free_ports(3))
@@ -120,69 +171,108 @@ def measure(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     process.start()
     results: dict[str, Any] = {}
     try:
-        process.wait_ready(timeout_s=600)
+        process.wait_ready(timeout_s=900)
         with EmbeddingClient(f"127.0.0.1:{ports.grpc}", "grpc", admin_key=key) as client:
-            loads = {
-                "images": {
-                    "library": lambda: library_images(ref, blobs),
-                    "served": lambda: np.concatenate(
-                        [client.embed_images("clip", c) for c in _chunks(blobs)]
+            for kind in kinds:
+                ref, name = refs[kind], served_name(kind)
+                results[kind] = {
+                    "images": _time_load(
+                        {
+                            "library": lambda ref=ref: library_images(ref, blobs),
+                            "served": lambda name=name: np.concatenate(
+                                [client.embed_images(name, c) for c in _chunks(blobs)]
+                            ),
+                        },
+                        len(blobs),
+                        args.repeats,
+                        f"{kind} images",
                     ),
-                },
-                "texts": {
-                    "library": lambda: library_texts(ref, texts),
-                    "served": lambda: np.concatenate(
-                        [client.embed_texts("clip_text", c) for c in _chunks(texts)]
+                    "texts": _time_load(
+                        {
+                            "library": lambda ref=ref: library_texts(ref, texts),
+                            "served": lambda name=name: np.concatenate(
+                                [client.embed_texts(f"{name}_text", c) for c in _chunks(texts)]
+                            ),
+                        },
+                        len(texts),
+                        args.repeats,
+                        f"{kind} texts",
                     ),
-                },
-            }
-            for what, runs in loads.items():
-                n = len(blobs) if what == "images" else len(texts)
-                runs["served"]()  # warm-up: sessions, connections, first shapes
-                runs["library"]()
-                rates: dict[str, list[float]] = {name: [] for name in runs}
-                answers = {}
-                for repeat in range(args.repeats):
-                    for name, run in runs.items():
-                        start = time.perf_counter()
-                        answers[name] = run()
-                        rates[name].append(n / (time.perf_counter() - start))
-                    log(
-                        f"{what} repeat {repeat + 1}: "
-                        + ", ".join(f"{k} {v[-1]:,.1f}/s" for k, v in rates.items())
-                    )
-                gap = float(np.abs(answers["served"] - answers["library"]).max())
-                ratio = median(rates["served"]) / median(rates["library"])
-                results[what] = {"items": n, "rates": rates, "ratio": ratio, "max_abs_diff": gap}
-                log(f"{what}: served / open_clip {ratio:.2f}x (medians), max abs diff {gap:.1e}")
+                }
     finally:
         process.stop()
     return results
 
 
+def table(results: dict[str, Any]) -> list[str]:
+    """Markdown rows: kind, images served / open_clip / ratio, texts likewise, max abs."""
+    rows = [
+        "| kind | served images/s | open_clip images/s | ratio | served texts/s "
+        "| open_clip texts/s | ratio | max abs (images / texts) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, loads in results.items():
+        cells = [kind]
+        for what in ("images", "texts"):
+            load = loads[what]
+            cells += [
+                f"{median(load['rates']['served']):,.1f}",
+                f"{median(load['rates']['library']):,.1f}",
+                f"{load['ratio']:.2f} x",
+            ]
+        cells.append(
+            f"{loads['images']['max_abs_diff']:.1e} / {loads['texts']['max_abs_diff']:.1e}"
+        )
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def under_gate(results: dict[str, Any]) -> list[str]:
+    """``kind load`` for each load served slower than :data:`GATE` x open_clip's rate."""
+    return [
+        f"{kind} {what} {loads[what]['ratio']:.2f}x"
+        for kind, loads in results.items()
+        for what in ("images", "texts")
+        if loads[what]["ratio"] < GATE
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the comparison; print and save the figures."""
+    """Run the comparison; print and save the figures. Exit 1 if a load is under the gate."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", default="tiny-mobileclip")
+    parser.add_argument("--kind", nargs="+", default=["all"], choices=["all", *KINDS])
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--texts", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--torch-threads", type=int, default=2)
     args = parser.parse_args(argv)
+    kinds = list(KINDS) if "all" in args.kind else list(dict.fromkeys(args.kind))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    load_before, t0 = os.getloadavg(), time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="clip-speed-") as tmp:
-        results = measure(args, Path(tmp))
+        results = measure(args, kinds, Path(tmp))
+    rows, slow = table(results), under_gate(results)
+    print("\n".join(rows))
+    log(f"under {GATE}x: {', '.join(slow)}" if slow else f"every load at >= {GATE}x")
     data = {
         "started": started,
+        "seconds": round(time.perf_counter() - t0, 1),
         "machine": machine_info(),
-        "kind": args.kind,
+        "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
+        "kinds": kinds,
         "batch": BATCH,
+        "images": args.images,
+        "texts": args.texts,
+        "repeats": args.repeats,
         "torch_threads": args.torch_threads,
+        "gate": GATE,
+        "under_gate": slow,
+        "table": rows,
         "results": results,
     }
     log(f"saved {save_results(data, 'clip-speed')}")
-    return 0
+    return 1 if slow else 0
 
 
 if __name__ == "__main__":
