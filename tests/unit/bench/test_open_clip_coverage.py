@@ -37,3 +37,11 @@ def test_a_hub_text_model_is_classified_offline_without_creating_it(tmp_path: Pa
     kind, detail = check_one("xlm-roberta-base-ViT-B-32", tmp_path)
     assert kind == "offline" and "xlm-roberta-base" in detail
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_a_clipa_config_builds_exactly_with_strip_sep_token(tmp_path: Path):
+    """ViT-L-14-CLIPA names ``strip_sep_token``: served in the tokenizer file, checked."""
+    cfg = open_clip.get_model_config("ViT-L-14-CLIPA")
+    assert cfg["text_cfg"]["tokenizer_kwargs"] == {"strip_sep_token": True}
+    assert check_one("ViT-L-14-CLIPA", tmp_path, narrow=True) == ("exact-stand-in-tokenizer", "")
