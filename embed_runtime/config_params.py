@@ -117,6 +117,24 @@ class ConfigParams:
                 out[key] = encode(value) if encode else _text(value)
         return out
 
+    @classmethod
+    def partial_parameters(cls, **values: Any) -> dict[str, str]:
+        """The parameters of the fields named in ``values`` alone, in their written form.
+
+        For a build that adds a few of these settings to a model whose others are written
+        elsewhere; :meth:`from_parameters` reads them back with the rest.
+        """
+        fields = {f.name: (f, key) for f, key, _ in cls._fields()}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise ValueError(f"{cls.__name__} has no fields {unknown}")
+        out = {}
+        for name, value in values.items():
+            f, key = fields[name]
+            encode = f.metadata.get("encode")
+            out[key] = encode(value) if encode else _text(value)
+        return out
+
     def _writes(self, f: dataclasses.Field) -> bool:
         required = f.default is _MISSING and f.default_factory is _MISSING
         return required or f.metadata.get("always") or getattr(self, f.name) != f.default

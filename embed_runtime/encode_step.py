@@ -20,12 +20,12 @@ import numpy as np
 
 from .adapter import config_parameters, embed_requests, input_array
 from .engine import COUNT_OUTPUT, Engine, FixedEngine, SparseEngine, TokenEngine
-from .fused_encoder import TextEncoder, is_fused
+from .fused_encoder import TextEncoder
 from .multivector import MultiVectorParams, MultiVectorTextEncoder
 from .ort_encoder import OpenedEncoder, open_encoder
 from .output_precision import OutputForms
 from .request_options import request_parameters
-from .sparse_router import SparseRouter, query_tokenizer
+from .sparse_router import QueryRouteParams, SparseRouter, query_tokenizer
 from .tokenizer import TokenizerParams
 
 
@@ -68,7 +68,7 @@ def open_graph_engine(args: Mapping[str, str], config: Mapping[str, Any]) -> Ope
     declared = [o["name"] for o in config.get("output", [])]
     counted = COUNT_OUTPUT in declared
     engine: Engine
-    if is_fused(raw):
+    if opened.params.fused_tokenize:
         engine = TextEncoder.from_parameters(raw, opened.model_dir, opened.encoder, counted)
     else:
         params, encoder = opened.params, opened.encoder
@@ -97,10 +97,11 @@ def open_sparse_router_engine(args: Mapping[str, str], config: Mapping[str, Any]
     raw = config_parameters(config)
     opened = open_encoder(args, raw)
     model_dir = opened.model_dir
+    route = QueryRouteParams.from_parameters(raw)
     engine = SparseRouter(
         TextEncoder.from_parameters(raw, model_dir, opened.encoder),
         query_tokenizer(raw, model_dir),
-        np.load(os.path.join(model_dir, raw["query_weights_file"])),
+        np.load(os.path.join(model_dir, route.weights_file)),
         opened.params.max_active_dims,
     )
     return OpenedEngine(engine, opened, NoForms(), "queries by static weights")

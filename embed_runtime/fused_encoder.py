@@ -29,11 +29,6 @@ from .tokenizer import (
 )
 
 
-def is_fused(parameters: Mapping[str, str]) -> bool:
-    """Whether an encoder's config parameters ask it to take ``TEXT`` itself."""
-    return parameters.get("fused_tokenize", "false").lower() == "true"
-
-
 @dataclass(frozen=True)
 class TextRequest:
     """One valid request: its texts, width and truncation side.

@@ -62,6 +62,8 @@ class EncoderParams(ConfigParams):
     default_dimensions: int = param(0, with_field="max_dimensions")
     normalize: bool = param(False, with_field="max_dimensions")
     weight_cache: bool = True
+    # TEXT in: the encoder tokenizes each execution's rows itself (TokenizerParams beside).
+    fused_tokenize: bool = False
     # Sparse encoders: answer each request's rows as (indices, values) of their active
     # dimensions (embed_runtime.sparse), capped at max_active_dims (0: no cap).
     sparse: bool = False

@@ -3,7 +3,8 @@
 A process list says a stub is running, not that it answers: a tokenizer whose files were
 damaged, an encoder session in a bad state or a step that hangs all pass it. So the stub
 watch (``model_manager``) sends each ready ensemble one small request every
-``ensemble_probe_interval_s`` seconds (10 by default, 0 turns it off) through the
+``health_probe_interval_s`` seconds (:data:`PROBE_INTERVAL_S` by default, 0 turns it off;
+``embed_runtime.stub_watch.WatchParams``) through the
 server's own HTTP endpoint: the text ``"health probe"`` for each text input (``TEXT``,
 ``QUERY``, ``DOCUMENT``, ...), an 8 x 8 PNG for ``IMAGE``. Ensembles that read a URL
 (``IMAGE_URL``) or a non-text input are left out: their probe would need a host the
@@ -40,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 PROBE_TEXT = "health probe"
+PROBE_INTERVAL_S = 10.0  # seconds between two probes of an ensemble, unless configured
 FAILURES_TO_FAIL = 2
 BUSY = ("Exceeds maximum queue size", "Request timeout expired")
 SKIPPED_INPUTS = {"IMAGE_URL"}
@@ -146,7 +148,7 @@ class EnsembleProbe:
 
     call: Callable[[str, dict | None], bytes]
     infer: Callable[[str, bytes, int], dict]
-    interval_s: float = 10.0
+    interval_s: float = PROBE_INTERVAL_S
     clock: Callable[[], float] = time.monotonic
     states: dict[str, ProbeState] = field(default_factory=dict)
     configs: dict[str, dict] = field(default_factory=dict)

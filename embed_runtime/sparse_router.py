@@ -15,10 +15,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from .config_params import ConfigParams, param
 from .engine import TEXT_INPUT, text_rows
 from .fused_encoder import TextEncoder, TextRequest
 from .request_options import resolve_dimensions, resolve_task
@@ -26,25 +27,45 @@ from .sparse import INDICES, VALUES, request_max_active_dims, sparse_rows
 from .tokenizer import BatchTokenizer, TokenizerParams, decode_texts, keeps_end, prompted_texts
 
 QUERY = "query"
+# The query route's files, by their name in the model folder.
+QUERY_TOKENIZER_FILE = "query_tokenizer.json"
+QUERY_WEIGHTS_FILE = "query_weights.npy"
+
+
+@dataclass(frozen=True)
+class QueryRouteParams(ConfigParams):
+    """The query route's config parameters, beside the document route's.
+
+    Its tokenizer and static weights (files of the model folder), the tokenizer's
+    truncation length (its ``model_max_length``), pad id and lowercasing.
+    """
+
+    params_name: ClassVar[str] = "query route"
+
+    tokenizer_file: str = param(QUERY_TOKENIZER_FILE, key="query_tokenizer_file", required=True)
+    weights_file: str = param(QUERY_WEIGHTS_FILE, key="query_weights_file", always=True)
+    max_length: int = param(0, key="query_max_length", required=True)
+    pad_id: int = param(0, key="query_pad_id", always=True)
+    lowercase: bool = param(False, key="query_lowercase", always=True)
 
 
 def query_tokenizer(parameters: Mapping[str, str], model_dir: str) -> BatchTokenizer:
     """The query route's tokenizer: its own file and length, no special tokens, no prompts.
 
     ``SparseStaticEmbedding`` tokenizes without special tokens and cuts at its tokenizer's
-    ``model_max_length`` (config parameters ``query_tokenizer_file``, ``query_max_length``,
-    ``query_pad_id``, ``query_lowercase``); the byte caps are the document route's.
+    ``model_max_length`` (:class:`QueryRouteParams`); the byte caps are the document route's.
     """
+    route = QueryRouteParams.from_parameters(parameters)
     params = replace(
         TokenizerParams.from_parameters(dict(parameters)),
-        max_length=int(parameters["query_max_length"]),
-        pad_id=int(parameters.get("query_pad_id", "0")),
-        lowercase=parameters.get("query_lowercase", "false").lower() == "true",
+        max_length=route.max_length,
+        pad_id=route.pad_id,
+        lowercase=route.lowercase,
         output_names=("input_ids", "attention_mask"),
         add_special_tokens=False,
         max_dimensions=0,
     )
-    return BatchTokenizer(os.path.join(model_dir, parameters["query_tokenizer_file"]), params)
+    return BatchTokenizer(os.path.join(model_dir, route.tokenizer_file), params)
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,32 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
+
+from .config_params import ConfigParams, param
+from .probe import PROBE_INTERVAL_S
 
 STUB_BINARY = "triton_python_backend_stub"
 INSTANCE_RE = re.compile(r"\d+_\d+")  # <model>_<group>_<index>
 GENERATION_PARAMETER = "stub_generation"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}"
+
+
+@dataclass(frozen=True)
+class WatchParams(ConfigParams):
+    """How often ``model_manager`` lists the stubs and probes each ensemble (0: never).
+
+    The build writes them into ``model_manager``'s config (the manifest's
+    ``[model_manager] health_probe_interval_s``); its stub reads them back.
+    """
+
+    params_name: ClassVar[str] = "model_manager"
+
+    health_probe_interval_s: float = param(PROBE_INTERVAL_S, always=True, encode=_seconds)
+    stub_watch_interval_s: float = param(1.0, encode=_seconds)
 
 
 class Stub(NamedTuple):

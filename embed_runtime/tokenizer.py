@@ -20,7 +20,9 @@ class TokenizerParams(ConfigParams):
     ``max_length`` 0 sets no truncation: the file's own, if it has one, applies (as a
     sentence-transformers ``StaticEmbedding`` keeps it); the byte caps then bound a row.
     ``add_special_tokens`` false leaves out the post-processor's ``[CLS]`` / ``[SEP]``.
-    The build writes them with :meth:`to_parameters`, the stub reads them back with
+    ``float32_only``: the encoder after this tokenizer step answers ``EMBEDDING`` alone
+    (Triton's native backend), so the step refuses a request ``precision`` other than
+    float32 itself. The build writes them with :meth:`to_parameters`, the stub reads them back with
     :meth:`from_parameters`.
     """
 
@@ -39,6 +41,7 @@ class TokenizerParams(ConfigParams):
     default_prompt_name: str = ""
     max_dimensions: int = 0
     add_special_tokens: bool = True
+    float32_only: bool = False
 
 
 def prompted_texts(texts: list[str], parameters: dict, params: TokenizerParams) -> list[str]:

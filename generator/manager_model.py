@@ -11,7 +11,7 @@ It also runs the server's stub watch (``embed_runtime``'s ``stub_watch``): a thr
 looks at the server's Python-backend stubs every ``stub_watch_interval_s`` seconds and
 reloads the model of any stub that died, through the server's own repository API; and a
 second thread that sends every ensemble one tiny request each
-``ensemble_probe_interval_s`` seconds (``embed_runtime``'s ``probe``).
+``health_probe_interval_s`` seconds (``embed_runtime``'s ``probe``).
 """
 
 import json
@@ -27,7 +27,13 @@ from generator.lifecycle import ManagerParams, ModelManager, parse_request
 from embed_runtime.adapter import config_parameters, error_response, input_array
 from embed_runtime.errors import InvalidInputError, RequestError
 from embed_runtime.probe import EnsembleProbe, ProbeLoop, http_infer
-from embed_runtime.stub_watch import RepositoryApi, StubWatch, health_path, server_http_url
+from embed_runtime.stub_watch import (
+    RepositoryApi,
+    StubWatch,
+    WatchParams,
+    health_path,
+    server_http_url,
+)
 from generator.triton_local import SERVER_KEY_ENV
 
 
@@ -63,9 +69,9 @@ class TritonPythonModel:
         self.manager = ModelManager(params, _TritonControl())
         self._stop = threading.Event()
         self.watch = None
-        parameters = config_parameters(args["model_config"])
-        interval = float(parameters.get("stub_watch_interval_s", 1))
-        probe_interval = float(parameters.get("ensemble_probe_interval_s", 10))
+        watch = WatchParams.from_parameters(config_parameters(args["model_config"]))
+        interval = watch.stub_watch_interval_s
+        probe_interval = watch.health_probe_interval_s
         server_key = os.environ.get(SERVER_KEY_ENV, "")
         if interval > 0 and server_key:
             server_pid = os.getppid()  # a stub's parent is tritonserver

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from embed_runtime.fetch import FetchPolicy
+from embed_runtime.probe import PROBE_INTERVAL_S
 
 from .profiles import profile_defaults
 
@@ -210,8 +211,8 @@ class ManagerSettings:
     allowed_roots: tuple[str, ...] = ()
     allow_hub: bool = False
     max_runtime_models: int = 4
-    # Seconds between two health probes of every ensemble (runtime/probe.py); 0: none.
-    health_probe_interval_s: float = 10.0
+    # Seconds between two health probes of every ensemble (embed_runtime/probe.py); 0: none.
+    health_probe_interval_s: float = PROBE_INTERVAL_S
 
 
 @dataclass(frozen=True)

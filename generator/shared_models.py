@@ -6,6 +6,7 @@ import hashlib
 import sys
 
 from embed_runtime.steps import Adapter
+from embed_runtime.stub_watch import WatchParams
 
 from .families import family
 from .families.open_clip import FETCH_IMAGE
@@ -43,7 +44,7 @@ def model_manager_dir(manifest: Manifest) -> ModelDir:
             "manifest": str(manifest.path),
             "worker_python": sys.executable,
             "build_timeout_s": "1800",
-            "ensemble_probe_interval_s": f"{manifest.model_manager.health_probe_interval_s:g}",
+            **WatchParams(manifest.model_manager.health_probe_interval_s).to_parameters(),
         },
         Batching(False),
         Instances(1),

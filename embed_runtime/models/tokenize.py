@@ -24,8 +24,6 @@ class TritonPythonModel:
         self.logger = pb_utils.Logger
         params = config_parameters(args["model_config"])
         self.params = TokenizerParams.from_parameters(params)
-        # The encoder after this step answers float32 alone: refuse other precisions here.
-        self.float32_only = params.get("float32_only", "false").lower() == "true"
         model_dir = os.path.join(args["model_repository"], args["model_version"])
         verify_digests(model_dir)  # a corrupt tokenizer file fails the load
         self.tokenizer = BatchTokenizer(
@@ -37,7 +35,7 @@ class TritonPythonModel:
         caps = self.params.max_text_bytes, self.params.max_request_bytes
         texts = decode_texts(rows, "TEXT", *caps)
         parameters = request_parameters(request.parameters())
-        if self.float32_only:
+        if self.params.float32_only:  # the encoder after this step answers float32 alone
             resolve_precision(parameters, ())
         texts = prompted_texts(texts, parameters, self.params)
         self.tokenizer.refuse_overlong(texts, parameters)

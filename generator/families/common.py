@@ -10,6 +10,7 @@ from pathlib import Path
 from embed_runtime.ort_encoder import EncoderParams
 from embed_runtime.output_precision import CALIBRATION_FILE, EXTRA_PRECISIONS, FORMS
 from embed_runtime.sparse import INDICES, VALUES
+from embed_runtime.sparse_router import QUERY_TOKENIZER_FILE, QUERY_WEIGHTS_FILE, QueryRouteParams
 from embed_runtime.steps import Adapter
 from embed_runtime.tokenizer import TokenizerParams
 
@@ -47,9 +48,6 @@ TEXT = IOSpec("TEXT", "TYPE_STRING", (1,))
 # LiteLLM's triton/ embedding provider sends its texts as ``input_text`` of shape [N] (no
 # row dim): a non-batching ensemble takes that and Triton reshapes it to the steps' [N, 1].
 LITELLM_INPUT = IOSpec("input_text", "TYPE_STRING", (-1,), reshape=(-1, 1))
-# The files of an inference-free sparse encoder's query route (QueryRoute).
-QUERY_TOKENIZER_FILE = "query_tokenizer.json"
-QUERY_WEIGHTS_FILE = "query_weights.npy"
 
 
 def tokenize_dir(
@@ -65,13 +63,12 @@ def tokenize_dir(
     ``float32_only``: the encoder after it answers ``EMBEDDING`` alone (Triton's native
     backend), so this step refuses a request ``precision`` other than float32 itself.
     """
-    only = {"float32_only": "true"} if float32_only else {}
     config = python_model(
         name,
         entry.max_batch_size,
         [TEXT],
         [IOSpec(n, "TYPE_INT64", (dims,)) for n in params.output_names],
-        {**tokenizer_parameters(entry, params), **only},
+        tokenizer_parameters(entry, dataclasses.replace(params, float32_only=float32_only)),
         step_batching(entry, entry.max_queue_delay_us // 2),
         Instances(entry.preprocess_instances),
     )
@@ -257,7 +254,7 @@ class SparseOutput:
 
     def parameters(self) -> dict[str, str]:
         """Config parameters the runner reads (``EncoderParams.sparse``, ``max_active_dims``)."""
-        return {"sparse": "true", "max_active_dims": str(self.max_active_dims)}
+        return EncoderParams.partial_parameters(sparse=True, max_active_dims=self.max_active_dims)
 
     @staticmethod
     def outputs() -> tuple[IOSpec, IOSpec]:
@@ -326,7 +323,7 @@ def fused_encoder_dir(
         Adapter.ENCODE,
         graph,
         outputs=outputs,
-        parameters={"fused_tokenize": "true"},
+        parameters=EncoderParams.partial_parameters(fused_tokenize=True),
         files={CALIBRATION_FILE: calibration} if calibration is not None else {},
         max_dimensions=dims,
     )
@@ -368,7 +365,8 @@ class QueryRoute:
     """An inference-free sparse encoder's query route: its tokenizer and static weights.
 
     Both are files of ``folder``, named as in the encoder's model dir:
-    :data:`QUERY_TOKENIZER_FILE` and :data:`QUERY_WEIGHTS_FILE`.
+    :data:`QUERY_TOKENIZER_FILE` and :data:`QUERY_WEIGHTS_FILE`. Its config parameters
+    are ``embed_runtime.sparse_router.QueryRouteParams``.
     """
 
     folder: Path
@@ -381,14 +379,11 @@ class QueryRoute:
         return {name: self.folder / name for name in (QUERY_TOKENIZER_FILE, QUERY_WEIGHTS_FILE)}
 
     def parameters(self) -> dict[str, str]:
-        """Config parameters ``embed_runtime.sparse_router.query_tokenizer`` reads."""
-        return {
-            "query_tokenizer_file": QUERY_TOKENIZER_FILE,
-            "query_weights_file": QUERY_WEIGHTS_FILE,
-            "query_max_length": str(self.max_length),
-            "query_pad_id": str(self.pad_id),
-            "query_lowercase": str(self.lowercase).lower(),
-        }
+        """Config parameters the query route reads (``QueryRouteParams``)."""
+        route = QueryRouteParams(
+            max_length=self.max_length, pad_id=self.pad_id, lowercase=self.lowercase
+        )
+        return route.to_parameters()
 
 
 def chain_dir(

@@ -87,3 +87,54 @@ def test_encoder_params_round_trip(fields) -> None:
     if params.max_dimensions:  # the default width and normalize go with it
         assert raw["default_dimensions"] == "0" and raw["normalize"] == "true"
     assert ("max_active_dims" in raw) == params.sparse
+
+
+def test_partial_parameters_write_only_the_named_fields_and_read_back() -> None:
+    from embed_runtime.ort_encoder import EncoderParams
+
+    sparse = EncoderParams.partial_parameters(sparse=True, max_active_dims=0)
+    assert sparse == {"sparse": "true", "max_active_dims": "0"}
+    assert EncoderParams.partial_parameters(fused_tokenize=True) == {"fused_tokenize": "true"}
+    base = EncoderParams("model.onnx", ("input_ids",), "EMBEDDING", False, 8)
+    fused = EncoderParams.partial_parameters(fused_tokenize=True)
+    raw = {**base.to_parameters(), **sparse, **fused}
+    read = EncoderParams.from_parameters(raw)
+    assert (read.sparse, read.max_active_dims, read.fused_tokenize) == (True, 0, True)
+    with pytest.raises(ValueError, match=r"EncoderParams has no fields \['spares'\]"):
+        EncoderParams.partial_parameters(spares=True)
+
+
+def test_float32_only_is_a_tokenizer_parameter_written_only_when_set() -> None:
+    params = TokenizerParams(128, False, ("input_ids", "attention_mask"))
+    assert "float32_only" not in params.to_parameters()
+    only = replace(params, float32_only=True)
+    assert only.to_parameters()["float32_only"] == "true"
+    assert TokenizerParams.from_parameters(only.to_parameters()).float32_only
+
+
+def test_query_route_parameters_are_the_ones_the_router_reads() -> None:
+    from embed_runtime.sparse_router import QueryRouteParams
+
+    route = QueryRouteParams(max_length=512, pad_id=1, lowercase=True)
+    assert route.to_parameters() == {
+        "query_tokenizer_file": "query_tokenizer.json",
+        "query_weights_file": "query_weights.npy",
+        "query_max_length": "512",
+        "query_pad_id": "1",
+        "query_lowercase": "true",
+    }
+    assert QueryRouteParams.from_parameters(route.to_parameters()) == route
+    with pytest.raises(ValueError, match="query route config parameter 'query_max_length'"):
+        QueryRouteParams.from_parameters({"query_tokenizer_file": "t.json"})
+
+
+def test_watch_params_write_the_probe_interval_and_default_to_the_probe_s() -> None:
+    from embed_runtime.probe import PROBE_INTERVAL_S
+    from embed_runtime.stub_watch import WatchParams
+
+    assert WatchParams().to_parameters() == {"health_probe_interval_s": "10"}
+    assert WatchParams(2.5).to_parameters() == {"health_probe_interval_s": "2.5"}
+    assert WatchParams.from_parameters({}) == WatchParams(PROBE_INTERVAL_S, 1.0)
+    off = {"stub_watch_interval_s": "0", "health_probe_interval_s": "0"}
+    read = WatchParams.from_parameters(off)
+    assert (read.stub_watch_interval_s, read.health_probe_interval_s) == (0.0, 0.0)
