@@ -29,6 +29,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOWER_ARCHS = ("tiny-coca", "tiny-eva", "tiny-mobileclip", "tiny-pe-core", "tiny-siglip")
 HF_TEXT = {"tiny-xlmr": "xlmr", "tiny-mt5": "mt5", "tiny-nllb": "nllb"}  # fixture variants
 ARCHS = (*TOWER_ARCHS, *HF_TEXT)
+# SigLIP-shaped, logit scale 4 and bias -0.5: served for the scores test alone, where its
+# sigmoid probabilities are mid-range (tiny-siglip's sit near 0)
+MID_SIGLIP = "tiny-siglip-mid"
 IMAGES = sample_images()
 NAMES = sorted(IMAGES)
 TEXTS = [*varied_sentences(24), "A DIAGRAM, with “quotes” &amp; entities", "snake_case (x)!"]
@@ -45,11 +48,15 @@ def towers(tmp_path_factory):
     from generator.fixtures.tiny_clip_towers import create_tiny_tower_model
 
     base = tmp_path_factory.mktemp("clip-towers")
-    fields = {arch: create_tiny_tower_model(arch, base / arch, seed=0) for arch in TOWER_ARCHS}
+    fields = {
+        arch: create_tiny_tower_model(arch, base / arch, seed=0)
+        for arch in (*TOWER_ARCHS, MID_SIGLIP)
+    }
     for arch, variant in HF_TEXT.items():
         fields[arch] = create_tiny_xlmr_clip(base / arch, seed=0, variant=variant)
     entries = [
-        {"name": arch, "family": "open-clip", "max_batch_size": 8, **fields[arch]} for arch in ARCHS
+        {"name": arch, "family": "open-clip", "max_batch_size": 8, **fields[arch]}
+        for arch in (*ARCHS, MID_SIGLIP)
     ]
     manager = {"allowed_roots": [str(base)], "health_probe_interval_s": 0}
     write_manifest(base / "models.toml", {"models": entries, "model_manager": manager})
@@ -93,9 +100,13 @@ def test_served_images_match_open_clip(towers, references, arch, protocol):
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-@pytest.mark.parametrize("arch", ["tiny-siglip", "tiny-mobileclip"])
+@pytest.mark.parametrize("arch", ["tiny-siglip", MID_SIGLIP, "tiny-mobileclip"])
 def test_client_scores_equal_open_clips(towers, references, arch, protocol):
-    """SigLIP: sigmoid(img @ txt.T * logit_scale.exp() + logit_bias); CLIP: softmax per image."""
+    """SigLIP: sigmoid(img @ txt.T * logit_scale.exp() + logit_bias); CLIP: softmax per image.
+
+    ``tiny-siglip-mid`` holds the sigmoid where it is steepest: its probabilities are
+    mid-range (checked), so an error in scale or bias shows as a large difference.
+    """
     import torch
 
     server, _ = towers
@@ -108,12 +119,18 @@ def test_client_scores_equal_open_clips(towers, references, arch, protocol):
     ref = references[arch]
     with torch.no_grad():
         image, text, scale, *rest = ref.model(ref.pixels(blobs), ref.tokenizer(texts))
-        if arch == "tiny-siglip":
+        if arch in ("tiny-siglip", MID_SIGLIP):
             want = torch.sigmoid(image @ text.T * scale + rest[0]).numpy()
         else:
             want = (scale * image @ text.T).softmax(dim=-1).numpy()
-    assert logits.sigmoid == (arch == "tiny-siglip")
+    sigmoid = arch in ("tiny-siglip", MID_SIGLIP)
+    assert logits.sigmoid == sigmoid
     assert logits.scale == float(scale.item())
+    if sigmoid:
+        assert logits.bias == float(rest[0].item())
+    if arch == MID_SIGLIP:
+        assert (logits.scale, logits.bias) == (4.0, -0.5)
+        assert 0.05 < want.min() and want.max() < 0.95 and np.ptp(want) > 0.2  # not saturated
     spread = f"{want.min():.2e}..{want.max():.2e}"
     print(f"\n{arch} scores {protocol}: max abs {_max_abs(got, want):.1e}, range {spread}")
     assert got.shape == want.shape
