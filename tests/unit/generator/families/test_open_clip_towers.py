@@ -22,7 +22,7 @@ ort = pytest.importorskip("onnxruntime")
 from PIL import Image  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
-from embed_runtime.image import decode_image, preprocess_batch  # noqa: E402
+from embed_runtime.image.preprocess import decode_image, preprocess_batch  # noqa: E402
 from generator.families.open_clip.assets import (  # noqa: E402
     embedding_dim,
     export_towers,
@@ -43,7 +43,6 @@ EXPORT_MAX_ABS = 1e-5
 SERVING_MAX_ABS = 1e-5
 PIXEL_MAX_ABS = 1e-5
 TEXTS = ["a photo of a cat", "A DIAGRAM, with “quotes” &amp; entities", "東京の夜景 🌃", "x" * 300]
-ARCHS = sorted(CONFIGS)
 KINDS = {
     "tiny-coca": "CoCa",
     "tiny-eva": "CustomTextCLIP",
@@ -51,6 +50,9 @@ KINDS = {
     "tiny-pe-core": "CustomTextCLIP",
     "tiny-siglip": "CustomTextCLIP",
 }
+# tiny-siglip-mid is tiny-siglip with another logit scale and bias (the scores test's)
+ARCHS = sorted(KINDS)
+assert set(CONFIGS) == {*KINDS, "tiny-siglip-mid"}
 
 
 def _images() -> list[bytes]:
