@@ -52,7 +52,7 @@ def make_session(
     """
     import onnxruntime as ort
 
-    from embed_runtime.weight_cache import cached_model, graph_level
+    from embed_runtime.ops.weight_cache import cached_model, graph_level
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -93,7 +93,7 @@ def served_tokenizer(repo: Path, model: str):
 
     With ``fused_tokenize`` there is no such model: ``<model>_encode`` holds the tokenizer.
     """
-    from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
+    from embed_runtime.text.tokenizer import BatchTokenizer, TokenizerParams
 
     tok_dir = repo / f"{model}_tokenize"
     if not tok_dir.is_dir():

@@ -11,7 +11,7 @@ the same ONNX graph in this process:
 - ``sorted``: each group of C x R rows tokenized together, sorted by length and run in
   batches of up to 32 rows padded to their own longest row;
 - ``planner``: each group tokenized together and cut by the encoder's own chunk
-  planner (:func:`embed_runtime.ragged.plan_chunks` with the served
+  planner (:func:`embed_runtime.engines.ragged.plan_chunks` with the served
   ``max_rows_per_run`` / ``max_padding_share``);
 - ``parallel`` (when one single-threaded session per core is given): each group's rows
   dealt out to those sessions, each tokenizing its share and running it through the
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from embed_runtime.ragged import Chunk, chunk_inputs, plan_chunks, true_lengths
+from embed_runtime.engines.ragged import Chunk, chunk_inputs, plan_chunks, true_lengths
 
 SORTED_BATCH = 32
 Tokenize = Callable[[Sequence[Any]], dict[str, np.ndarray]]

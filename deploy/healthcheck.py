@@ -13,10 +13,10 @@ probe ignores ``http_proxy`` / ``HTTP_PROXY`` and the like: a proxy set in the c
 for hub downloads must not receive (or answer) the server's health check.
 
 Triton's readiness stays green while a model's stub is dead, so the check also reads the
-state the server's stub watch writes every second (``embed_runtime/stub_watch.py``,
+state the server's stub watch writes every second (``embed_runtime/ops/stub_watch.py``,
 ``<temp dir>/embed-health-<uid>-<port>.json`` or ``$EMBED_HEALTH_FILE``): unhealthy while
 a model waits for its reload, when an ensemble failed its last two health probes (one
-tiny request through every step, ``embed_runtime/probe.py``), when reloads failed
+tiny request through every step, ``embed_runtime/ops/probe.py``), when reloads failed
 three times in a row, or when the watch of a running server stopped writing. From
 SIGTERM on, ``generator serve`` drains the server (``generator/supervisor.py``) and says
 so in ``<health file>.draining``: not ready from then on, so load balancers stop sending

@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 import embed_runtime
-from embed_runtime.integrity import write_digests
+from embed_runtime.ops.integrity import write_digests
 from embed_runtime.steps import Adapter
 
 from .cache_check import check_weight_cache

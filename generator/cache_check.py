@@ -1,7 +1,7 @@
 """The build's gate on the host weight cache: every graph also runs from its cached copy.
 
 Each CPU encoder stub loads its graph from the host weight cache
-(``embed_runtime/weight_cache.py``): an optimised copy whose pre-packed weights ONNX
+(``embed_runtime/ops/weight_cache.py``): an optimised copy whose pre-packed weights ONNX
 Runtime maps from one file. The families' parity checks run the plain graph, so a copy
 that crashes ONNX Runtime (a pre-packed weight off its alignment did, for every SPLADE
 graph) or answers differently would first show on the server, as stubs dying at their
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from embed_runtime.ort_encoder import EncoderParams
-from embed_runtime.weight_cache import check_cached_copy
+from embed_runtime.engines.ort_encoder import EncoderParams
+from embed_runtime.ops.weight_cache import check_cached_copy
 
 from .model_dir import ModelDir
 from .render import parse_config

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from embed_runtime.output_precision import CALIBRATION_FILE
-from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams, prompted_texts
+from embed_runtime.engines.output_precision import CALIBRATION_FILE
+from embed_runtime.text.tokenizer import BatchTokenizer, TokenizerParams, prompted_texts
 
 DEFAULT_CORPUS = Path(__file__).parent / "calibration" / "sentences.txt"
 MIN_TEXTS = 16

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from embed_runtime.stub_watch import health_path
+from embed_runtime.ops.stub_watch import health_path
 
 from .admin import (
     ADMIN_HEADER,

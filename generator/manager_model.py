@@ -24,10 +24,10 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from generator.admin import AdminKeyError, configured_admin_key
 from generator.lifecycle import ManagerParams, ModelManager, parse_request
-from embed_runtime.adapter import config_parameters, error_response, input_array
+from embed_runtime.serving.adapter import config_parameters, error_response, input_array
 from embed_runtime.errors import InvalidInputError, RequestError
-from embed_runtime.probe import EnsembleProbe, ProbeLoop, http_infer
-from embed_runtime.stub_watch import (
+from embed_runtime.ops.probe import EnsembleProbe, ProbeLoop, http_infer
+from embed_runtime.ops.stub_watch import (
     RepositoryApi,
     StubWatch,
     WatchParams,

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from embed_runtime.fetch import FetchPolicy
-from embed_runtime.probe import PROBE_INTERVAL_S
+from embed_runtime.fetch.url_fetch import FetchPolicy
+from embed_runtime.ops.probe import PROBE_INTERVAL_S
 
 from .profiles import profile_defaults
 
@@ -182,7 +182,7 @@ _FETCH_DEFAULTS = FetchPolicy()
 class FetchSettings:
     """Settings of the shared ``fetch_image`` model.
 
-    The security limits default to :class:`~embed_runtime.fetch.FetchPolicy`'s own, so the
+    The security limits default to :class:`~embed_runtime.fetch.url_fetch.FetchPolicy`'s own, so the
     manifest and the model that enforces them cannot drift apart.
     """
 
@@ -211,7 +211,7 @@ class ManagerSettings:
     allowed_roots: tuple[str, ...] = ()
     allow_hub: bool = False
     max_runtime_models: int = 4
-    # Seconds between two health probes of every ensemble (embed_runtime/probe.py); 0: none.
+    # Seconds between two health probes of every ensemble (embed_runtime/ops/probe.py); 0: none.
     health_probe_interval_s: float = PROBE_INTERVAL_S
 
 

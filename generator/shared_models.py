@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import sys
 
+from embed_runtime.ops.stub_watch import WatchParams
 from embed_runtime.steps import Adapter
-from embed_runtime.stub_watch import WatchParams
 
 from .families import family
 from .families.open_clip import FETCH_IMAGE

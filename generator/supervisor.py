@@ -70,7 +70,7 @@ import urllib.error
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from embed_runtime.stub_watch import RepositoryApi
+from embed_runtime.ops.stub_watch import RepositoryApi
 
 from .triton_local import kill_group, remove_server_shm
 

@@ -22,8 +22,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from embed_runtime.busy_board import board_dir, board_prefix
-from embed_runtime.stub_watch import loopback_for
+from embed_runtime.ops.busy_board import board_dir, board_prefix
+from embed_runtime.ops.stub_watch import loopback_for
 
 from .admin import restriction_args
 from .tracing import TraceSettings

@@ -14,7 +14,7 @@ import tempfile
 
 import pytest
 
-# The encoders' host weight cache (embed_runtime.weight_cache.cached_model) of this run
+# The encoders' host weight cache (embed_runtime.ops.weight_cache.cached_model) of this run
 # only: every in-process encoder and every Triton the tests start (they inherit the
 # environment) writes here, never into the user's own cache. Removed at the end; the
 # folder names its pytest's pid, so a run that was killed (no end) leaves a folder the
@@ -53,7 +53,7 @@ os.environ["EMBED_ORT_CACHE_DIR"] = _WEIGHT_CACHE
 
 # node-id prefix -> why skipping it is acceptable
 ALLOWED_SKIPS: dict[str, str] = {
-    "tests/unit/embed_runtime/test_ort_encoder.py"
+    "tests/unit/embed_runtime/engines/test_ort_encoder.py"
     "::test_cpu_only_onnxruntime_refuses_a_cuda_encoder": (
         "runs only where onnxruntime is the CPU build (a GPU build has the CUDA provider)"
     ),

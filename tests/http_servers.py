@@ -7,7 +7,7 @@
 - :class:`FakeDns` answers chosen addresses for chosen names (SSRF and rebinding tests);
 - :func:`closed_port` is a port nothing listens on.
 
-The fetch unit tests (tests/unit/embed_runtime/test_fetch.py) keep their own route table
+The fetch unit tests (tests/unit/embed_runtime/fetch/test_url_fetch.py) keep their own route table
 on :class:`LocalServer`; the health check tests record requests with it.
 """
 

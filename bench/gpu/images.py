@@ -97,12 +97,12 @@ def image_parity(onnx_path: Path, params, photos: dict[str, bytes]) -> dict:
     import torch
 
     from bench.ceiling import make_session
-    from embed_runtime.image import open_image, preprocess_opened
-    from embed_runtime.image_gpu import (
+    from embed_runtime.image.gpu import (
         GpuPreprocessor,
         gpu_eligible,
         nvimgcodec_decoder,
     )
+    from embed_runtime.image.preprocess import open_image, preprocess_opened
 
     session = make_session(onnx_path, "gpu")
     names = list(photos)
@@ -151,7 +151,7 @@ def served_image_parity(grpc_url: str, model: str, photos: dict[str, bytes],
     import tritonclient.grpc as grpcclient
 
     from bench.ceiling import make_session
-    from embed_runtime.image import open_image, preprocess_opened
+    from embed_runtime.image.preprocess import open_image, preprocess_opened
 
     client = grpcclient.InferenceServerClient(grpc_url)
     served = []
@@ -170,8 +170,8 @@ def gpu_preprocess_rate(params, photos: dict[str, bytes], seconds: float = 5.0,
     """Images/s of the GPU path in one process, batches of ``batch`` of ``photos``."""
     import torch
 
-    from embed_runtime.image import open_image
-    from embed_runtime.image_gpu import GpuPreprocessor, nvimgcodec_decoder
+    from embed_runtime.image.gpu import GpuPreprocessor, nvimgcodec_decoder
+    from embed_runtime.image.preprocess import open_image
 
     device = torch.device("cuda", 0)
     pool = ThreadPoolExecutor(2)
@@ -278,7 +278,7 @@ def write_jpeg_only(perf_dir: Path, base_url: str) -> None:
 def _clip_image(repo: Path):
     """(preprocess params, image tower ONNX path) of the served CLIP model."""
     from bench.ceiling import config_parameters
-    from embed_runtime.image import PreprocessParams
+    from embed_runtime.image.preprocess import PreprocessParams
 
     params = PreprocessParams.from_parameters(
         config_parameters(repo / f"{CLIP_MODEL}_preprocess_image")
@@ -322,8 +322,8 @@ def probe() -> dict:
     import torch
     from PIL import Image
 
-    from embed_runtime.image import PreprocessParams, open_image, preprocess_opened
-    from embed_runtime.image_gpu import GpuPreprocessor, nvimgcodec_decoder
+    from embed_runtime.image.gpu import GpuPreprocessor, nvimgcodec_decoder
+    from embed_runtime.image.preprocess import PreprocessParams, open_image, preprocess_opened
 
     data = parity_photos()["astronaut_q90.jpg"]
     decode = nvimgcodec_decoder(0, True)

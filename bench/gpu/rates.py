@@ -93,7 +93,7 @@ def image_tower_ceiling(onnx_path: Path, batch: int = 256, runs: int = 10) -> di
 
 
 def _preprocess_share(job) -> int:
-    from embed_runtime.image import PreprocessParams, decode_image, preprocess_opened
+    from embed_runtime.image.preprocess import PreprocessParams, decode_image, preprocess_opened
 
     parameters, images, rounds = job
     params = PreprocessParams.from_parameters(parameters)

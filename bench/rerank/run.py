@@ -151,8 +151,8 @@ def start_systems(base: Path, stack: ExitStack, meta: dict) -> dict[str, Any]:
     """Build the model and repository, start Triton and the peer; return what runs."""
     from bench.ceiling import chunk_settings, config_parameters
     from bench.peers.services import fastapi_ce_peer
-    from embed_runtime.pair_tokenizer import PairTokenizer
-    from embed_runtime.tokenizer import TokenizerParams
+    from embed_runtime.text.pair_tokenizer import PairTokenizer
+    from embed_runtime.text.tokenizer import TokenizerParams
     from generator.build import build_repository
     from generator.manifest import parse_manifest
     from generator.shared_models import startup_models

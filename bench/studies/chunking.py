@@ -5,7 +5,7 @@
 sentences cut into random groups, each group standing for the rows of one Triton
 execution (8: a dynamic batch of single-sentence requests; 128: four 32-sentence
 requests). Every group is split by the encoder's own planner
-(:func:`embed_runtime.ragged.plan_chunks`) under each plan below. Plans alternate
+(:func:`embed_runtime.engines.ragged.plan_chunks`) under each plan below. Plans alternate
 inside every repeat; the figure is the median sentences/s over repeats and, in
 brackets, the median of the per-repeat ratios to running every row alone.
 """
@@ -22,7 +22,7 @@ import numpy as np
 from bench.ceiling import make_session, tokenize_sentences
 from bench.manifest import ROOT, TEXT_MODEL, bench_manifest
 from client.load.workload import text_pool
-from embed_runtime.ragged import chunk_inputs, plan_chunks
+from embed_runtime.engines.ragged import chunk_inputs, plan_chunks
 from generator.build import build_repository
 
 # name -> (max_rows_per_run, max_padding_share)

@@ -67,8 +67,8 @@ def stub_code_p50(repo: Path, sentences: list[str]) -> float:
     """p50 ms of the fused encoder's own code on one sentence at a time, in-process."""
     import numpy as np
 
-    from embed_runtime.fused_encoder import TextEncoder
-    from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
+    from embed_runtime.engines.ort_encoder import EncoderParams, OrtEncoder
+    from embed_runtime.engines.text_encoder import TextEncoder
 
     folder = repo / f"{TEXT_MODEL}_encode"
     raw = config_parameters(folder)

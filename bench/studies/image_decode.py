@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from client.load.workload import generated_images
-from embed_runtime.image import PreprocessParams, open_image, preprocess_opened
+from embed_runtime.image.preprocess import PreprocessParams, open_image, preprocess_opened
 
 
 def best_of(data: bytes, params: PreprocessParams, repeats: int = 5):

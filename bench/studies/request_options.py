@@ -46,7 +46,7 @@ import tritonclient.grpc as grpcclient
 from bench.manifest import TEXT_MODEL as MODEL
 from bench.manifest import bench_manifest_data
 from client.load.corpus import varied_sentences
-from embed_runtime.output_precision import (
+from embed_runtime.engines.output_precision import (
     EXTRA_PRECISIONS,
     FORMS,
     Calibration,

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from bench.manifest import ROOT
-from embed_runtime.weight_cache import cached_model
+from embed_runtime.ops.weight_cache import cached_model
 
 DEFAULT_GRAPHS = (
     ROOT / ".build" / "bench-repo" / "all-MiniLM-L6-v2_encode" / "1" / "model.onnx",
@@ -30,7 +30,7 @@ CHILD = r"""
 import sys
 import numpy as np
 import onnx
-from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
+from embed_runtime.engines.ort_encoder import EncoderParams, OrtEncoder
 
 path, cache = sys.argv[1], sys.argv[2]
 

@@ -5,11 +5,11 @@ Token inputs arrive ragged (each request keeps its own width); all rows of one
 row, then returned in request order. Fixed-shape inputs (pixels, CLIP's fixed text
 context) are concatenated and run in chunks. With ``fused_tokenize`` the model takes
 ``TEXT`` and tokenizes it in this stub first; with ``sparse`` rows are answered as their
-active dimensions. The config picks the engine once (``embed_runtime.encode_step``).
+active dimensions. The config picks the engine once (``embed_runtime.serving.encode_step``).
 """
 
 import triton_python_backend_utils as pb_utils
-from embed_runtime.encode_step import EncodeStep, open_graph_engine
+from embed_runtime.serving.encode_step import EncodeStep, open_graph_engine
 
 
 class TritonPythonModel(EncodeStep):

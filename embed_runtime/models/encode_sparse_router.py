@@ -2,11 +2,12 @@
 
 Takes ``TEXT`` and the request parameter ``task``: ``query`` rows are weighed by the
 model's static token weights, ``document`` rows (the default) go through the SPLADE graph;
-each request answers ``SPARSE_INDICES`` / ``SPARSE_VALUES`` (``embed_runtime.sparse_router``).
+each request answers ``SPARSE_INDICES`` / ``SPARSE_VALUES``
+(``embed_runtime.engines.sparse_router``).
 """
 
 import triton_python_backend_utils as pb_utils
-from embed_runtime.encode_step import EncodeStep, open_sparse_router_engine
+from embed_runtime.serving.encode_step import EncodeStep, open_sparse_router_engine
 
 
 class TritonPythonModel(EncodeStep):

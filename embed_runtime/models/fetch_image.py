@@ -24,11 +24,16 @@ import traceback
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from embed_runtime.adapter import config_parameters, error_response, gather_rows, input_array
+from embed_runtime.serving.adapter import (
+    config_parameters,
+    error_response,
+    gather_rows,
+    input_array,
+)
 from embed_runtime.errors import RequestError
-from embed_runtime.fetch import FetchPolicy
-from embed_runtime.fetch_pool import FetchPool
-from embed_runtime.tokenizer import decode_texts
+from embed_runtime.fetch.url_fetch import FetchPolicy
+from embed_runtime.fetch.pool import FetchPool
+from embed_runtime.text.tokenizer import decode_texts
 
 
 # How long ``execute`` waits for its batch beyond the fetches' own deadlines before it

@@ -4,7 +4,7 @@ Each ``execute`` first reads every image's header (no pixel decoded) and admits 
 in order against the per-execution pixel budget ``max_batch_pixels``; only then does a
 small thread pool (Pillow releases the GIL) decode and resize the admitted images. With
 ``image_decode = gpu`` the admitted JPEGs are decoded and resized on this instance's GPU
-in one batch (``embed_runtime.image_gpu``) and the rest take the pool. A bad or
+in one batch (``embed_runtime.image.gpu``) and the rest take the pool. A bad or
 over-budget image fails only its own request; every request gets one response.
 """
 
@@ -13,10 +13,20 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from embed_runtime.adapter import config_parameters, error_response, gather_rows, input_array
+from embed_runtime.serving.adapter import (
+    config_parameters,
+    error_response,
+    gather_rows,
+    input_array,
+)
 from embed_runtime.errors import InvalidInputError, RequestError
-from embed_runtime.image import PixelBudget, PreprocessParams, open_image, preprocess_opened
-from embed_runtime.image_gpu import cuda_preprocessor
+from embed_runtime.image.preprocess import (
+    PixelBudget,
+    PreprocessParams,
+    open_image,
+    preprocess_opened,
+)
+from embed_runtime.image.gpu import cuda_preprocessor
 
 
 class TritonPythonModel:

@@ -3,11 +3,11 @@
 import os
 
 import triton_python_backend_utils as pb_utils
-from embed_runtime.integrity import verify_digests
-from embed_runtime.adapter import config_parameters, input_array, tokenize_requests
-from embed_runtime.request_options import request_parameters
-from embed_runtime.pair_tokenizer import decode_pairs, open_pair_tokenizer
-from embed_runtime.tokenizer import TokenizerParams
+from embed_runtime.ops.integrity import verify_digests
+from embed_runtime.serving.adapter import config_parameters, input_array, tokenize_requests
+from embed_runtime.text.request_options import request_parameters
+from embed_runtime.text.pair_tokenizer import decode_pairs, open_pair_tokenizer
+from embed_runtime.text.tokenizer import TokenizerParams
 
 
 class TritonPythonModel:

@@ -7,12 +7,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from embed_runtime.ort_encoder import EncoderParams
-from embed_runtime.output_precision import CALIBRATION_FILE, EXTRA_PRECISIONS, FORMS
-from embed_runtime.sparse import INDICES, VALUES
-from embed_runtime.sparse_router import QUERY_TOKENIZER_FILE, QUERY_WEIGHTS_FILE, QueryRouteParams
+from embed_runtime.engines.ort_encoder import EncoderParams
+from embed_runtime.engines.output_precision import CALIBRATION_FILE, EXTRA_PRECISIONS, FORMS
+from embed_runtime.engines.sparse import INDICES, VALUES
+from embed_runtime.engines.sparse_router import (
+    QUERY_TOKENIZER_FILE,
+    QUERY_WEIGHTS_FILE,
+    QueryRouteParams,
+)
 from embed_runtime.steps import Adapter
-from embed_runtime.tokenizer import TokenizerParams
+from embed_runtime.text.tokenizer import TokenizerParams
 
 from ..manifest import ModelEntry
 from ..model_dir import ModelDir
@@ -366,7 +370,7 @@ class QueryRoute:
 
     Both are files of ``folder``, named as in the encoder's model dir:
     :data:`QUERY_TOKENIZER_FILE` and :data:`QUERY_WEIGHTS_FILE`. Its config parameters
-    are ``embed_runtime.sparse_router.QueryRouteParams``.
+    are ``embed_runtime.engines.sparse_router.QueryRouteParams``.
     """
 
     folder: Path

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
+from embed_runtime.text.tokenizer import BatchTokenizer, TokenizerParams
 
 from ..declared_kind import DeclaredKind, check_source
 from ..manifest import Manifest, ModelEntry, resolve_path

@@ -20,7 +20,7 @@ from client import EmbeddingClient
 from generator.admin import KEY_ENV
 from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 from tests.integration.conftest import ADMIN_KEY, TEXT_MODEL
-from tests.unit.embed_runtime.test_integrity import flip
+from tests.unit.embed_runtime.ops.test_integrity import flip
 
 STEPS = (TEXT_MODEL, f"{TEXT_MODEL}_tokenize", f"{TEXT_MODEL}_encode")
 # Parity gate of the text tests (tests/integration/test_text.py): max abs <= 1e-5.

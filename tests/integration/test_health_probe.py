@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from client import EmbeddingClient
-from embed_runtime.stub_watch import live_stubs
+from embed_runtime.ops.stub_watch import live_stubs
 from generator.admin import KEY_ENV
 from generator.build import build_repository
 from generator.manifest import load_manifest

@@ -16,8 +16,8 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from client import EmbeddingClientError
-from embed_runtime.output_precision import CALIBRATION_FILE, quantization_ranges
-from embed_runtime.request_options import truncate
+from embed_runtime.engines.output_precision import CALIBRATION_FILE, quantization_ranges
+from embed_runtime.text.request_options import truncate
 from tests.integration.clip_fixture import CLIP_MODEL
 from tests.integration.conftest import TEXT_MODEL
 from tests.integration.test_fused_tokenize import MODEL as FUSED_MODEL

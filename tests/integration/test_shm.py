@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from embed_runtime.stub_watch import live_stubs
+from embed_runtime.ops.stub_watch import live_stubs
 from tests.integration.clip_fixture import CLIP_MODEL
 from tests.integration.conftest import ADMIN_KEY, TEXT_MODEL, free_ports
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from embed_runtime.stub_watch import stub_processes
+from embed_runtime.ops.stub_watch import stub_processes
 from tests.healthcheck_module import load_healthcheck
 from tests.integration.clip_fixture import CLIP_MODEL, sample_images
 from tests.integration.conftest import TEXT_MODEL

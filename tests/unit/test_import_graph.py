@@ -154,3 +154,15 @@ def test_project_packages_import_each_other_without_a_cycle() -> None:
     report = "\n".join(" -> ".join(cycle) for cycle in found)
     print(f"import cycles: {len(found)}" + (f"\n{report}" if report else ""))
     assert not found, f"{len(found)} import cycle(s):\n{report}"
+
+
+def test_embed_runtime_subpackages_import_each_other_without_a_cycle() -> None:
+    graph = import_graph(("embed_runtime",))
+    assert {"embed_runtime.engines.contract", "embed_runtime.ops.probe"} <= set(graph)
+    found = cycles(graph)
+    assert not found, "\n".join(" -> ".join(cycle) for cycle in found)
+    # The request path never reaches the manager's watch (stub watch, health probe).
+    request_path = ("serving", "engines", "text", "image", "fetch")
+    requests = {m for m in graph if m.count(".") > 1 and m.split(".")[1] in request_path}
+    watch = {"embed_runtime.ops.probe", "embed_runtime.ops.stub_watch"}
+    assert not {(m, d) for m in requests for d in graph[m] if d in watch}

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from embed_runtime.pair_template import TemplatePairTokenizer
-from embed_runtime.pair_tokenizer import PairTokenizer
 from embed_runtime.steps import Adapter
-from embed_runtime.tokenizer import TokenizerParams
+from embed_runtime.text.pair_template import TemplatePairTokenizer
+from embed_runtime.text.pair_tokenizer import PairTokenizer
+from embed_runtime.text.tokenizer import TokenizerParams
 
 from ...manifest import Manifest, ModelEntry
 from ...model_dir import ModelDir

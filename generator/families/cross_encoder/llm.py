@@ -8,7 +8,7 @@ writes the template's tail back over cut rows, pads on the left, runs the causal
 ``logit[yes]`` alone), then the activation (Sigmoid by default).
 
 Served: the template is split here into the fixed text around prompt, query and
-document (``embed_runtime.pair_template``), checked on probes to place them verbatim;
+document (``embed_runtime.text.pair_template``), checked on probes to place them verbatim;
 the server tokenizes the rendered pairs and pads them on the right. The exported graph
 moves each right-padded row to the left (a per-row rotation), then runs the library's
 own modules (the causal LM with ``logits_to_keep=1``, ``LogitScore``) and the activation,
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from embed_runtime.pair_template import PairTemplate, TemplatePairTokenizer
-from embed_runtime.tokenizer import TokenizerParams
+from embed_runtime.text.pair_template import PairTemplate, TemplatePairTokenizer
+from embed_runtime.text.tokenizer import TokenizerParams
 
 from ...declared_kind import UnsupportedModelError
 from ...onnx_export import GraphSpec, TensorSpec

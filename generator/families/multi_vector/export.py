@@ -4,7 +4,7 @@ Served pipelines: a text ``Transformer`` (feature extraction, right padding), th
 token-level ``Dense`` projections and ``Normalize``, and one ``MultiVectorMask`` (its
 skiplist; no ``keep_only_token_ids``). The exported graph is that pipeline without the
 mask: token tensors in, token embeddings ``[B, T, D]`` out. The encoder stub does the
-rest (``embed_runtime.multivector``): prompts, query expansion, skiplist, padding.
+rest (``embed_runtime.engines.multivector``): prompts, query expansion, skiplist, padding.
 
 The build runs that serving code on the exported graph over the validation texts, as
 queries and as documents, and compares every row with ``encode_query`` /
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embed_runtime.multivector import (
+from embed_runtime.engines.multivector import (
     EMBEDDINGS,
     TASKS,
     TOKEN_COUNT,
@@ -30,9 +30,9 @@ from embed_runtime.multivector import (
     MultiVectorTextEncoder,
     TaskParams,
 )
-from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
+from embed_runtime.engines.ort_encoder import EncoderParams, OrtEncoder
 from embed_runtime.steps import Adapter
-from embed_runtime.tokenizer import TokenizerParams
+from embed_runtime.text.tokenizer import TokenizerParams
 
 from ...declared_kind import PYLATE, UnsupportedModelError
 from ...manifest import Manifest, ModelEntry
@@ -207,7 +207,7 @@ def served_parity(model, text: MultiVectorTextEncoder, texts) -> dict[str, float
 
     ``model`` has the library's ``encode_query`` / ``encode_document``.
     """
-    from embed_runtime.multivector import MultiVectorRequest, unpad  # noqa: PLC0415
+    from embed_runtime.engines.multivector import MultiVectorRequest, unpad  # noqa: PLC0415
 
     out = {}
     for task in TASKS:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embed_runtime.multivector import MultiVectorParams, TaskParams, insert_prefix
+from embed_runtime.engines.multivector import MultiVectorParams, TaskParams, insert_prefix
 
 from ...declared_kind import UnsupportedModelError
 

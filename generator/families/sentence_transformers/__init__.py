@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from embed_runtime.output_precision import EXTRA_PRECISIONS
+from embed_runtime.engines.output_precision import EXTRA_PRECISIONS
 
 from ...declared_kind import Served
 from ..spec import Errors

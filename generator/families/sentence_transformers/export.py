@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from embed_runtime.output_precision import EXTRA_PRECISIONS
-from embed_runtime.tokenizer import BatchTokenizer
+from embed_runtime.engines.output_precision import EXTRA_PRECISIONS
+from embed_runtime.text.tokenizer import BatchTokenizer
 
 from ...calibration import CALIBRATION_FILE, DEFAULT_CORPUS, calibration_embeddings, read_corpus
 from ...manifest import Manifest, ModelEntry

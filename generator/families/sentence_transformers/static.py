@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
+from embed_runtime.text.tokenizer import BatchTokenizer, TokenizerParams
 
 # Graph vs SentenceTransformer.encode of the folder (float32): measured 1.2e-7 at most.
 MAX_ABS_DIFF = 1e-6

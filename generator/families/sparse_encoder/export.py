@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from embed_runtime.sparse import INDICES, VALUES
+from embed_runtime.engines.sparse import INDICES, VALUES
 
 from ...manifest import Manifest, ModelEntry
 from ...model_dir import ModelDir

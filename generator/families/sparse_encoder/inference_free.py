@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from embed_runtime.sparse import INDICES, VALUES, densify
+from embed_runtime.engines.sparse import INDICES, VALUES, densify
 from embed_runtime.steps import Adapter
-from embed_runtime.tokenizer import TokenizerParams
+from embed_runtime.text.tokenizer import TokenizerParams
 
 from ...declared_kind import UnsupportedModelError
 from ...manifest import ModelEntry
@@ -128,7 +128,7 @@ def _query_route(model, work: Path) -> QueryRoute:
 
 def _check_query_tokenizer(model, route: QueryRoute, doc_params: TokenizerParams) -> list[str]:
     """Differences between the served query tokens and ``SparseStaticEmbedding.preprocess``."""
-    from embed_runtime.sparse_router import query_tokenizer  # noqa: PLC0415
+    from embed_runtime.engines.sparse_router import query_tokenizer  # noqa: PLC0415
 
     static = model[0].sub_modules["query"][0]
     raw = {**doc_params.to_parameters(), **route.parameters()}
@@ -152,9 +152,9 @@ def served_parity(model, router, texts, max_active_dims: int) -> dict[str, float
 
 def _serving_router(model_dir: ModelDir, work: Path):
     """The stub's own serving objects, built from the config parameters it will read."""
-    from embed_runtime.fused_encoder import TextEncoder  # noqa: PLC0415
-    from embed_runtime.ort_encoder import EncoderParams, OrtEncoder  # noqa: PLC0415
-    from embed_runtime.sparse_router import SparseRouter, query_tokenizer  # noqa: PLC0415
+    from embed_runtime.engines.ort_encoder import EncoderParams, OrtEncoder  # noqa: PLC0415
+    from embed_runtime.engines.sparse_router import SparseRouter, query_tokenizer  # noqa: PLC0415
+    from embed_runtime.engines.text_encoder import TextEncoder  # noqa: PLC0415
 
     config = parse_config(model_dir.config)
     raw = {key: value.string_value for key, value in config.parameters.items()}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embed_runtime.sparse import densify, sparse_rows
+from embed_runtime.engines.sparse import densify, sparse_rows
 
 from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ..text_export import VALIDATION_TEXTS, pipeline_module, token_features, validation_batches

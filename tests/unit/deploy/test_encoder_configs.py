@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from embed_runtime.ort_encoder import EncoderParams
+from embed_runtime.engines.ort_encoder import EncoderParams
 from generator.families.common import TRT_ENGINE_CACHE_DIR, encoder_dir
 from generator.manifest import ManifestError, ModelEntry, load_manifest, parse_manifest
 from generator.onnx_export import GraphSpec, TensorSpec

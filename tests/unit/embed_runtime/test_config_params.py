@@ -9,7 +9,7 @@ from typing import ClassVar
 import pytest
 
 from embed_runtime.config_params import ConfigParams, json_text, param
-from embed_runtime.tokenizer import TokenizerParams
+from embed_runtime.text.tokenizer import TokenizerParams
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def test_tokenizer_params_round_trip_with_prompts_and_caps() -> None:
     {"sparse": True, "max_active_dims": 64, "max_padding_share": 0.25},
 ])
 def test_encoder_params_round_trip(fields) -> None:
-    from embed_runtime.ort_encoder import AUTO_THREADS, EncoderParams
+    from embed_runtime.engines.ort_encoder import AUTO_THREADS, EncoderParams
 
     params = EncoderParams("model.onnx", ("input_ids", "attention_mask"), "EMBEDDING", True, 8,
                            **fields)
@@ -90,7 +90,7 @@ def test_encoder_params_round_trip(fields) -> None:
 
 
 def test_partial_parameters_write_only_the_named_fields_and_read_back() -> None:
-    from embed_runtime.ort_encoder import EncoderParams
+    from embed_runtime.engines.ort_encoder import EncoderParams
 
     sparse = EncoderParams.partial_parameters(sparse=True, max_active_dims=0)
     assert sparse == {"sparse": "true", "max_active_dims": "0"}
@@ -113,7 +113,7 @@ def test_float32_only_is_a_tokenizer_parameter_written_only_when_set() -> None:
 
 
 def test_query_route_parameters_are_the_ones_the_router_reads() -> None:
-    from embed_runtime.sparse_router import QueryRouteParams
+    from embed_runtime.engines.sparse_router import QueryRouteParams
 
     route = QueryRouteParams(max_length=512, pad_id=1, lowercase=True)
     assert route.to_parameters() == {
@@ -129,8 +129,8 @@ def test_query_route_parameters_are_the_ones_the_router_reads() -> None:
 
 
 def test_watch_params_write_the_probe_interval_and_default_to_the_probe_s() -> None:
-    from embed_runtime.probe import PROBE_INTERVAL_S
-    from embed_runtime.stub_watch import WatchParams
+    from embed_runtime.ops.probe import PROBE_INTERVAL_S
+    from embed_runtime.ops.stub_watch import WatchParams
 
     assert WatchParams().to_parameters() == {"health_probe_interval_s": "10"}
     assert WatchParams(2.5).to_parameters() == {"health_probe_interval_s": "2.5"}

@@ -25,7 +25,10 @@ from generator.repo_lock import LOCK_FILE
 from generator.shared_models import FETCH_IMAGE
 
 RUNTIME = Path(build.RUNTIME)
-RUNTIME_FILES = sorted(p.name for p in RUNTIME.glob("*.py"))
+# The runtime's modules and subpackages (its adapters, models/, are not copied).
+RUNTIME_FILES = sorted(
+    p.name for p in RUNTIME.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()
+)
 
 
 def _entry(name: str = "mini", **fields: object) -> ModelEntry:
@@ -101,7 +104,8 @@ def test_write_lays_out_config_adapter_runtime_and_files(tmp_path: Path) -> None
     ).read_bytes()
     runtime = model / "1" / RUNTIME_PACKAGE
     assert sorted(p.name for p in runtime.iterdir()) == RUNTIME_FILES
-    assert (runtime / "tokenizer.py").read_bytes() == (RUNTIME / "tokenizer.py").read_bytes()
+    tokenizer = Path("text", "tokenizer.py")
+    assert (runtime / tokenizer).read_bytes() == (RUNTIME / tokenizer).read_bytes()
     assert (model / "1" / "tokenizer.json").read_text() == "{}"
     assert sorted(p.name for p in (model / "1").iterdir()) == [
         RUNTIME_PACKAGE,

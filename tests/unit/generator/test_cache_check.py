@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
+from embed_runtime.engines.ort_encoder import EncoderParams, OrtEncoder
 from generator.cache_check import check_weight_cache, encoder_params
 from generator.families.sparse_encoder import export as sparse_family
 from generator.fixtures.tiny_splade import create_tiny_splade
 from generator.manifest import parse_manifest
-from tests.unit.embed_runtime.test_weight_cache_alignment import _aligned_loads_fault
+from tests.unit.embed_runtime.ops.test_weight_cache_alignment import _aligned_loads_fault
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_the_build_check_refuses_a_copy_that_crashes(splade_dirs, tmp_path, monk
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(
-        "import embed_runtime.weight_cache as cache\n"
+        "import embed_runtime.ops.weight_cache as cache\n"
         "cache.align_external_data = lambda *args, **kwargs: 0\n"
     )
     monkeypatch.setenv("PYTHONPATH", str(site))

@@ -14,7 +14,7 @@ import jinja2
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from embed_runtime.tokenizer import TokenizerParams
+from embed_runtime.text.tokenizer import TokenizerParams
 from generator.families.common import (
     PRECISION_OUTPUTS,
     TOKEN_COUNT,

@@ -301,7 +301,7 @@ def test_max_restarts_come_from_the_environment_and_refuse_nonsense() -> None:
 
 
 def test_the_dead_servers_shared_memory_is_removed_and_nothing_else(tmp_path) -> None:
-    from embed_runtime.busy_board import board_dir, board_prefix
+    from embed_runtime.ops.busy_board import board_dir, board_prefix
 
     shm = tmp_path / "shm"
     shm.mkdir()

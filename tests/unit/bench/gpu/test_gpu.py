@@ -14,7 +14,7 @@ from bench import docs_text
 from bench.gpu import report as gpu_report
 from bench.gpu.run import manifest_data
 from bench.summary import Summary
-from embed_runtime.ort_encoder import checked_placement
+from embed_runtime.engines.ort_encoder import checked_placement
 from generator.manifest import ManifestError, load_manifest, parse_manifest
 
 ROOT = Path(__file__).resolve().parents[4]

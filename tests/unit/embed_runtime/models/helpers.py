@@ -18,7 +18,7 @@ import pytest
 
 import embed_runtime
 from tests.unit import fake_pb_utils as pb
-from tests.unit.embed_runtime.test_ort_encoder import masked_mean_graph
+from tests.unit.embed_runtime.engines.test_ort_encoder import masked_mean_graph
 
 ADAPTERS = Path(embed_runtime.__file__).parent / "models"
 TOKEN_NAMES = ("input_ids", "attention_mask", "token_type_ids")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tests.unit import fake_pb_utils as pb
+from tests.unit.embed_runtime.engines.test_ort_encoder import dense_graph
 from tests.unit.embed_runtime.models.helpers import (
     DIM,
     REQUEST_TEXTS,
@@ -15,7 +16,6 @@ from tests.unit.embed_runtime.models.helpers import (
     _text_request,
     _token_request,
 )
-from tests.unit.embed_runtime.test_ort_encoder import dense_graph
 
 
 def _token_requests(tokenize_model) -> list[dict[str, np.ndarray]]:

@@ -16,8 +16,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from tokenizers import Tokenizer
 
-from embed_runtime.engine import Engine
-from embed_runtime.multivector import (
+from embed_runtime.engines.contract import Engine
+from embed_runtime.engines.multivector import (
     EMBEDDINGS,
     TOKEN_COUNT,
     MultiVectorParams,

@@ -13,25 +13,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embed_runtime.engine import Engine
-from embed_runtime.sparse import INDICES, VALUES, sparse_rows
-from embed_runtime.sparse_router import SparseRouter
+from embed_runtime.engines.contract import Engine
+from embed_runtime.engines.sparse import INDICES, VALUES, sparse_rows
+from embed_runtime.engines.sparse_router import SparseRouter
 from tests.unit import fake_pb_utils as pb
-from tests.unit.embed_runtime.models.helpers import (
-    ENCODE_PARAMS,
-    _args,
-    _error,
-    _text_request,
-    load_adapter,
-)
-from tests.unit.embed_runtime.test_ort_encoder import masked_mean_graph
-from tests.unit.embed_runtime.test_sparse_router import (
+from tests.unit.embed_runtime.engines.test_ort_encoder import masked_mean_graph
+from tests.unit.embed_runtime.engines.test_sparse_router import (
     DOCUMENT_PARAMS,
     DOCUMENT_TABLE,
     QUERY_PARAMS,
     WEIGHTS,
     _document_dense,
     _query_dense,
+)
+from tests.unit.embed_runtime.models.helpers import (
+    ENCODE_PARAMS,
+    _args,
+    _error,
+    _text_request,
+    load_adapter,
 )
 
 ROUTER_PARAMS = {

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from embed_runtime.engine import Engine, FixedEngine, SparseEngine, TokenEngine
-from embed_runtime.fused_encoder import TextEncoder
+from embed_runtime.engines.contract import Engine
+from embed_runtime.engines.tensor import FixedEngine, SparseEngine, TokenEngine
+from embed_runtime.engines.text_encoder import TextEncoder
 from tests.unit.embed_runtime.models.helpers import TOKENIZE_PARAMS, _encode_model
 
 CASES = {

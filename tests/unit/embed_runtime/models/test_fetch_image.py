@@ -14,8 +14,8 @@ import pytest
 
 import embed_runtime
 from tests.unit import fake_pb_utils as pb
-from tests.unit.embed_runtime import fetch_helpers
-from tests.unit.embed_runtime.fetch_helpers import PNG, TARPIT
+from tests.unit.embed_runtime.fetch import fetch_helpers
+from tests.unit.embed_runtime.fetch.fetch_helpers import PNG, TARPIT
 
 server = fetch_helpers.server
 base = fetch_helpers.base

@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from embed_runtime.image import PreprocessParams, decode_image, preprocess, preprocess_opened
+from embed_runtime.image.preprocess import (
+    PreprocessParams,
+    decode_image,
+    preprocess,
+    preprocess_opened,
+)
 from tests.unit import fake_pb_utils as pb
 from tests.unit.embed_runtime.models.helpers import (
     _args,
@@ -201,8 +206,8 @@ def gpu_preprocess_model(backend, tmp_path: Path, monkeypatch):
     """The adapter with ``image_decode = gpu`` on torch's CPU device, Pillow as the decoder."""
     import torch
 
-    from embed_runtime.image_gpu import GpuPreprocessor
-    from tests.unit.embed_runtime.test_image_gpu import pillow_decode
+    from embed_runtime.image.gpu import GpuPreprocessor
+    from tests.unit.embed_runtime.image.test_gpu import pillow_decode
 
     built = []
 

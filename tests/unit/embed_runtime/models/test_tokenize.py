@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
+from embed_runtime.text.tokenizer import BatchTokenizer, TokenizerParams
 from tests.unit import fake_pb_utils as pb
 from tests.unit.embed_runtime.models.helpers import (
     BAD_TEXT_REQUESTS,

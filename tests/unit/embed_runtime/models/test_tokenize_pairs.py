@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from embed_runtime.pair_template import PairTemplate
+from embed_runtime.text.pair_template import PairTemplate
 from tests.unit import fake_pb_utils as pb
 from tests.unit.embed_runtime.models.helpers import (
     TOKEN_NAMES,

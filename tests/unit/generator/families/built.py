@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
-from embed_runtime.pair_template import TemplatePairTokenizer
-from embed_runtime.pair_tokenizer import PairTokenizer, open_pair_tokenizer
-from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
+from embed_runtime.engines.ort_encoder import EncoderParams, OrtEncoder
+from embed_runtime.text.pair_template import TemplatePairTokenizer
+from embed_runtime.text.pair_tokenizer import PairTokenizer, open_pair_tokenizer
+from embed_runtime.text.tokenizer import BatchTokenizer, TokenizerParams
 from generator.families.cross_encoder import export as cross_encoder
 from generator.families.sentence_transformers import export as sentence_transformers
 from generator.manifest import Manifest, ModelEntry

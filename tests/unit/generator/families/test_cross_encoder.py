@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from embed_runtime.errors import InvalidInputError
-from embed_runtime.pair_tokenizer import PairTokenizer, decode_pairs
-from embed_runtime.tokenizer import TokenizerParams, split_rows
+from embed_runtime.text.pair_tokenizer import PairTokenizer, decode_pairs
+from embed_runtime.text.tokenizer import TokenizerParams, split_rows
 from generator.families.cross_encoder import check_cross_encoder_folder
 from generator.families.cross_encoder import export as family
 from generator.fixtures.tiny_rerank import TINY_MAX_LENGTH, create_tiny_cross_encoder

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from embed_runtime.errors import InvalidInputError
-from embed_runtime.pair_template import PairTemplate, TemplatePairTokenizer
+from embed_runtime.text.pair_template import PairTemplate, TemplatePairTokenizer
 from generator.declared_kind import UnsupportedModelError
 from generator.families.cross_encoder import llm
 from generator.fixtures.tiny_llm_rerank import (

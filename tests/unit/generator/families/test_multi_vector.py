@@ -3,7 +3,7 @@
 Tiny random ColBERT models (``generator/fixtures/tiny_colbert.py``) in three shapes:
 fixed query expansion not attended with a punctuation skiplist (classic ColBERT),
 ``min`` expansion attended without a skiplist, and no expansion without Normalize. Each
-is built by the family's ``build``; the serving code (``embed_runtime.multivector``,
+is built by the family's ``build``; the serving code (``embed_runtime.engines.multivector``,
 one execution holding query and document requests) runs the exported graph, and every
 row is compared with ``encode_query`` / ``encode_document`` of an independent load.
 """
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from client.multivector import maxsim
+from embed_runtime.engines.multivector import MultiVectorRequest, unpad
 from embed_runtime.errors import InvalidInputError
-from embed_runtime.multivector import MultiVectorRequest, unpad
 from generator.declared_kind import UnsupportedModelError, check_source
 from generator.families import FAMILIES
 from generator.families.multi_vector import export as family

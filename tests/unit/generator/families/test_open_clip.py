@@ -17,7 +17,7 @@ ort = pytest.importorskip("onnxruntime")
 from PIL import Image  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
-from embed_runtime.image import decode_image, preprocess_batch  # noqa: E402
+from embed_runtime.image.preprocess import decode_image, preprocess_batch  # noqa: E402
 from generator.families.open_clip import assets as open_clip_assets  # noqa: E402
 from generator.families.open_clip.assets import (  # noqa: E402
     export_towers,

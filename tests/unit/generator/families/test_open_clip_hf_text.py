@@ -24,7 +24,7 @@ ort = pytest.importorskip("onnxruntime")
 from PIL import Image  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
-from embed_runtime.image import decode_image, preprocess_batch  # noqa: E402
+from embed_runtime.image.preprocess import decode_image, preprocess_batch  # noqa: E402
 from generator.declared_kind import UnsupportedModelError  # noqa: E402
 from generator.families.open_clip.assets import (  # noqa: E402
     embedding_dim,

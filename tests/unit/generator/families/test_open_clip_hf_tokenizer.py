@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 from open_clip.tokenizer import HFTokenizer
 from tokenizers import Tokenizer
 
-from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
+from embed_runtime.text.tokenizer import BatchTokenizer, TokenizerParams
 from generator.declared_kind import UnsupportedModelError
 from generator.families.open_clip import hf_tokenizer
 from generator.families.open_clip.assets import load_open_clip

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 open_clip = pytest.importorskip("open_clip")
 from PIL import Image  # noqa: E402
 
-from embed_runtime.image import PreprocessParams, decode_image, preprocess_batch  # noqa: E402
+from embed_runtime.image.preprocess import PreprocessParams, decode_image, preprocess_batch  # noqa: E402
 from generator.families.open_clip.assets import (  # noqa: E402
     load_open_clip,
     preprocess_params_from_model,

@@ -9,7 +9,7 @@ import pytest
 from open_clip.tokenizer import SimpleTokenizer
 from tokenizers import Tokenizer
 
-from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams
+from embed_runtime.text.tokenizer import BatchTokenizer, TokenizerParams
 from generator.families.open_clip.assets import write_tokenizer_json
 
 SUBJECTS = ["a dog", "Two cats", "an old man", "the Eiffel Tower", "a red car", "my friend's bike"]

@@ -3,7 +3,7 @@
 Tiny random SPLADE models (``generator/fixtures/tiny_splade.py``: max pooling with relu,
 sum pooling with log1p_relu and a max_active_dims of its own) are exported by the
 family's ``build``; the graph, run by the serving encoder (ragged requests,
-length-sorted chunks) and turned into active dimensions by ``embed_runtime.sparse``,
+length-sorted chunks) and turned into active dimensions by ``embed_runtime.engines.sparse``,
 is compared made dense with ``SparseEncoder.encode`` of an independent load.
 """
 
@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embed_runtime.ort_encoder import EncoderParams, OrtEncoder
-from embed_runtime.sparse import densify, sparse_rows, unpad
-from embed_runtime.tokenizer import BatchTokenizer, TokenizerParams, split_rows
+from embed_runtime.engines.ort_encoder import EncoderParams, OrtEncoder
+from embed_runtime.engines.sparse import densify, sparse_rows, unpad
+from embed_runtime.text.tokenizer import BatchTokenizer, TokenizerParams, split_rows
 from generator.declared_kind import UnsupportedModelError, check_source
 from generator.families import FAMILIES
 from generator.families.sparse_encoder import export as family

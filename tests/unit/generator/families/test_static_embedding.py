@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from embed_runtime.engines.text_encoder import TextEncoder
 from embed_runtime.errors import InvalidInputError
-from embed_runtime.fused_encoder import TextEncoder
 from generator.families.sentence_transformers import static
 from tests.st_factory import STATIC_VARIANTS, build_static_model, static_texts
 from tests.unit.generator.families.built import (

@@ -1,0 +1,185 @@
+"""Helpers shared by the ``model.py`` adapters; ``pb_utils`` is passed in, never imported."""
+
+from __future__ import annotations
+
+import json
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import INVALID_ARG, UNAVAILABLE, RequestError
+from ..text.tokenizer import split_rows
+
+
+def config_parameters(model_config: str | dict[str, Any]) -> dict[str, str]:
+    """The ``parameters`` of a model config as a plain ``{key: string_value}`` dict."""
+    config = json.loads(model_config) if isinstance(model_config, str) else model_config
+    return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+
+
+def error_response(pb_utils: Any, exc: Exception, log: Callable[[str], None] | None = None):
+    """An ``InferenceResponse`` carrying ``exc`` with the matching Triton error code.
+
+    Request errors keep their message; anything else becomes a short ``INTERNAL``
+    message, its details going to ``log`` only.
+    """
+    codes = {
+        INVALID_ARG: pb_utils.TritonError.INVALID_ARG,
+        UNAVAILABLE: pb_utils.TritonError.UNAVAILABLE,
+    }
+    if isinstance(exc, RequestError):
+        code = codes.get(exc.code, pb_utils.TritonError.INTERNAL)
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(exc.message, code))
+    if log is not None:
+        log(f"internal error: {type(exc).__name__}: {exc}")
+    message = f"internal error ({type(exc).__name__}); see the server log"
+    return pb_utils.InferenceResponse(
+        error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL)
+    )
+
+
+def input_array(pb_utils: Any, request: Any, name: str):
+    """The numpy array of input ``name`` of ``request``."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        raise RequestError(f"input {name} is missing")
+    return tensor.as_numpy()
+
+
+@dataclass
+class Gathered:
+    """Rows of every valid request of one ``execute``, ready for one vectorised call.
+
+    ``responses`` already holds the error response of each invalid request; ``valid``
+    lists the indices of the others, ``counts`` their row counts, ``items`` all their
+    rows in order.
+    """
+
+    responses: list
+    valid: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    items: list = field(default_factory=list)
+
+    def slices(self) -> Iterator[tuple[int, int, int]]:
+        """``(request index, start, stop)`` of each valid request's rows in ``items``."""
+        start = 0
+        for i, count in zip(self.valid, self.counts, strict=True):
+            yield i, start, start + count
+            start += count
+
+    def fail_valid(self, pb_utils: Any, exc: Exception, log: Callable[[str], None]) -> list:
+        """Give every valid request the error ``exc``; returns the responses."""
+        for i in self.valid:
+            self.responses[i] = error_response(pb_utils, exc, log)
+        return self.responses
+
+
+def gather_rows(pb_utils: Any, requests: Sequence[Any], read: Callable[[Any], Sequence]):
+    """Read each request's rows with ``read``; a :class:`RequestError` fails that one alone."""
+    gathered = Gathered(responses=[None] * len(requests))
+    for i, request in enumerate(requests):
+        try:
+            rows = read(request)
+        except RequestError as exc:
+            gathered.responses[i] = error_response(pb_utils, exc)
+            continue
+        gathered.valid.append(i)
+        gathered.counts.append(len(rows))
+        gathered.items.extend(rows)
+    return gathered
+
+
+def run_or_isolate(
+    run: Callable[[list], list], groups: Sequence[Any], log: Callable[[str], None]
+) -> list:
+    """``run(groups)`` (one result per group), isolating a failure to its own group.
+
+    When the vectorised call raises, each group runs alone; a group that still fails gets
+    its exception as its result, so one bad request cannot fail the others of a batch.
+    """
+    try:
+        return run(list(groups))
+    except Exception:  # noqa: BLE001 - retried per group below
+        log(f"batched run failed, retrying request by request:\n{traceback.format_exc()}")
+    results: list = []
+    for group in groups:
+        try:
+            results.append(run([group])[0])
+        except Exception as exc:  # noqa: BLE001 - becomes this group's error response
+            log(traceback.format_exc())
+            results.append(exc)
+    return results
+
+
+def tokenize_requests(
+    pb_utils: Any,
+    requests: Sequence[Any],
+    read: Callable[[Any], Sequence],
+    encode: Callable[[list], dict],
+    output_names: Sequence[str],
+    log: Callable[[str], None],
+) -> list:
+    """One response per request: ``read`` each, ``encode`` all valid rows at once, slice back.
+
+    ``read(request)`` returns the request's rows (texts or pairs) or raises
+    :class:`RequestError`; ``encode(rows)`` returns ``{name: [rows, width]}`` arrays. A
+    failing encode is retried request by request (:func:`run_or_isolate`).
+    """
+
+    def tokenize(groups: list) -> list:
+        rows = [row for group in groups for row in group]
+        return split_rows(encode(rows), [len(g) for g in groups])
+
+    batch = gather_rows(pb_utils, requests, read)
+    if not batch.items:
+        return batch.responses
+    groups = [batch.items[start:stop] for _, start, stop in batch.slices()]
+    for i, arrays in zip(batch.valid, run_or_isolate(tokenize, groups, log), strict=True):
+        if isinstance(arrays, Exception):
+            batch.responses[i] = error_response(pb_utils, arrays, log)
+            continue
+        tensors = [pb_utils.Tensor(n, arrays[n]) for n in output_names]
+        batch.responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
+    return batch.responses
+
+
+def embed_requests(
+    pb_utils: Any,
+    requests: Sequence[Any],
+    read: Callable[[Any], Any],
+    run: Callable[[list], list],
+    output_name: str | Sequence[str],
+    log: Callable[[str], None],
+) -> list:
+    """One response per request: ``read`` each, ``run`` all valid ones at once.
+
+    ``read(request)`` returns what ``run`` needs of that request or raises
+    :class:`RequestError` (that request alone fails); ``run(items)`` returns one output
+    array per item, or with several ``output_name``s a tuple of arrays in that order, or
+    a ``{name: array}`` dict (outputs that differ per request). A failing run is retried
+    request by request (:func:`run_or_isolate`).
+    """
+    names = [output_name] if isinstance(output_name, str) else list(output_name)
+    responses: list = [None] * len(requests)
+    valid, items = [], []
+    for i, request in enumerate(requests):
+        try:
+            items.append(read(request))
+        except RequestError as exc:
+            responses[i] = error_response(pb_utils, exc)
+            continue
+        valid.append(i)
+    if not valid:
+        return responses
+    for i, out in zip(valid, run_or_isolate(run, items, log), strict=True):
+        if isinstance(out, Exception):
+            responses[i] = error_response(pb_utils, out, log)
+            continue
+        if isinstance(out, dict):
+            tensors = [pb_utils.Tensor(n, a) for n, a in out.items()]
+        else:
+            arrays = (out,) if len(names) == 1 else out
+            tensors = [pb_utils.Tensor(n, a) for n, a in zip(names, arrays, strict=True)]
+        responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
+    return responses

@@ -1,0 +1,167 @@
+"""The body of every ``<name>_encode`` model: one engine, picked once, run per execution.
+
+Each encode adapter (``embed_runtime/models/encode*.py``) is a :class:`EncodeStep` that
+names how its engine is opened (:data:`OPENERS`). ``initialize`` opens the graph and the
+engine once; ``execute`` reads every request with the engine, embeds all valid ones in
+one call and answers each with the engine's outputs, plus the quantized forms
+(``EMBEDDING_FP16`` / ``_INT8`` / ...) the request asks for where the config declares
+them. ``pb_utils`` is the adapter's, never imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..engines.contract import COUNT_OUTPUT, Engine
+from ..engines.multivector import MultiVectorParams, MultiVectorTextEncoder
+from ..engines.ort_encoder import OpenedEncoder, open_encoder
+from ..engines.output_precision import OutputForms
+from ..engines.sparse_router import QueryRouteParams, SparseRouter, query_tokenizer
+from ..engines.tensor import FixedEngine, SparseEngine, TokenEngine
+from ..engines.text_encoder import TextEncoder
+from ..text.request_options import request_parameters
+from ..text.tokenizer import TokenizerParams
+from .adapter import config_parameters, embed_requests, input_array
+
+
+class NoForms:
+    """For engines without quantized forms: a request's ``precision`` is not read."""
+
+    def select(self, parameters: Mapping[str, Any], requested: Collection[str] | None) -> tuple:
+        """No forms, whatever the request says."""
+        return ()
+
+    def outputs(self, embeddings: np.ndarray, forms: Collection[str]) -> dict[str, np.ndarray]:
+        """Nothing beyond the engine's outputs."""
+        return {}
+
+
+@dataclass(frozen=True)
+class OpenedEngine:
+    """An encode step's engine, its ONNX Runtime encoder, its forms and a line for the log."""
+
+    engine: Engine
+    opened: OpenedEncoder
+    forms: OutputForms | NoForms
+    note: str = ""
+
+
+def _instances(config: Mapping[str, Any]) -> int:
+    return sum(int(g.get("count", 1)) for g in config.get("instance_group", []))
+
+
+def open_graph_engine(args: Mapping[str, str], config: Mapping[str, Any]) -> OpenedEngine:
+    """The engine of ``encode``, by the config: fused text, sparse, tokens or fixed-shape.
+
+    ``fused_tokenize``: ``TEXT`` tokenized in this step (:class:`TextEncoder`). Otherwise
+    the graph's own inputs, ragged tokens or one fixed-shape tensor, answered as
+    embeddings, or with ``sparse`` as their active dimensions. ``TOKEN_COUNT`` is
+    answered when the config declares it; so are the quantized forms.
+    """
+    raw = config_parameters(config)
+    opened = open_encoder(args, raw, _instances(config))
+    declared = [o["name"] for o in config.get("output", [])]
+    counted = COUNT_OUTPUT in declared
+    engine: Engine
+    if opened.params.fused_tokenize:
+        engine = TextEncoder.from_parameters(raw, opened.model_dir, opened.encoder, counted)
+    else:
+        params, encoder = opened.params, opened.encoder
+        engine = TokenEngine(encoder, counted) if params.ragged else FixedEngine(encoder)
+        if params.sparse:
+            engine = SparseEngine(engine, params.max_active_dims)
+    forms = OutputForms.from_config(declared, opened.model_dir, opened.params.normalize)
+    return OpenedEngine(engine, opened, forms)
+
+
+def open_multivector_engine(args: Mapping[str, str], config: Mapping[str, Any]) -> OpenedEngine:
+    """The engine of ``encode_multivector``: per-request task tokenizers, per-token vectors."""
+    raw = config_parameters(config)
+    opened = open_encoder(args, raw)
+    engine = MultiVectorTextEncoder(
+        os.path.join(opened.model_dir, raw["tokenizer_file"]),
+        TokenizerParams.from_parameters(raw),
+        MultiVectorParams.from_parameters(raw),
+        opened.encoder,
+    )
+    return OpenedEngine(engine, opened, NoForms())
+
+
+def open_sparse_router_engine(args: Mapping[str, str], config: Mapping[str, Any]) -> OpenedEngine:
+    """The engine of ``encode_sparse_router``: queries by static weights, documents by SPLADE."""
+    raw = config_parameters(config)
+    opened = open_encoder(args, raw)
+    model_dir = opened.model_dir
+    route = QueryRouteParams.from_parameters(raw)
+    engine = SparseRouter(
+        TextEncoder.from_parameters(raw, model_dir, opened.encoder),
+        query_tokenizer(raw, model_dir),
+        np.load(os.path.join(model_dir, route.weights_file)),
+        opened.params.max_active_dims,
+    )
+    return OpenedEngine(engine, opened, NoForms(), "queries by static weights")
+
+
+class EncodeStep:
+    """A Triton Python model that runs one engine; subclasses name ``pb_utils`` and ``opener``."""
+
+    pb_utils: ClassVar[Any]
+    opener: ClassVar[Callable[[Mapping[str, str], Mapping[str, Any]], OpenedEngine]]
+
+    def initialize(self, args: Mapping[str, str]) -> None:
+        """Open the graph and the engine once; log where the session runs."""
+        self.logger = self.pb_utils.Logger
+        opened = type(self).opener(args, json.loads(args["model_config"]))
+        self.engine, self.forms = opened.engine, opened.forms
+        self.encoder = opened.opened.encoder
+        params = opened.opened.params
+        threads = params.intra_op_threads or "default"
+        if self.encoder.shared_session is not None:
+            threads = f"{threads} alone, {params.shared_intra_op_threads} beside another"
+        note = f"; {opened.note}" if opened.note else ""
+        name = args["model_name"]
+        self.logger.log_info(
+            f"{name}: ONNX Runtime on {self.encoder.session.get_providers()}, intra-op threads "
+            f"{threads}, graph {self.encoder.model_path}{note}"
+        )
+        for repair in self.encoder.cache_repairs:
+            self.logger.log_warn(f"{name}: {repair}")
+        if self.encoder.cache_error:  # served all the same, each session with its own weights
+            self.logger.log_warn(f"{name}: weight cache not used: {self.encoder.cache_error}")
+
+    def _read(self, request: Any) -> tuple[Any, tuple[str, ...]]:
+        inputs = {n: input_array(self.pb_utils, request, n) for n in self.engine.input_names}
+        parameters = request_parameters(request.parameters())
+        item = self.engine.read(inputs, parameters)
+        return item, self.forms.select(parameters, request.requested_output_names())
+
+    def _run(self, items: list) -> list[dict[str, np.ndarray]]:
+        answers = self.engine.embed([item for item, _ in items])
+        out = []
+        for arrays, (_, forms) in zip(answers, items, strict=True):
+            named = dict(zip(self.engine.output_names, arrays, strict=True))
+            out.append({**named, **self.forms.outputs(arrays[0], forms)})
+        return out
+
+    def execute(self, requests: list) -> list:
+        """Embed all valid requests in one call; each bad one fails alone."""
+        return embed_requests(
+            self.pb_utils,
+            requests,
+            self._read,
+            self._run,
+            self.engine.output_names,
+            self.logger.log_error,
+        )
+
+    def finalize(self) -> None:
+        """Release the engine, its session(s) and this instance's busy-board slot."""
+        if self.encoder is not None and self.encoder.board is not None:
+            self.encoder.board.close()
+        self.engine = self.encoder = None

@@ -1,0 +1,162 @@
+"""The stub watch's decisions on a fake ``/proc``: which stub died, which model to reload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from embed_runtime.ops.stub_watch import StubWatch, live_stubs, server_http_url
+from tests.healthcheck_module import load_healthcheck
+
+SERVER = 4242
+STUB = "/opt/backends/python/triton_python_backend_stub"
+
+
+def _process(proc: Path, pid: int, args: list[str], state: str = "S") -> None:
+    folder = proc / str(pid)
+    folder.mkdir(parents=True)
+    (folder / "cmdline").write_bytes(b"\0".join(a.encode() for a in args) + b"\0")
+    (folder / "stat").write_text(f"{pid} (triton_python_ba) {state} {SERVER} 1 1")
+
+
+def _stub(proc: Path, pid: int, model: str, instance: str, parent: int = SERVER,
+          state: str = "S", region: str = "shm") -> None:
+    _process(proc, pid, [STUB, f"/models/{model}/1/model.py", region, "1048576", "1048576",
+                         str(parent), "/opt/backends/python", "336", instance, "DEFAULT", ""],
+             state)
+
+
+def test_live_stubs_are_this_servers_running_instances_only(tmp_path: Path) -> None:
+    _stub(tmp_path, 10, "m_encode", "m_encode_0_0")
+    _stub(tmp_path, 11, "m_encode", "m_encode_0_1", state="Z")  # killed, not yet reaped
+    _stub(tmp_path, 12, "m_encode", "m_encode")  # the short-lived config-completion stub
+    _stub(tmp_path, 13, "other", "other_0_0", parent=999)  # another server's
+    _process(tmp_path, 14, ["/bin/sleep", "5"])
+    (tmp_path / "self").mkdir()
+    assert live_stubs(SERVER, str(tmp_path)) == {"m_encode_0_0": "m_encode"}
+
+
+def _watch(proc: Path, ready: set[str]) -> tuple[StubWatch, list[str]]:
+    reloads: list[str] = []
+    watch = StubWatch(SERVER, lambda m: m in ready, reloads.append, "model_manager", str(proc))
+    return watch, reloads
+
+
+def test_a_vanished_instance_of_a_ready_model_reloads_that_model_once(tmp_path: Path) -> None:
+    _stub(tmp_path, 10, "m_encode", "m_encode_0_0")
+    _stub(tmp_path, 11, "m_encode", "m_encode_0_1")
+    _stub(tmp_path, 12, "m_tokenize", "m_tokenize_0_0")
+    _stub(tmp_path, 13, "model_manager", "model_manager_0_0")
+    watch, reloads = _watch(tmp_path, {"m_encode", "m_tokenize"})
+    assert watch.poll() == [] and "model_manager_0_0" not in watch.seen
+    (tmp_path / "11" / "stat").write_text("11 (x) Z 4242")  # kill -9: a zombie
+    assert watch.poll() == ["m_encode"] and reloads == ["m_encode"]
+    assert watch.events[0][:2] == ("m_encode", ("m_encode_0_1",))
+    assert watch.poll() == []  # not reloaded again while the new stub starts
+    _stub(tmp_path, 21, "m_encode", "m_encode_0_1")
+    assert watch.poll() == [] and "m_encode_0_1" in watch.seen
+
+
+def test_a_model_unloaded_on_purpose_is_left_alone(tmp_path: Path) -> None:
+    _stub(tmp_path, 10, "gone", "gone_0_0")
+    watch, reloads = _watch(tmp_path, set())
+    watch.poll()
+    (tmp_path / "10" / "cmdline").unlink()
+    (tmp_path / "10" / "stat").unlink()
+    assert watch.poll() == [] and reloads == [] and watch.seen == {}
+
+
+def test_a_failed_reload_is_recorded_and_retried_at_the_next_poll(tmp_path: Path) -> None:
+    _stub(tmp_path, 10, "m", "m_0_0")
+    answers = [OSError("connection refused"), None]
+
+    def reload(model: str) -> None:
+        answer = answers.pop(0)
+        if answer is not None:
+            raise answer
+
+    watch = StubWatch(SERVER, lambda m: True, reload, proc=str(tmp_path))
+    watch.poll()
+    (tmp_path / "10" / "stat").write_text("10 (x) Z 4242")
+    assert watch.poll() == []
+    assert watch.events[0][3] == "OSError: connection refused"
+    assert watch.poll() == ["m"] and watch.events[1][3] == "" and answers == []
+
+
+def test_a_dead_stubs_region_is_unlinked_once_its_model_is_reloaded(tmp_path: Path) -> None:
+    proc, shm = tmp_path / "proc", tmp_path / "shm"
+    shm.mkdir()
+    for name in ("r-dead", "r-alive", "r-other", "r-tok"):
+        (shm / name).write_bytes(b"x")
+    _stub(proc, 10, "m", "m_0_0", region="r-dead")
+    _stub(proc, 11, "m", "m_0_1", region="r-alive")
+    _stub(proc, 12, "t", "t_0_0", region="../r-tok")  # never a path outside the folder
+    answers = [OSError("refused"), None, None]
+
+    def reload(model: str) -> None:
+        answer = answers.pop(0)
+        if answer is not None:
+            raise answer
+
+    watch = StubWatch(SERVER, lambda m: True, reload, proc=str(proc), shm_dir=str(shm))
+    watch.poll()
+    (proc / "10" / "stat").write_text("10 (x) Z 4242")
+    assert watch.poll() == [] and (shm / "r-dead").exists()  # reload failed: kept
+    assert watch.poll() == ["m"]
+    assert sorted(p.name for p in shm.iterdir()) == ["r-alive", "r-other", "r-tok"]
+    (proc / "12" / "stat").write_text("12 (x) Z 4242")
+    assert watch.poll() == ["t"]
+    assert sorted(p.name for p in shm.iterdir()) == ["r-alive", "r-other", "r-tok"]
+    assert watch.regions == {"m_0_1": "r-alive"}
+
+
+def test_the_servers_http_address_comes_from_its_command_line(tmp_path: Path) -> None:
+    _process(tmp_path, SERVER, ["tritonserver", "--http-address=0.0.0.0", "--http-port=18000"])
+    assert server_http_url(SERVER, str(tmp_path)) == "127.0.0.1:18000"
+
+
+_healthcheck = load_healthcheck
+
+
+def test_the_health_check_reads_the_file_the_watch_writes(tmp_path: Path) -> None:
+    import os
+
+    from embed_runtime.ops.stub_watch import health_path
+
+    check = _healthcheck()
+    assert check.health_file(18000, {}) == health_path(18000, {})
+    assert check.health_file(1, {"EMBED_HEALTH_FILE": "/x"}) == health_path(1, {
+        "EMBED_HEALTH_FILE": "/x"}) == "/x"
+    proc = tmp_path / "proc"
+    _stub(proc, 10, "m", "m_0_0")
+    states: list[str] = []
+    health = str(tmp_path / "health.json")
+
+    def reload(model: str) -> None:  # what the health check says while the reload runs
+        states.append(check.watch_problem(health))
+
+    watch = StubWatch(os.getpid(), lambda m: True, reload, proc=str(proc), health_file=health)
+    watch.server_pid = SERVER
+    watch.poll()
+    (proc / "10" / "stat").write_text("10 (x) Z 4242")
+    watch.server_pid = os.getpid()  # the file names a live server: this process
+    watch.proc = str(tmp_path / "empty")
+    (tmp_path / "empty").mkdir()
+    watch.seen = {"m_0_0": "m"}
+    watch.poll()
+    assert states and "reload pending: ['m']" in states[0]
+    assert check.watch_problem(health) == ""
+    assert "stopped" in check.watch_problem(health, now=10**12)
+
+
+def test_repeated_reload_failures_make_the_health_check_fail(tmp_path: Path) -> None:
+    import json
+    import os
+
+    check = _healthcheck()
+    path = tmp_path / "h.json"
+    state = {"server_pid": os.getpid(), "updated": 1e18, "degraded": {}, "failures_in_a_row": 3}
+    path.write_text(json.dumps(state))
+    assert "3 reloads of dead stubs failed in a row" in check.watch_problem(str(path), now=1e18)
+    path.write_text(json.dumps({**state, "server_pid": 2**22 + 7}))  # a server that is gone
+    assert check.watch_problem(str(path)) == ""
+    assert check.watch_problem(str(tmp_path / "none.json")) == ""
