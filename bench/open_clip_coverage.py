@@ -12,7 +12,8 @@ its check, both towers exported and held to PyTorch). Each is classified:
   tokenizer check passed;
 - ``exact-stand-in-tokenizer``: as exact, with a stand-in for a Hugging Face tokenizer
   (made offline with ``tokenizers``, the kind the config names: T5-like Unigram for
-  SigLIP, Gemma-like BPE for SigLIP2, WordPiece for BERT) in a ``local-dir:`` folder,
+  SigLIP, Gemma-like BPE for SigLIP2, WordPiece for BERT, XLM-R-like Unigram for XLM-R and
+  XLM-V) in a ``local-dir:`` folder,
   since the hub's files cannot be read here;
 - ``refused``: ``UnsupportedModelError`` naming the part (or a parity failure of the gate);
 - ``offline``: cannot be created here at all (a Hugging Face text model's config.json
@@ -144,6 +145,7 @@ def reduced_timm(narrow: list[bool]):
 
 
 def _stand_in_tokenizer(folder: Path, text_cfg: dict) -> None:
+    from generator.fixtures.tiny_clip_hf_text import write_tiny_xlmr_tokenizer
     from generator.fixtures.tiny_clip_towers import (
         write_tiny_gemma_like_tokenizer,
         write_tiny_hf_tokenizer,
@@ -156,6 +158,8 @@ def _stand_in_tokenizer(folder: Path, text_cfg: dict) -> None:
         write_tiny_gemma_like_tokenizer(folder, vocab)
     elif "bert" in name and "roberta" not in name:
         write_tiny_wordpiece_tokenizer(folder, vocab)
+    elif "xlm-" in name:  # XLM-R, XLM-V (worldwide): XLMRobertaTokenizerFast
+        write_tiny_xlmr_tokenizer(folder, vocab)
     else:
         write_tiny_hf_tokenizer(folder, vocab)
 
