@@ -85,7 +85,7 @@ class PreprocessParams:
     (checked from its header); ``max_batch_pixels`` caps the images one ``execute``
     decodes (see :class:`PixelBudget`), so it must admit at least one capped image.
     ``image_decode`` ``"gpu"`` decodes JPEGs on the GPU and resizes them there
-    (:mod:`.image_gpu`); everything else keeps this module's exact path.
+    (:mod:`.gpu`); everything else keeps this module's exact path.
     """
 
     size: tuple[int, int]

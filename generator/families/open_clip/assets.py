@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embed_runtime.image import PreprocessParams, preprocess
+from embed_runtime.image.preprocess import PreprocessParams, preprocess
 
 from ...declared_kind import UnsupportedModelError
 from ...onnx_export import (

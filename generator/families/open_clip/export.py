@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from embed_runtime.image_gpu import require_cuda_device
-from embed_runtime.tokenizer import TokenizerParams
+from embed_runtime.image.gpu import require_cuda_device
+from embed_runtime.text.tokenizer import TokenizerParams
 
 from ...manifest import Manifest, ModelEntry, resolve_path
 from ...model_dir import ModelDir
