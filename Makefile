@@ -122,8 +122,8 @@ clean:
 # then the rate of each model kind beyond dense text (static, sparse, multi-vector, LLM
 # reranker) served against the library in-process, written to docs/model-kinds.md
 # (KINDS_ARGS="--texts 128 --repeats 1" for a smoke test),
-# then a MobileCLIP-shaped CustomTextCLIP served against open_clip in-process (bench.open_clip_speed,
-# about 1.5 min; CLIP_SPEED_ARGS="--repeats 1"),
+# then every new OpenCLIP tower kind (six tiny models, one Triton) served against open_clip
+# in-process (bench.open_clip_speed, 8.2 min on a loaded 2-core box; CLIP_SPEED_ARGS="--repeats 1"),
 # then the faults benchmarks, each writing bench/results/ (OVERLOAD_ARGS / SOAK_ARGS="--quick"):
 # all-MiniLM-L6-v2 at 3 x its sustainable rate, queues unbounded and bounded (bench.faults.overload,
 # about 10 min), 10 min of mixed load with the server's memory sampled (bench.faults.soak,
