@@ -21,7 +21,8 @@ Where each figure comes from (docs/benchmarks.md):
 
 Every profile bounds each step's queue (``max_queue_size``): a request that finds it full
 is refused at once, HTTP 503 / gRPC UNAVAILABLE with Triton's "Exceeds maximum queue size",
-instead of waiting behind minutes of work (docs/requests.md and docs/operations.md, "When the server is full").
+instead of waiting behind minutes of work (docs/requests.md and docs/operations.md,
+"When the server is full").
 """
 
 from __future__ import annotations
