@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from embed_runtime.fetch.url_fetch import FetchPolicy
+from embed_runtime.fetch.params import FetchParams
 from embed_runtime.ops.probe import PROBE_INTERVAL_S
 
 from .profiles import profile_defaults
@@ -175,15 +175,16 @@ class ModelEntry:
         return _family(self.family).ensemble_names(self)
 
 
-_FETCH_DEFAULTS = FetchPolicy()
+_FETCH_DEFAULTS = FetchParams()
 
 
 @dataclass(frozen=True)
 class FetchSettings:
     """Settings of the shared ``fetch_image`` model.
 
-    The security limits default to :class:`~embed_runtime.fetch.url_fetch.FetchPolicy`'s own, so the
-    manifest and the model that enforces them cannot drift apart.
+    The defaults are :class:`~embed_runtime.fetch.params.FetchParams`' own (the security
+    limits ``FetchPolicy``'s), so the manifest and the model that enforces them cannot
+    drift apart.
     """
 
     allow_hosts: tuple[str, ...] = _FETCH_DEFAULTS.allow_hosts
@@ -191,7 +192,7 @@ class FetchSettings:
     read_timeout_s: float = _FETCH_DEFAULTS.read_timeout_s
     max_bytes: int = _FETCH_DEFAULTS.max_bytes
     max_redirects: int = _FETCH_DEFAULTS.max_redirects
-    max_concurrency: int = 32
+    max_concurrency: int = _FETCH_DEFAULTS.max_concurrency
     # Each instance runs one batch at a time, held until all of it is answered (so a stub
     # that dies errors its requests at once): two let a batch waiting on a slow host not
     # hold back the next one.

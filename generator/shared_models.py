@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from dataclasses import fields
 
+from embed_runtime.fetch.params import FetchParams
 from embed_runtime.ops.stub_watch import WatchParams
 from embed_runtime.steps import Adapter
 
@@ -21,16 +23,7 @@ SHARED_MODELS = (FETCH_IMAGE, MODEL_MANAGER)
 def fetch_image_parameters(manifest: Manifest) -> dict[str, str]:
     """Config parameters of ``fetch_image`` from the manifest's ``[fetch_image]``."""
     s = manifest.fetch_image
-    return {
-        "allow_hosts": ",".join(s.allow_hosts),
-        "connect_timeout_s": str(s.connect_timeout_s),
-        "read_timeout_s": str(s.read_timeout_s),
-        "max_bytes": str(s.max_bytes),
-        "max_redirects": str(s.max_redirects),
-        "max_concurrency": str(s.max_concurrency),
-        "allowed_ports": ",".join(str(p) for p in s.allowed_ports),
-        "max_batch_bytes": str(s.max_batch_bytes),
-    }
+    return FetchParams(**{f.name: getattr(s, f.name) for f in fields(FetchParams)}).to_parameters()
 
 
 def model_manager_dir(manifest: Manifest) -> ModelDir:

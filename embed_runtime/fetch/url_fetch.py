@@ -37,13 +37,6 @@ _NET = ipaddress.IPv4Network | ipaddress.IPv6Network
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _RETRYABLE = frozenset({408, 429})
 _BINARY_TYPES = frozenset({"application/octet-stream", "binary/octet-stream"})
-_NUMERIC_PARAMETERS = {
-    "connect_timeout_s": float,
-    "read_timeout_s": float,
-    "max_bytes": int,
-    "max_redirects": int,
-    "max_batch_bytes": int,
-}
 _REFUSED = {
     "is_unspecified": "unspecified",
     "is_loopback": "loopback",
@@ -127,39 +120,6 @@ class FetchPolicy:
                 names.add(entry.strip().lower().rstrip("."))
         object.__setattr__(self, "_names", frozenset(names))
         object.__setattr__(self, "_networks", tuple(networks))
-
-    @classmethod
-    def from_parameters(cls, params: dict[str, str]) -> FetchPolicy:
-        """Build a policy from string config parameters; absent keys keep their defaults.
-
-        Keys: ``allow_hosts`` and ``allowed_ports`` (comma-separated; no ports = any port),
-        ``connect_timeout_s``, ``read_timeout_s``, ``max_bytes``, ``max_batch_bytes``,
-        ``max_redirects``. Raises ``ValueError`` naming the bad key.
-        """
-        kwargs: dict[str, object] = {}
-        if "allow_hosts" in params:
-            hosts = (h.strip() for h in params["allow_hosts"].split(","))
-            kwargs["allow_hosts"] = tuple(h for h in hosts if h)
-        if "allowed_ports" in params:
-            ports = [p.strip() for p in params["allowed_ports"].split(",") if p.strip()]
-            if not all(p.isascii() and p.isdigit() for p in ports):
-                raise ValueError(
-                    f"config parameter allowed_ports={params['allowed_ports']!r} is not a "
-                    "comma-separated list of ports"
-                )
-            kwargs["allowed_ports"] = tuple(int(p) for p in ports)
-        for key, kind in _NUMERIC_PARAMETERS.items():
-            if key in params:
-                try:
-                    kwargs[key] = kind(params[key].strip())
-                except ValueError:
-                    raise ValueError(
-                        f"config parameter {key}={params[key]!r} is not a valid {kind.__name__}"
-                    ) from None
-        try:
-            return cls(**kwargs)  # type: ignore[arg-type]
-        except ValueError as exc:
-            raise ValueError(f"bad fetch config parameter: {exc}") from None
 
     def allows_name(self, host: str) -> bool:
         """Whether ``host`` is an allow-listed host name."""

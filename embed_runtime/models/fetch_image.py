@@ -31,7 +31,7 @@ from embed_runtime.serving.adapter import (
     input_array,
 )
 from embed_runtime.errors import RequestError
-from embed_runtime.fetch.url_fetch import FetchPolicy
+from embed_runtime.fetch.params import FetchParams
 from embed_runtime.fetch.pool import FetchPool
 from embed_runtime.text.tokenizer import decode_texts
 
@@ -78,10 +78,10 @@ class TritonPythonModel:
     def initialize(self, args):
         """Read the fetch policy and start the fetch pool."""
         self.logger = pb_utils.Logger
-        params = config_parameters(args["model_config"])
-        policy = FetchPolicy.from_parameters(params)
-        self.pool = FetchPool(policy, int(params["max_concurrency"]))
-        self.max_concurrency = int(params["max_concurrency"])
+        fetch = FetchParams.from_parameters(config_parameters(args["model_config"]))
+        policy = fetch.policy()
+        self.pool = FetchPool(policy, fetch.max_concurrency)
+        self.max_concurrency = fetch.max_concurrency
         self.url_deadline_s = policy.connect_timeout_s + policy.read_timeout_s
 
     def execute(self, requests):

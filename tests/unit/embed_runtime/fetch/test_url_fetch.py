@@ -1,6 +1,5 @@
 """``embed_runtime.fetch.url_fetch`` against a real HTTP server on 127.0.0.1: content types,
-schemes and URLs, data URIs, HTTP status and network errors, TLS,
-``FetchPolicy.from_parameters``."""
+schemes and URLs, data URIs, HTTP status and network errors, TLS."""
 
 from __future__ import annotations
 
@@ -223,54 +222,3 @@ def test_fetch_verifies_tls_certificate_for_original_host(tls_server, fake_dns, 
     assert fetch_url(url, LOCAL) == PNG
     mismatch = _error(f"https://other.example:{srv.server_port}/image.png")
     assert mismatch.code == UNAVAILABLE
-
-
-def test_from_parameters_parses_all_keys():
-    policy = FetchPolicy.from_parameters(
-        {
-            "allow_hosts": " 127.0.0.1, 10.0.0.0/8 ,images.example,",
-            "connect_timeout_s": "1.5",
-            "read_timeout_s": "4",
-            "max_bytes": "1048576",
-            "max_redirects": "0",
-            "allowed_ports": " 443, 8443,",
-            "max_batch_bytes": "4194304",
-            "unrelated": "ignored",
-        }
-    )
-    assert policy.allow_hosts == ("127.0.0.1", "10.0.0.0/8", "images.example")
-    assert (policy.allowed_ports, policy.max_batch_bytes) == ((443, 8443), 4194304)
-    assert (policy.connect_timeout_s, policy.read_timeout_s) == (1.5, 4.0)
-    assert (policy.max_bytes, policy.max_redirects) == (1048576, 0)
-
-
-def test_from_parameters_keeps_defaults_for_absent_keys():
-    assert FetchPolicy.from_parameters({}) == FetchPolicy()
-    assert FetchPolicy.from_parameters({"allow_hosts": ""}).allow_hosts == ()
-    assert FetchPolicy.from_parameters({"allowed_ports": ""}).allowed_ports == ()
-
-
-@pytest.mark.parametrize(
-    ("key", "value"),
-    [
-        ("connect_timeout_s", "abc"),
-        ("connect_timeout_s", "0"),
-        ("read_timeout_s", "-1"),
-        ("read_timeout_s", "nan"),
-        ("read_timeout_s", "inf"),
-        ("max_bytes", "1.5"),
-        ("max_bytes", "0"),
-        ("max_redirects", "-1"),
-        ("max_redirects", ""),
-        ("allow_hosts", "10.0.0.0/33"),
-        ("allowed_ports", "80,http"),
-        ("allowed_ports", "0"),
-        ("allowed_ports", "65536"),
-        ("allowed_ports", "-1"),
-        ("max_batch_bytes", "0"),
-        ("max_batch_bytes", "1e9"),
-    ],
-)
-def test_from_parameters_rejects_bad_value(key, value):
-    with pytest.raises(ValueError, match=key):
-        FetchPolicy.from_parameters({key: value})
