@@ -39,8 +39,14 @@ def param(
     written whenever that other field is (e.g. a default that only matters beside it).
     ``encode`` / ``decode``: the text form when the field's type does not say it.
     """
-    metadata = {"key": key, "always": always or required, "required": required,
-                "with": with_field, "encode": encode, "decode": decode}
+    metadata = {
+        "key": key,
+        "always": always or required,
+        "required": required,
+        "with": with_field,
+        "encode": encode,
+        "decode": decode,
+    }
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -76,6 +82,8 @@ class ConfigParams:
 
     # What the settings are called in the error for a missing required parameter.
     params_name: ClassVar[str] = "config"
+    # The error for a missing required parameter; ``{name}`` is ``params_name``.
+    missing_message: ClassVar[str] = "{name} config parameter {key!r} is missing"
 
     @classmethod
     def _fields(cls) -> list[tuple[dataclasses.Field, str, str]]:
@@ -98,7 +106,7 @@ class ConfigParams:
             elif f.metadata.get("required") or (
                 f.default is _MISSING and f.default_factory is _MISSING
             ):
-                raise ValueError(f"{cls.params_name} config parameter {key!r} is missing")
+                raise ValueError(cls.missing_message.format(name=cls.params_name, key=key))
         return cls(**values)
 
     def to_parameters(self) -> dict[str, str]:

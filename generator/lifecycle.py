@@ -40,6 +40,7 @@ from .admin import ADMIN_HEADER, KEY_ENV, KEY_FILE_ENV, key_matches, presented_k
 from .build import RepositoryWriter, remove_entry
 from .declared_kind import UnsupportedModelError, check_served, declared_kind
 from .families import FAMILIES, family
+from .manager_config import ManagerConfig
 from .manifest import (
     RUNTIME_MANIFEST,
     ManagerSettings,
@@ -84,24 +85,22 @@ class ManagerParams:
     manifest: Path
     repo: Path
     worker_python: str
-    build_timeout_s: float = 1800.0
+    build_timeout_s: float = ManagerConfig.build_timeout_s
     admin_key: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_parameters(
         cls, params: dict[str, str], repo: Path, admin_key: str | None = None
     ) -> ManagerParams:
-        """Parse string config parameters; fail loudly on a missing key."""
-        try:
-            return cls(
-                manifest=Path(params["manifest"]),
-                repo=repo,
-                worker_python=params["worker_python"],
-                build_timeout_s=float(params.get("build_timeout_s", "1800")),
-                admin_key=admin_key,
-            )
-        except KeyError as exc:
-            raise ValueError(f"model_manager parameter {exc.args[0]!r} is missing") from exc
+        """Parse string config parameters (:class:`ManagerConfig`); fail loudly on a missing key."""
+        config = ManagerConfig.from_parameters(params)
+        return cls(
+            manifest=Path(config.manifest),
+            repo=repo,
+            worker_python=config.worker_python,
+            build_timeout_s=config.build_timeout_s,
+            admin_key=admin_key,
+        )
 
 
 def parse_request(raw: str | bytes) -> dict[str, Any]:

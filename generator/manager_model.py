@@ -24,13 +24,13 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from generator.admin import AdminKeyError, configured_admin_key
 from generator.lifecycle import ManagerParams, ModelManager, parse_request
+from generator.manager_config import ManagerConfig
 from embed_runtime.serving.adapter import config_parameters, error_response, input_array
 from embed_runtime.errors import InvalidInputError, RequestError
 from embed_runtime.ops.probe import EnsembleProbe, ProbeLoop, http_infer
 from embed_runtime.ops.stub_watch import (
     RepositoryApi,
     StubWatch,
-    WatchParams,
     health_path,
     server_http_url,
 )
@@ -62,14 +62,13 @@ class TritonPythonModel:
         except AdminKeyError as exc:
             self.logger.log_error(f"model_manager disabled: {exc}")
             key = None
-        params = ManagerParams.from_parameters(
-            config_parameters(args["model_config"]), repo, admin_key=key
-        )
+        raw = config_parameters(args["model_config"])
+        params = ManagerParams.from_parameters(raw, repo, admin_key=key)
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.manager = ModelManager(params, _TritonControl())
         self._stop = threading.Event()
         self.watch = None
-        watch = WatchParams.from_parameters(config_parameters(args["model_config"]))
+        watch = ManagerConfig.from_parameters(raw)
         interval = watch.stub_watch_interval_s
         probe_interval = watch.health_probe_interval_s
         server_key = os.environ.get(SERVER_KEY_ENV, "")
@@ -78,7 +77,10 @@ class TritonPythonModel:
             http_url = server_http_url(server_pid)
             api = RepositoryApi(http_url, server_key)
             self.watch = StubWatch(
-                server_pid, api.is_ready, api.reload, args["model_name"],
+                server_pid,
+                api.is_ready,
+                api.reload,
+                args["model_name"],
                 health_file=health_path(http_url.rsplit(":", 1)[1]),
             )
             self.probe = EnsembleProbe(

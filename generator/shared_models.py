@@ -7,11 +7,11 @@ import sys
 from dataclasses import fields
 
 from embed_runtime.fetch.params import FetchParams
-from embed_runtime.ops.stub_watch import WatchParams
 from embed_runtime.steps import Adapter
 
 from .families import family
 from .families.open_clip import FETCH_IMAGE
+from .manager_config import ManagerConfig
 from .manifest import Manifest
 from .model_dir import ModelDir
 from .render import Batching, Instances, IOSpec, python_model
@@ -33,12 +33,11 @@ def model_manager_dir(manifest: Manifest) -> ModelDir:
         0,
         [IOSpec("REQUEST", "TYPE_STRING", (1,))],
         [IOSpec("RESPONSE", "TYPE_STRING", (1,))],
-        {
-            "manifest": str(manifest.path),
-            "worker_python": sys.executable,
-            "build_timeout_s": "1800",
-            **WatchParams(manifest.model_manager.health_probe_interval_s).to_parameters(),
-        },
+        ManagerConfig(
+            health_probe_interval_s=manifest.model_manager.health_probe_interval_s,
+            manifest=str(manifest.path),
+            worker_python=sys.executable,
+        ).to_parameters(),
         Batching(False),
         Instances(1),
     )
