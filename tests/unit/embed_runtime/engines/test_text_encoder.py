@@ -20,6 +20,7 @@ from tests.unit.embed_runtime.models.helpers import (
     TOKENIZE_PARAMS,
     _args,
     _assert_byte_cap_excludes_the_prompt,
+    _assert_initialize_refuses_without,
     _error,
     _execute_options,
     _expected_mean,
@@ -216,13 +217,9 @@ def test_fused_request_without_text_gets_its_own_error(fused_model) -> None:
 def test_fused_initialize_fails_on_a_missing_tokenizer_parameter(
     backend, tmp_path, token_onnx, tokenizer_json
 ) -> None:
-    (tmp_path / "1").mkdir()
-    shutil.copy(token_onnx, tmp_path / "1" / "model.onnx")
-    shutil.copy(tokenizer_json, tmp_path / "1" / "tokenizer.json")
-    params = {k: v for k, v in FUSED_PARAMS.items() if k != "max_length"}
-    model = load_adapter("encode").TritonPythonModel()
-    with pytest.raises(ValueError, match="'max_length' is missing"):
-        model.initialize(_args(tmp_path, params))
+    _assert_initialize_refuses_without(
+        "encode", tmp_path, FUSED_PARAMS, "max_length", token_onnx, tokenizer_json
+    )
 
 
 def test_encoder_without_the_knob_still_takes_token_tensors(

@@ -129,6 +129,34 @@ def _error(response: pb.InferenceResponse) -> tuple[int, str]:
     return response.error().code(), response.error().message()
 
 
+def _assert_failure_spares_the_bad_request(responses: list[pb.InferenceResponse]) -> None:
+    """Answers to (good, bad, good) requests when the engine raised "session died".
+
+    The two valid requests get the short internal error (the traceback goes to the
+    log); the invalid one keeps its own INVALID_ARG.
+    """
+    assert _error(responses[0]) == (
+        pb.TritonError.INTERNAL,
+        "internal error (RuntimeError); see the server log",
+    )
+    assert _error(responses[1])[0] == pb.TritonError.INVALID_ARG
+    assert _error(responses[2])[0] == pb.TritonError.INTERNAL
+    assert any("session died" in m for level, m in pb.Logger.messages if level == "error")
+
+
+def _assert_initialize_refuses_without(
+    adapter: str, repo: Path, params: dict[str, str], key: str, *files: Path
+) -> None:
+    """``adapter``'s ``initialize`` (``files`` in ``repo``'s version 1) fails without ``key``."""
+    (repo / "1").mkdir()
+    for file in files:
+        shutil.copy(file, repo / "1" / file.name)
+    kept = {k: v for k, v in params.items() if k != key}
+    model = load_adapter(adapter).TritonPythonModel()
+    with pytest.raises(ValueError, match=f"'{key}' is missing"):
+        model.initialize(_args(repo, kept))
+
+
 @pytest.fixture(scope="module")
 def tokenizer_json() -> Path:
     return gt_model.get_model_path() / "tokenizer.json"

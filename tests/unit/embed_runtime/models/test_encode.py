@@ -10,6 +10,7 @@ from tests.unit.embed_runtime.engines.test_ort_encoder import dense_graph
 from tests.unit.embed_runtime.models.helpers import (
     DIM,
     REQUEST_TEXTS,
+    _assert_failure_spares_the_bad_request,
     _encode_model,
     _error,
     _expected_mean,
@@ -112,13 +113,7 @@ def test_encode_failure_gives_every_valid_request_an_internal_error(encode_model
             _token_request(_good_tokens(2)),
         ]
     )
-    assert _error(responses[0]) == (
-        pb.TritonError.INTERNAL,
-        "internal error (RuntimeError); see the server log",
-    )
-    assert _error(responses[1])[0] == pb.TritonError.INVALID_ARG
-    assert _error(responses[2])[0] == pb.TritonError.INTERNAL
-    assert any("session died" in m for level, m in pb.Logger.messages if level == "error")
+    _assert_failure_spares_the_bad_request(responses)
 
 
 def test_encode_answers_every_request_when_all_are_bad(encode_model) -> None:

@@ -29,6 +29,7 @@ from tests.unit.embed_runtime.engines.test_sparse_router import (
 from tests.unit.embed_runtime.models.helpers import (
     ENCODE_PARAMS,
     _args,
+    _assert_failure_spares_the_bad_request,
     _error,
     _text_request,
     load_adapter,
@@ -108,13 +109,7 @@ def test_encode_sparse_router_failure_is_internal_for_every_valid_request(router
     responses = router_model.execute(
         [_text_request("a"), _text_request(b""), _text_request("b", parameters={"task": "query"})]
     )
-    assert _error(responses[0]) == (
-        pb.TritonError.INTERNAL,
-        "internal error (RuntimeError); see the server log",
-    )
-    assert _error(responses[1])[0] == pb.TritonError.INVALID_ARG
-    assert _error(responses[2])[0] == pb.TritonError.INTERNAL
-    assert any("session died" in m for level, m in pb.Logger.messages if level == "error")
+    _assert_failure_spares_the_bad_request(responses)
 
 
 def test_encode_sparse_router_runs_a_router_engine(router_model) -> None:

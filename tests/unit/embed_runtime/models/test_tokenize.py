@@ -15,6 +15,7 @@ from tests.unit.embed_runtime.models.helpers import (
     TOKEN_NAMES,
     TOKENIZE_PARAMS,
     _args,
+    _assert_initialize_refuses_without,
     _error,
     _text_request,
     load_adapter,
@@ -97,12 +98,9 @@ def test_tokenize_failure_gives_every_valid_request_an_internal_error(tokenize_m
 
 
 def test_tokenize_initialize_fails_on_missing_parameter(backend, tmp_path, tokenizer_json):
-    (tmp_path / "1").mkdir()
-    shutil.copy(tokenizer_json, tmp_path / "1" / "tokenizer.json")
-    params = {k: v for k, v in TOKENIZE_PARAMS.items() if k != "max_length"}
-    model = load_adapter("tokenize").TritonPythonModel()
-    with pytest.raises(ValueError, match="'max_length' is missing"):
-        model.initialize(_args(tmp_path, params))
+    _assert_initialize_refuses_without(
+        "tokenize", tmp_path, TOKENIZE_PARAMS, "max_length", tokenizer_json
+    )
 
 
 def test_tokenize_before_a_float32_only_encoder_refuses_other_precisions(
