@@ -41,14 +41,8 @@ class TritonSparseEmbeddings(SparseEmbeddings):
         self._connection = ThreadClient(url, protocol, timeout_s, admin_key)
 
     def _embed(self, texts: Sequence[str], task: str) -> list[SparseVector]:
-        if not texts:
-            return []
-        rows = self._connection.call(
-            "embed_sparse",
-            self.model,
-            list(texts),
-            task=task if self.inference_free else None,
-            max_active_dims=self.max_active_dims,
+        rows = self._connection.embed_sparse_side(
+            self.model, texts, task, self.inference_free, self.max_active_dims
         )
         return [SparseVector(indices=i.tolist(), values=v.tolist()) for i, v in rows]
 

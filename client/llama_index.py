@@ -166,16 +166,9 @@ def triton_sparse_functions(
 
     def encoder(task: str) -> SparseFunction:
         def encode(texts: list[str]) -> tuple[list[list[int]], list[list[float]]]:
-            if not texts:
-                return [], []
-            rows = connection.call(
-                "embed_sparse",
-                model,
-                list(texts),
-                task=task if inference_free else None,
-                max_active_dims=max_active_dims,
+            return as_lists(
+                connection.embed_sparse_side(model, texts, task, inference_free, max_active_dims)
             )
-            return as_lists(rows)
 
         return encode
 

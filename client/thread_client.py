@@ -7,9 +7,11 @@ that made it; LangChain's and LlamaIndex's async methods call from worker thread
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from .api import EmbeddingClient
+from .sparse import SparseRow
 
 
 class ThreadClient:
@@ -43,6 +45,29 @@ class ThreadClient:
             return getattr(self._client, method)(*args, **kwargs)
         with self._new() as client:
             return getattr(client, method)(*args, **kwargs)
+
+    def embed_sparse_side(
+        self,
+        model: str,
+        texts: Sequence[str],
+        task: str,
+        inference_free: bool,
+        max_active_dims: int | None,
+    ) -> list[SparseRow]:
+        """``embed_sparse`` of ``texts`` as one side (``task``: query or document) of ``model``.
+
+        The task is sent only to a model with an inference-free query side; no texts: no
+        call, no rows.
+        """
+        if not texts:
+            return []
+        return self.call(
+            "embed_sparse",
+            model,
+            list(texts),
+            task=task if inference_free else None,
+            max_active_dims=max_active_dims,
+        )
 
     def close(self) -> None:
         """Close the kept client (from the thread that made it); a later call opens one."""

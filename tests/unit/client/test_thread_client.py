@@ -31,6 +31,9 @@ class _FakeClient:
     def embed(self, text: str) -> tuple[str, int]:
         return text, threading.get_ident()
 
+    def embed_sparse(self, model: str, texts: list[str], **options) -> list:
+        return [(model, text, options) for text in texts]
+
 
 @pytest.fixture(autouse=True)
 def fake_client(monkeypatch):
@@ -60,3 +63,18 @@ def test_close_closes_the_kept_client_and_a_later_call_opens_a_new_one() -> None
     assert _FakeClient.made[0].closed
     shared.call("embed", "b")
     assert len(_FakeClient.made) == 2 and not _FakeClient.made[1].closed
+
+
+@pytest.mark.parametrize(("inference_free", "sent"), [(True, "query"), (False, None)])
+def test_embed_sparse_side_sends_the_task_only_to_an_inference_free_model(
+    inference_free, sent
+) -> None:
+    shared = ThreadClient(None, "http", 1.0, None)
+    rows = shared.embed_sparse_side("s", ("a", "b"), "query", inference_free, 4)
+    options = {"task": sent, "max_active_dims": 4}
+    assert rows == [("s", "a", options), ("s", "b", options)]
+
+
+def test_embed_sparse_side_of_no_texts_makes_no_call() -> None:
+    assert ThreadClient(None, "http", 1.0, None).embed_sparse_side("s", [], "query", True, 4) == []
+    assert _FakeClient.made == []
