@@ -8,13 +8,15 @@ fetch checks.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from ..config_params import ConfigParams, param
 from .url_fetch import FetchPolicy
 
 _POLICY = FetchPolicy()
+# The fields that are the policy's own (the rest size the fetch pool).
+_LIMITS = frozenset(f.name for f in fields(FetchPolicy) if f.init)
 
 
 def _hosts(text: str) -> tuple[str, ...]:
@@ -89,15 +91,8 @@ class FetchParams(ConfigParams):
 
     def policy(self) -> FetchPolicy:
         """The fetch policy of these limits; ``ValueError`` if one is out of bounds."""
+        limits = {f.name: getattr(self, f.name) for f in fields(self) if f.name in _LIMITS}
         try:
-            return FetchPolicy(
-                allow_hosts=self.allow_hosts,
-                connect_timeout_s=self.connect_timeout_s,
-                read_timeout_s=self.read_timeout_s,
-                max_bytes=self.max_bytes,
-                max_redirects=self.max_redirects,
-                allowed_ports=self.allowed_ports,
-                max_batch_bytes=self.max_batch_bytes,
-            )
+            return FetchPolicy(**limits)
         except ValueError as exc:
             raise ValueError(f"bad fetch config parameter: {exc}") from None

@@ -47,14 +47,8 @@ class TokenizeStep:
 
     def execute(self, requests: list) -> list:
         """Validate every request, tokenize all valid rows at once, slice back."""
-        return tokenize_requests(
-            self.pb_utils,
-            requests,
-            self._read,
-            self._encode,
-            self.params.output_names,
-            self.logger.log_error,
-        )
+        names, log = self.params.output_names, self.logger.log_error
+        return tokenize_requests(self.pb_utils, requests, self._read, self._encode, names, log)
 
     def finalize(self) -> None:
         """Drop the tokenizer."""

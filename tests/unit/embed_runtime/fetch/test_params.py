@@ -11,28 +11,21 @@ CONCURRENCY = {"max_concurrency": "32"}
 
 
 def test_fetch_params_round_trip_through_config_parameters():
-    params = FetchParams(
-        allow_hosts=("10.0.0.0/8", "images.example"),
-        connect_timeout_s=1.5,
-        read_timeout_s=4,
-        max_bytes=1048576,
-        max_redirects=0,
-        max_concurrency=8,
-        allowed_ports=(443, 8443),
-        max_batch_bytes=4194304,
-    )
-    written = params.to_parameters()
-    assert written == {
+    written = {
         "allow_hosts": "10.0.0.0/8,images.example",
         "connect_timeout_s": "1.5",
-        "read_timeout_s": "4",
+        "read_timeout_s": "4.0",
         "max_bytes": "1048576",
         "max_redirects": "0",
         "max_concurrency": "8",
         "allowed_ports": "443,8443",
         "max_batch_bytes": "4194304",
     }
-    assert FetchParams.from_parameters(written) == params
+    params = FetchParams.from_parameters(written)
+    assert params.to_parameters() == written
+    assert params.allow_hosts == ("10.0.0.0/8", "images.example")
+    assert (params.allowed_ports, params.max_concurrency) == ((443, 8443), 8)
+    assert (params.connect_timeout_s, params.read_timeout_s) == (1.5, 4.0)
 
 
 def test_fetch_params_write_every_default_and_match_the_policy_defaults():
