@@ -408,9 +408,12 @@ class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipS
         embeddings = np.concatenate([e for e, _ in chunks], axis=0)
         return embeddings, np.concatenate([c for _, c in chunks], axis=0)
 
-    def _batched(self, model: str, items: list[bytes], call) -> list:
-        """``call`` on each request-sized part of ``items`` (``max_batch_size``, bytes)."""
-        sizes = [len(item) for item in items]
+    def _batched(self, model: str, items: list[bytes], call, extra_bytes: int = 0) -> list:
+        """``call`` on each request-sized part of ``items`` (``max_batch_size``, bytes).
+
+        ``extra_bytes``: what each item brings beside itself (a reranker's query).
+        """
+        sizes = [extra_bytes + len(item) for item in items]
         try:
             slices = split_batches(sizes, self._max_batch_size(model), self.max_request_bytes)
             return [call(items[s]) for s in slices]
@@ -420,7 +423,7 @@ class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipS
                 raise
             # The config is admin-only without a key: learn the limit from Triton's refusal.
             self._max_batch[model] = int(limit.group(1))
-            return self._batched(model, items, call)
+            return self._batched(model, items, call, extra_bytes)
 
     def _infer(
         self,

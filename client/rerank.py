@@ -7,19 +7,17 @@ The ensemble ``<model>`` of a ``cross-encoder`` entry takes ``QUERY`` [N, 1] and
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import EmbeddingClientError
-from .payload import bytes_tensor, encode_texts, split_batches
+from .payload import bytes_tensor, encode_texts
 
 QUERY_INPUT = "QUERY"
 TEXT_INPUT = "TEXT"
 SCORE_OUTPUT = "SCORE"
-_BATCH_LIMIT = re.compile(r"batch-size must be <= (\d+)")
 
 
 @dataclass(frozen=True)
@@ -67,18 +65,10 @@ class RerankMixin:
         if not items:
             return np.zeros((0,), dtype=np.float32)
         q = query.encode("utf-8")
-        sizes = [len(q) + len(item) for item in items]
-        try:
-            slices = split_batches(sizes, self._max_batch_size(model), self.max_request_bytes)
-            scores = np.concatenate(
-                [self._score(model, q, items[s], parameters) for s in slices], axis=0
-            )
-        except EmbeddingClientError as exc:
-            limit = _BATCH_LIMIT.search(exc.message)
-            if limit is None or self._max_batch.get(model) != 0:
-                raise
-            self._max_batch[model] = int(limit.group(1))
-            return self.rerank(model, query, texts, truncate=truncate, prompt_name=prompt_name)
+        chunks = self._batched(
+            model, items, lambda part: self._score(model, q, part, parameters), len(q)
+        )
+        scores = np.concatenate(chunks, axis=0)
         return scores[:, 0] if scores.shape[1] == 1 else scores
 
     def rank(
