@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
@@ -229,6 +230,7 @@ class OrtEncoder:
             self._open(model_path, params.graph_optimization, device_id)
         self._current = self.session
         self.shared_runs = 0
+        self.run_ns = 0  # time inside ONNX Runtime's runs since the start (step timing)
         graph_inputs = {i.name for i in self.session.get_inputs()}
         missing = set(params.input_names) - graph_inputs
         if missing:
@@ -265,7 +267,11 @@ class OrtEncoder:
         return checked_placement(session, params.execution_provider)
 
     def _run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        return self._current.run([self.params.output_name], inputs)[0]
+        start = time.perf_counter_ns()
+        try:
+            return self._current.run([self.params.output_name], inputs)[0]
+        finally:
+            self.run_ns += time.perf_counter_ns() - start
 
     @contextlib.contextmanager
     def _pick_session(self):

@@ -25,6 +25,7 @@ from ..engines.output_precision import OutputForms
 from ..engines.sparse_router import QueryRouteParams, SparseRouter, query_tokenizer
 from ..engines.tensor import FixedEngine, SparseEngine, TokenEngine
 from ..engines.text_encoder import TextEncoder
+from ..ops.step_times import StepTimes
 from ..text.request_options import request_parameters
 from ..text.tokenizer import TokenizerParams
 from .adapter import config_parameters, embed_requests, input_array
@@ -134,6 +135,9 @@ class EncodeStep:
             self.logger.log_warn(f"{name}: {repair}")
         if self.encoder.cache_error:  # served all the same, each session with its own weights
             self.logger.log_warn(f"{name}: weight cache not used: {self.encoder.cache_error}")
+        self.times = StepTimes.from_env(name)
+        if self.times is not None:
+            self.logger.log_info(f"{name}: timing each execution into {self.times.path}")
 
     def _read(self, request: Any) -> tuple[Any, tuple[str, ...]]:
         inputs = {n: input_array(self.pb_utils, request, n) for n in self.engine.input_names}
@@ -143,6 +147,8 @@ class EncodeStep:
 
     def _run(self, items: list) -> list[dict[str, np.ndarray]]:
         answers = self.engine.embed([item for item, _ in items])
+        if self.times is not None:
+            self.times.rows += sum(len(arrays[0]) for arrays in answers)
         out = []
         for arrays, (_, forms) in zip(answers, items, strict=True):
             named = dict(zip(self.engine.output_names, arrays, strict=True))
@@ -151,13 +157,18 @@ class EncodeStep:
 
     def execute(self, requests: list) -> list:
         """Embed all valid requests in one call; each bad one fails alone."""
+        if self.times is None:
+            return self._execute(requests, self._read, self._run)
+        start, ort_before = self.times.clock(), self.encoder.run_ns
+        read, run = self.times.timed("read", self._read), self.times.timed("embed", self._run)
+        responses = self._execute(requests, read, run)
+        total = self.times.clock() - start
+        self.times.write(len(requests), self.times.rows, self.encoder.run_ns - ort_before, total)
+        return responses
+
+    def _execute(self, requests: list, read: Callable, run: Callable) -> list:
         return embed_requests(
-            self.pb_utils,
-            requests,
-            self._read,
-            self._run,
-            self.engine.output_names,
-            self.logger.log_error,
+            self.pb_utils, requests, read, run, self.engine.output_names, self.logger.log_error
         )
 
     def finalize(self) -> None:

@@ -106,6 +106,8 @@ def test_ratios_are_taken_inside_each_repeat() -> None:
     assert s.ratio("4 x 32", "triton-grpc", "fastapi") == pytest.approx(3.0)
     # p50 gaps per repeat: 7 - 5, 3.5 - 2.5, 2.33 - 1.67 ms.
     assert s.latency_gap("triton-grpc") == pytest.approx(1.0)
+    # p50 / ORT's own p50 per repeat: 7 / 5, 3.5 / 2.5, 2.33 / 1.67.
+    assert s.latency_ratio("triton-grpc") == pytest.approx(1.4, rel=1e-2)
     # The load's own ceiling is 125 x speed: 0.95 / 1.25, 0.5 / 1.25, 0.9 / 1.25.
     assert s.ratio_to_load_ceiling("16 x 1", "triton-grpc") == pytest.approx(0.72)
     assert s.load_ceiling("16 x 1") == pytest.approx(250.0)
@@ -117,9 +119,19 @@ def test_targets_name_what_is_met() -> None:
     assert met[("served >= 2.5 x infinity", "4 x 32")] is False  # 2.375, 1.25, 2.25
     assert met[("served >= 3.0 x fastapi", "4 x 32")] is True
     assert met[("served >= 3.0 x fastapi", "1 x 1")] is True
-    assert met[("p50 <= ORT batch-1 p50 + 1 ms", "1 x 1")] is True  # exactly 1.0
+    assert met[("p50 <= 1.2 x ORT's own per-sentence p50", "1 x 1")] is False  # 1.4
     # 2 ceiling targets, 1 latency target, 2 peers x 3 loads (no infinity-onnx runs).
     assert len(met) == 9
+
+
+def test_latency_reference_includes_the_tokenizer_when_recorded() -> None:
+    results = _results()
+    for ceiling in results["ceiling"]:  # 5 / speed ms run + 2 / speed ms tokenizing
+        ceiling["tokenize_us_per_sentence"] = ceiling["batch1_p50_ms"] * 400
+    s = Summary(results)
+    assert s.latency_ratio("triton-grpc") == pytest.approx(1.0, rel=1e-2)
+    met = {(t, load): (v, ok) for t, load, v, ok in s.targets()}
+    assert met[("p50 <= 1.2 x ORT's own per-sentence p50", "1 x 1")] == ("1.00 x (+0.00 ms)", True)
 
 
 def test_served_faster_than_its_ceiling_is_over_one() -> None:
