@@ -46,7 +46,7 @@ from bench.ceiling import config_parameters, make_session, text_ceiling
 from bench.common import logger
 from bench.loads import text_loads
 from bench.manifest import BUILD, TEXT_MODEL, bench_manifest
-from client.load.loadgen import run_triton_load
+from client.load.loadgen import LoadSpec, run_triton_load
 from client.load.perf_data import write_perf_data
 from client.load.workload import text_pool, text_requests
 from generator.admin import KEY_ENV
@@ -56,6 +56,7 @@ from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, fre
 FLOOR = f"{TEXT_MODEL}-floor"
 PERF_ANALYZER = BUILD / "tools" / "perf_analyzer" / "perf_analyzer"  # `make perf-analyzer`
 FLOOR_MODEL = Path(__file__).with_name("floor_model") / "model.py"
+RATE_SPEC = LoadSpec(8, 1, 250, 5, 12.0)  # 8 clients x 1 text: single-item arrivals
 PHASES = ("read_us", "embed_other_us", "ort_us", "respond_us", "total_us")
 
 log = logger("bench")
@@ -162,13 +163,16 @@ def ort_own_p50(repo: Path, sentences: list[str]) -> float:
     return statistics.median(times) * 1e3
 
 
-def perf_analyzer_p50(binary: Path, url: str, model: str, data: Path, key: str) -> float:
-    """p50 ms of ``model`` at concurrency 1 over gRPC, timed by perf_analyzer (C++ client)."""
-    csv_path = data.parent / f"{model}.csv"
+def perf_analyzer_run(
+    binary: Path, url: str, model: str, data: Path, key: str, concurrency: int = 1
+) -> tuple[float, float]:
+    """(p50 ms, requests/s) of ``model`` over gRPC, timed by perf_analyzer (C++ client)."""
+    csv_path = data.parent / f"{model}.c{concurrency}.csv"
     command = [
         str(binary),
         *("-m", model, "-u", url, "-i", "grpc", "--input-data", str(data)),
-        *("--concurrency-range", "1", "--request-count", "250", "--percentile", "50"),
+        *("--concurrency-range", str(concurrency), "--request-count", str(250 * concurrency)),
+        "--percentile=50",
         *("-f", str(csv_path), "-H", f"triton-grpc-protocol-x-admin-key:{key}"),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
@@ -176,7 +180,7 @@ def perf_analyzer_p50(binary: Path, url: str, model: str, data: Path, key: str) 
         raise RuntimeError(f"perf_analyzer failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
     with open(csv_path, encoding="utf-8") as rows:
         (row,) = list(csv.DictReader(rows))
-    return float(row["p50 latency"]) / 1e3
+    return float(row["p50 latency"]) / 1e3, float(row["Inferences/Second"])
 
 
 class StepLines:
@@ -260,6 +264,7 @@ def main(argv=None) -> int:
     timed_by_pa = []
     if args.perf_analyzer.exists():
         timed_by_pa = [f"perf_analyzer {e}" for e in (TEXT_MODEL, FLOOR)]
+        timed_by_pa.append(f"perf_analyzer {FLOOR} 8 x 1")
         (data,) = write_perf_data(BUILD / "floor-work" / "perf-data", "text")
     else:
         log(f"{args.perf_analyzer} not found (make perf-analyzer): no perf_analyzer rows")
@@ -289,8 +294,17 @@ def main(argv=None) -> int:
                 elif name == "stub_code":
                     p50 = stub_code_p50(repo, pool[:250])
                 elif name.startswith("perf_analyzer "):
-                    url = f"127.0.0.1:{ports.grpc}"
-                    p50 = perf_analyzer_p50(args.perf_analyzer, url, name.split()[1], data, key)
+                    url, model = f"127.0.0.1:{ports.grpc}", name.split()[1]
+                    clients = 8 if name.endswith(" 8 x 1") else 1
+                    run = perf_analyzer_run(args.perf_analyzer, url, model, data, key, clients)
+                    p50 = run[1] if clients > 1 else run[0]
+                elif name.endswith(" 8 x 1"):  # a rate (items/s), not a p50
+                    protocol, model = name.split(" ")[:2]
+                    port = ports.grpc if protocol == "grpc" else ports.http
+                    url = f"127.0.0.1:{port}"
+                    items = [[s.encode()] for s in pool]
+                    result = run_triton_load(url, protocol, model, "TEXT", items, RATE_SPEC)
+                    p50 = result.items_per_s
                 else:
                     protocol, model = name.split(" ")
                     port = ports.grpc if protocol == "grpc" else ports.http
@@ -304,7 +318,7 @@ def main(argv=None) -> int:
                     inside = times.means(encoder)
                     parts[name].append(breakdown(result, model, encoder, inside))
                 figures[name].append(p50)
-                log(f"repeat {repeat + 1} {name:44s} p50 {p50:6.2f} ms")
+                log(f"repeat {repeat + 1} {name:44s} {p50:8.2f}")
     report(figures, parts, args.repeats, variants)
     if args.json:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -324,6 +338,9 @@ def report(figures, parts, repeats: int, variants: dict[str, str]) -> None:
     own = figures["ort_own"]
     print(f"medians of {repeats} repeats, 1 client x 1 sentence; ratio: / ORT's own p50")
     for name, values in figures.items():
+        if name.endswith(" 8 x 1"):
+            print(f"  {name:60s} {statistics.median(values):8.1f} requests/s (empty model)")
+            continue
         ratio = statistics.median(v / o for v, o in zip(values, own, strict=True))
         label = name
         for model, variant in variants.items():
