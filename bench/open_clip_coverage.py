@@ -145,11 +145,11 @@ def reduced_timm(narrow: list[bool]):
 
 
 def _stand_in_tokenizer(folder: Path, text_cfg: dict) -> None:
-    from generator.fixtures.tiny_clip_hf_text import write_tiny_xlmr_tokenizer
-    from generator.fixtures.tiny_clip_towers import (
+    from generator.fixtures.tiny_tokenizers import (
         write_tiny_gemma_like_tokenizer,
         write_tiny_hf_tokenizer,
         write_tiny_wordpiece_tokenizer,
+        write_tiny_xlmr_tokenizer,
     )
 
     name = text_cfg["hf_tokenizer_name"].lower()

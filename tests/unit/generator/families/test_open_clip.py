@@ -10,27 +10,14 @@ import io
 
 import numpy as np
 import pytest
+from PIL import Image
 
-torch = pytest.importorskip("torch")
-open_clip = pytest.importorskip("open_clip")
-ort = pytest.importorskip("onnxruntime")
-from PIL import Image  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
-
-from embed_runtime.image.preprocess import decode_image, preprocess_batch  # noqa: E402
-from generator.families.open_clip import assets as open_clip_assets  # noqa: E402
-from generator.families.open_clip.assets import (  # noqa: E402
-    export_towers,
-    load_open_clip,
-    preprocess_params_from_model,
-    write_tokenizer_json,
-)
-from generator.fixtures.tiny_clip import (  # noqa: E402
-    TINY_ARCH,
-    create_tiny_checkpoint,
-    tiny_model_config,
-)
-from generator.onnx_export import ExportValidationError  # noqa: E402
+from generator.families.open_clip import assets as open_clip_assets
+from generator.families.open_clip.assets import export_towers, load_open_clip, write_tokenizer_json
+from generator.fixtures.tiny_clip import TINY_ARCH, create_tiny_checkpoint, tiny_model_config
+from generator.onnx_export import ExportValidationError
+from tests.unit.generator.families import open_clip_served as served
+from tests.unit.generator.families.open_clip_served import open_clip, ort, torch
 
 # Gates: about 30 x the figures measured on the 2-core CI machine. Export (tiny towers):
 # text max abs 1.8e-7, 1-cos 1.5e-13; image 1.2e-7, 3.8e-14 (docs/parity.md, ONNX export
@@ -106,11 +93,8 @@ def test_serving_path_matches_open_clip_end_to_end(tiny, exported, tmp_path):
     _, _, model, preprocess_val, tokenizer = tiny
     out, _ = exported
     write_tokenizer_json(tokenizer, tmp_path / "tokenizer.json", 77)
-    ids = np.array(
-        [e.ids for e in Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode_batch(TEXTS)]
-    )
-    text_session = ort.InferenceSession(str(out / "text_encoder.onnx"))
-    (text_emb,) = text_session.run(["EMBEDDING"], {"input_ids": ids.astype(np.int64)})
+    ids = served.served_ids(tmp_path / "tokenizer.json", TEXTS)
+    text_emb = served.onnx_embedding(out / "text_encoder.onnx", "input_ids", ids.astype(np.int64))
 
     rng = np.random.default_rng(0)
     blobs = []
@@ -118,14 +102,11 @@ def test_serving_path_matches_open_clip_end_to_end(tiny, exported, tmp_path):
         buf = io.BytesIO()
         Image.fromarray(rng.integers(0, 256, (*size[::-1], 3), dtype=np.uint8)).save(buf, "PNG")
         blobs.append(buf.getvalue())
-    params = preprocess_params_from_model(model)
-    pixels = preprocess_batch([decode_image(b, params) for b in blobs], params)
-    image_session = ort.InferenceSession(str(out / "image_encoder.onnx"))
-    (image_emb,) = image_session.run(["EMBEDDING"], {"pixel_values": pixels})
+    pixels, torch_pixels = served.pixels_both_ways(model, preprocess_val, blobs)
+    image_emb = served.onnx_embedding(out / "image_encoder.onnx", "pixel_values", pixels)
 
     with torch.no_grad():
         want_text = model.encode_text(tokenizer(TEXTS), normalize=True).numpy()
-        torch_pixels = torch.stack([preprocess_val(Image.open(io.BytesIO(b))) for b in blobs])
         want_image = model.encode_image(torch_pixels, normalize=True).numpy()
     text_abs, image_abs = np.abs(text_emb - want_text).max(), np.abs(image_emb - want_image).max()
     print(f"\nserving path: text max abs {text_abs:.1e}, image max abs {image_abs:.1e}")

@@ -12,40 +12,33 @@ text tower; runtime preprocessing, ONNX image tower) equals open_clip's ``HFToke
 
 from __future__ import annotations
 
-import io
 import json
 
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-open_clip = pytest.importorskip("open_clip")
-ort = pytest.importorskip("onnxruntime")
-from PIL import Image  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
-
-from embed_runtime.image.preprocess import decode_image, preprocess_batch  # noqa: E402
-from generator.declared_kind import UnsupportedModelError  # noqa: E402
-from generator.families.open_clip.assets import (  # noqa: E402
+from generator.declared_kind import UnsupportedModelError
+from generator.families.open_clip.assets import (
     embedding_dim,
-    export_towers,
     load_open_clip,
     preprocess_params_from_model,
 )
-from generator.families.open_clip.export import _vocab_size  # noqa: E402
-from generator.families.open_clip.hf_tokenizer import (  # noqa: E402
+from generator.families.open_clip.export import _vocab_size
+from generator.families.open_clip.hf_tokenizer import (
     CHECK_TEXTS,
     is_hf_tokenizer,
     write_hf_tokenizer_json,
 )
-from generator.fixtures.tiny_clip_hf_text import (  # noqa: E402
+from generator.fixtures.tiny_clip_hf_text import (
     CONTEXT_LENGTH,
     MODEL_CFG,
     VARIANTS,
     VOCAB_SIZE,
     create_tiny_xlmr_clip,
 )
-from generator.fixtures.tiny_clip_towers import TOKENIZER_CORPUS  # noqa: E402
+from generator.fixtures.tiny_tokenizers import TOKENIZER_CORPUS
+from tests.unit.generator.families import open_clip_served as served
+from tests.unit.generator.families.open_clip_served import torch
 
 MAX_ABS = 1e-5  # measured on the 2-core machine: text 1.6e-7, images 1.5e-7 (see below)
 TEXTS = [
@@ -54,19 +47,6 @@ TEXTS = [
     "Ein Hund läuft über die Wiese",
     "x" * 300,
 ]
-
-
-def _images() -> list[bytes]:
-    rng = np.random.default_rng(1)
-    blobs = []
-    for width, height in ((640, 480), (31, 200), (64, 64)):
-        grid = np.mgrid[0:height, 0:width].astype(np.float32)
-        smooth = np.stack([grid[0] * 3, grid[1] * 2, grid[0] + grid[1]], axis=-1) % 256
-        noisy = (smooth * 0.7 + rng.integers(0, 70, (height, width, 3))).astype(np.uint8)
-        buf = io.BytesIO()
-        Image.fromarray(noisy).save(buf, "PNG")
-        blobs.append(buf.getvalue())
-    return blobs
 
 
 def _label(model) -> str:
@@ -78,9 +58,7 @@ def built(request, tmp_path_factory):
     """(model, open_clip transform, tokenizer, folder with the exported graphs, reports)."""
     out = tmp_path_factory.mktemp(request.param)
     fields = create_tiny_xlmr_clip(out / "model", seed=0, variant=request.param)
-    model, preprocess_val, tokenizer = load_open_clip(fields["arch"])
-    size = preprocess_params_from_model(model).size
-    reports = export_towers(model, out, tokenizer.context_length, size, tokenizer)
+    model, preprocess_val, tokenizer, reports = served.export_tiny(fields, out)
     return model, preprocess_val, tokenizer, out, reports
 
 
@@ -107,12 +85,10 @@ def test_served_text_path_matches_open_clip(built, tmp_path):
     path = tmp_path / "tokenizer.json"
     pad_id = write_hf_tokenizer_json(tokenizer, path, CONTEXT_LENGTH)
     assert pad_id == model.text.config.pad_token_id  # what the text tower masks
-    served = Tokenizer.from_file(str(path))
     texts = [*TEXTS, *CHECK_TEXTS]
-    ids = np.array([e.ids for e in served.encode_batch(texts)])
+    ids = served.served_ids(path, texts)
     assert np.array_equal(ids, tokenizer(texts).numpy())
-    session = ort.InferenceSession(str(out / "text_encoder.onnx"))
-    (got,) = session.run(["EMBEDDING"], {"input_ids": ids.astype(np.int64)})
+    got = served.onnx_embedding(out / "text_encoder.onnx", "input_ids", ids.astype(np.int64))
     with torch.no_grad():
         want = model.encode_text(tokenizer(texts), normalize=True).numpy()
     max_abs = float(np.abs(got - want).max())
@@ -124,12 +100,9 @@ def test_served_text_path_matches_open_clip(built, tmp_path):
 
 def test_served_image_path_matches_open_clip(built):
     model, preprocess_val, _, out, _ = built
-    blobs = _images()
-    params = preprocess_params_from_model(model)
-    pixels = preprocess_batch([decode_image(b, params) for b in blobs], params)
-    want_pixels = torch.stack([preprocess_val(Image.open(io.BytesIO(b))) for b in blobs])
-    session = ort.InferenceSession(str(out / "image_encoder.onnx"))
-    (got,) = session.run(["EMBEDDING"], {"pixel_values": pixels})
+    blobs = served.smooth_pngs(1, served.IMAGE_SIZES[:3])
+    pixels, want_pixels = served.pixels_both_ways(model, preprocess_val, blobs)
+    got = served.onnx_embedding(out / "image_encoder.onnx", "pixel_values", pixels)
     with torch.no_grad():
         want = model.encode_image(want_pixels, normalize=True).numpy()
     max_abs = float(np.abs(got - want).max())

@@ -1,7 +1,7 @@
 """The served ``tokenizer.json`` of an open_clip ``HFTokenizer`` gives open_clip's ids.
 
 The tokenizer files are a T5-like Unigram tokenizer made offline
-(:func:`generator.fixtures.tiny_clip_towers.write_tiny_hf_tokenizer`), loaded by
+(:func:`generator.fixtures.tiny_tokenizers.write_tiny_hf_tokenizer`), loaded by
 open_clip's ``HFTokenizer`` from a local folder as ``get_tokenizer('local-dir:...')``
 does, with each of its clean functions.
 """
@@ -25,7 +25,7 @@ from generator.families.open_clip.hf_tokenizer import (
     served_tokenizer,
     write_hf_tokenizer_json,
 )
-from generator.fixtures.tiny_clip_towers import (
+from generator.fixtures.tiny_tokenizers import (
     write_tiny_gemma_like_tokenizer,
     write_tiny_hf_tokenizer,
     write_tiny_wordpiece_tokenizer,

@@ -9,56 +9,32 @@ the same file); for fields, ``create_model_and_transforms``'s ``image_*`` /
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-open_clip = pytest.importorskip("open_clip")
-from PIL import Image  # noqa: E402
-
-from embed_runtime.image.preprocess import PreprocessParams, decode_image, preprocess_batch  # noqa: E402
-from generator.families.open_clip.assets import (  # noqa: E402
-    load_open_clip,
-    preprocess_params_from_model,
-)
-from generator.families.open_clip.preprocess_cfg import (  # noqa: E402
-    PreprocessChoice,
-    PreprocessConfigError,
-)
-from generator.fixtures.tiny_clip import TINY_ARCH, create_tiny_checkpoint  # noqa: E402
-from generator.fixtures.tiny_clip_towers import create_tiny_tower_model  # noqa: E402
-from generator.manifest import ManifestError, parse_manifest  # noqa: E402
+from embed_runtime.image.preprocess import PreprocessParams
+from generator.families.open_clip.assets import load_open_clip, preprocess_params_from_model
+from generator.families.open_clip.preprocess_cfg import PreprocessChoice, PreprocessConfigError
+from generator.fixtures.tiny_clip import TINY_ARCH, create_tiny_checkpoint
+from generator.fixtures.tiny_clip_towers import create_tiny_tower_model
+from generator.manifest import ManifestError, parse_manifest
+from tests.unit.generator.families import open_clip_served as served
+from tests.unit.generator.families.open_clip_served import open_clip, torch
 
 # Pixels: runtime preprocessing vs open_clip's transform (measured 0.0 .. 1.2e-7).
 PIXEL_MAX_ABS = 1e-5
 TAG = "MobileCLIP-S1/datacompdr"  # mean 0 / std 1, bilinear, shortest side
-
-
-def _images() -> list[bytes]:
-    rng = np.random.default_rng(1)
-    blobs = []
-    for width, height in ((640, 480), (31, 200), (64, 64), (300, 90)):
-        grid = np.mgrid[0:height, 0:width].astype(np.float32)
-        smooth = np.stack([grid[0] * 3, grid[1] * 2, grid[0] + grid[1]], axis=-1) % 256
-        noisy = (smooth * 0.7 + rng.integers(0, 70, (height, width, 3))).astype(np.uint8)
-        buf = io.BytesIO()
-        Image.fromarray(noisy).save(buf, "PNG")
-        blobs.append(buf.getvalue())
-    return blobs
-
-
-IMAGES = _images()
+IMAGES = served.smooth_pngs(1)
 
 
 def _served_pixels(params: PreprocessParams) -> np.ndarray:
-    return preprocess_batch([decode_image(b, params) for b in IMAGES], params)
+    return served.served_pixels(IMAGES, params)
 
 
 def _open_clip_pixels(transform) -> np.ndarray:
-    return torch.stack([transform(Image.open(io.BytesIO(b))) for b in IMAGES]).numpy()
+    return served.open_clip_pixels(transform, IMAGES).numpy()
 
 
 @pytest.fixture(scope="module")

@@ -11,31 +11,20 @@ transform and ``encode_text`` / ``encode_image``. The served tokenizer of an
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-open_clip = pytest.importorskip("open_clip")
-ort = pytest.importorskip("onnxruntime")
-from PIL import Image  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
-
-from embed_runtime.image.preprocess import decode_image, preprocess_batch  # noqa: E402
-from generator.families.open_clip.assets import (  # noqa: E402
+from generator.families.open_clip.assets import (
     embedding_dim,
-    export_towers,
     load_open_clip,
     preprocess_params_from_model,
     write_tokenizer_json,
 )
-from generator.families.open_clip.export import _vocab_size  # noqa: E402
-from generator.families.open_clip.hf_tokenizer import (  # noqa: E402
-    is_hf_tokenizer,
-    write_hf_tokenizer_json,
-)
-from generator.fixtures.tiny_clip_towers import CONFIGS, create_tiny_tower_model  # noqa: E402
+from generator.families.open_clip.export import _vocab_size
+from generator.families.open_clip.hf_tokenizer import is_hf_tokenizer, write_hf_tokenizer_json
+from generator.fixtures.tiny_clip_towers import CONFIGS, create_tiny_tower_model
+from tests.unit.generator.families import open_clip_served as served
+from tests.unit.generator.families.open_clip_served import open_clip, torch
 
 # Gates: measured on the 2-core machine, export max abs 1.5e-7 .. 4.7e-7 (every arch);
 # the served path (tokenizer.json + runtime preprocessing + ONNX vs open_clip) below.
@@ -55,30 +44,13 @@ ARCHS = sorted(KINDS)
 assert set(CONFIGS) == {*KINDS, "tiny-siglip-mid"}
 
 
-def _images() -> list[bytes]:
-    rng = np.random.default_rng(0)
-    blobs = []
-    for width, height in ((640, 480), (31, 200), (64, 64), (300, 90)):
-        grid = np.mgrid[0:height, 0:width].astype(np.float32)
-        smooth = np.stack([grid[0] * 3, grid[1] * 2, grid[0] + grid[1]], axis=-1) % 256
-        noisy = (smooth * 0.7 + rng.integers(0, 70, (height, width, 3))).astype(np.uint8)
-        buf = io.BytesIO()
-        Image.fromarray(noisy).save(buf, "PNG")
-        blobs.append(buf.getvalue())
-    return blobs
-
-
 @pytest.fixture(scope="module", params=ARCHS)
 def built(request, tmp_path_factory):
     """(arch, model, open_clip transform, tokenizer, folder with the exported graphs)."""
     arch = request.param
     out = tmp_path_factory.mktemp(arch)
     fields = create_tiny_tower_model(arch, out / "model", seed=0)
-    model, preprocess_val, tokenizer = load_open_clip(
-        fields["arch"], None, fields.get("checkpoint")
-    )
-    size = preprocess_params_from_model(model).size
-    reports = export_towers(model, out, tokenizer.context_length, size, tokenizer)
+    model, preprocess_val, tokenizer, reports = served.export_tiny(fields, out)
     return arch, model, preprocess_val, tokenizer, out, reports
 
 
@@ -118,11 +90,10 @@ def test_served_text_path_matches_open_clip(built, tmp_path):
         write_hf_tokenizer_json(tokenizer, path, context)
     else:
         write_tokenizer_json(tokenizer, path, context)
-    ids = np.array([e.ids for e in Tokenizer.from_file(str(path)).encode_batch(TEXTS)])
+    ids = served.served_ids(path, TEXTS)
     want_ids = tokenizer(TEXTS).numpy()
     assert np.array_equal(ids, want_ids)
-    session = ort.InferenceSession(str(out / "text_encoder.onnx"))
-    (got,) = session.run(["EMBEDDING"], {"input_ids": ids.astype(np.int64)})
+    got = served.onnx_embedding(out / "text_encoder.onnx", "input_ids", ids.astype(np.int64))
     with torch.no_grad():
         want = model.encode_text(tokenizer(TEXTS), normalize=True).numpy()
     max_abs = float(np.abs(got - want).max())
@@ -134,14 +105,11 @@ def test_served_text_path_matches_open_clip(built, tmp_path):
 def test_served_image_path_matches_open_clip(built):
     """Runtime pixels equal open_clip's transform; the ONNX tower on each equals PyTorch."""
     arch, model, preprocess_val, _, out, _ = built
-    blobs = _images()
-    params = preprocess_params_from_model(model)
-    pixels = preprocess_batch([decode_image(b, params) for b in blobs], params)
-    want_pixels = torch.stack([preprocess_val(Image.open(io.BytesIO(b))) for b in blobs])
+    pixels, want_pixels = served.pixels_both_ways(model, preprocess_val, served.smooth_pngs(0))
     pixel_abs = float(np.abs(pixels - want_pixels.numpy()).max())
-    session = ort.InferenceSession(str(out / "image_encoder.onnx"))
-    (got,) = session.run(["EMBEDDING"], {"pixel_values": pixels})
-    (got_on_reference,) = session.run(["EMBEDDING"], {"pixel_values": want_pixels.numpy()})
+    graph = out / "image_encoder.onnx"
+    got = served.onnx_embedding(graph, "pixel_values", pixels)
+    got_on_reference = served.onnx_embedding(graph, "pixel_values", want_pixels.numpy())
     with torch.no_grad():
         want = model.encode_image(want_pixels, normalize=True).numpy()
     served_abs = float(np.abs(got - want).max())
