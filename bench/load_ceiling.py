@@ -53,10 +53,8 @@ class LoadCeiling:
 
     def __post_init__(self) -> None:
         ways = {
-            "batch1": self.batch1_items_per_s,
-            "sorted": self.sorted_items_per_s,
-            "planner": self.planner_items_per_s,
-            "parallel": self.parallel_items_per_s,
+            w: getattr(self, f"{w}_items_per_s")
+            for w in ("batch1", "sorted", "planner", "parallel")
         }
         self.best = max(ways, key=ways.__getitem__)
         self.best_items_per_s = ways[self.best]

@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -63,30 +63,26 @@ def make_variants(fp32: Path, out: Path, heads: int, hidden: int) -> dict[str, P
     return {"plain": plain, "fused": fused}
 
 
-def sorted_feeds(arrays: dict, batch: int) -> list[dict]:
-    """Length-sorted batches of ``batch`` rows, each cut to its own longest row."""
+def _sorted_batches(arrays: dict, batch: int) -> Iterator[tuple[np.ndarray, dict]]:
+    """``(rows, feed)`` per length-sorted batch of ``batch`` rows, cut to its own longest row."""
     lengths = arrays["attention_mask"].sum(axis=1)
     order = np.argsort(lengths, kind="stable")
-    feeds = []
     for i in range(0, len(order), batch):
         rows = order[i : i + batch]
         width = int(lengths[rows].max())
-        feeds.append({k: np.ascontiguousarray(v[rows, :width]) for k, v in arrays.items()})
-    return feeds
+        yield rows, {k: np.ascontiguousarray(v[rows, :width]) for k, v in arrays.items()}
+
+
+def sorted_feeds(arrays: dict, batch: int) -> list[dict]:
+    """Length-sorted batches of ``batch`` rows, each cut to its own longest row."""
+    return [feed for _, feed in _sorted_batches(arrays, batch)]
 
 
 def embed_all(session, arrays: dict, batch: int = 64) -> np.ndarray:
     """Every sentence's embedding, in input order."""
-    lengths = arrays["attention_mask"].sum(axis=1)
-    order = np.argsort(lengths, kind="stable")
-    rows_out = []
-    for i in range(0, len(order), batch):
-        rows = order[i : i + batch]
-        width = int(lengths[rows].max())
-        feed = {k: np.ascontiguousarray(v[rows, :width]) for k, v in arrays.items()}
-        rows_out.append((rows, session.run(None, feed)[0]))
+    rows_out = [(rows, session.run(None, feed)[0]) for rows, feed in _sorted_batches(arrays, batch)]
     width = rows_out[0][1].shape[1]
-    out = np.zeros((len(order), width), dtype=np.float64)
+    out = np.zeros((len(arrays["attention_mask"]), width), dtype=np.float64)
     for rows, values in rows_out:
         out[rows] = values
     return out
