@@ -21,14 +21,9 @@ from tritonclient.utils import InferenceServerException
 from client import EmbeddingClientError
 from client.multivector import maxsim
 from generator.fixtures.tiny_colbert import create_tiny_colbert
+from tests.integration import text_helpers
 from tests.integration.families import entry, serve_models
-from tests.integration.text_helpers import (
-    INVALID,
-    PROTOCOLS,
-    concurrently,
-    infer,
-    plain_request_outputs,
-)
+from tests.integration.text_helpers import PROTOCOLS, concurrently, infer, plain_request_outputs
 from tests.st_factory import parity_texts
 
 pytestmark = pytest.mark.integration
@@ -115,7 +110,7 @@ def test_an_empty_text_or_a_bad_task_fails_its_own_request_alone(colbert_setup, 
     for i, message in ((len(good), "TEXT row 1 is empty or whitespace only"),
                        (len(good) + 1, "task must be one of ['query', 'document']")):
         assert isinstance(results[i], InferenceServerException)
-        assert str(results[i].status()) == INVALID[protocol]
+        assert str(results[i].status()) == text_helpers.INVALID[protocol]
         assert message in str(results[i].message())
     for i, (texts, task) in enumerate(good):
         embeddings, counts = results[i]
@@ -139,7 +134,7 @@ def test_truncate_false_refuses_a_long_document_and_left_cuts_are_refused(colber
                                 ({"truncation_direction": "left"}, "not available for multi")):
         with pytest.raises(InferenceServerException) as refused:
             _raw(server, protocol, [long], "document", **parameters)
-        assert str(refused.value.status()) == INVALID[protocol]
+        assert str(refused.value.status()) == text_helpers.INVALID[protocol]
         assert message in str(refused.value.message())
     _raw(server, protocol, ["short"], "document", truncate=False)  # within the limit: fine
 

@@ -18,14 +18,9 @@ from tritonclient.utils import InferenceServerException
 
 from client import EmbeddingClientError
 from generator.fixtures.tiny_splade import create_tiny_inference_free_splade, create_tiny_splade
+from tests.integration import text_helpers
 from tests.integration.families import entry, serve_models
-from tests.integration.text_helpers import (
-    INVALID,
-    PROTOCOLS,
-    concurrently,
-    infer,
-    plain_request_outputs,
-)
+from tests.integration.text_helpers import PROTOCOLS, concurrently, infer, plain_request_outputs
 from tests.st_factory import parity_texts
 
 pytestmark = pytest.mark.integration
@@ -125,7 +120,7 @@ def test_an_empty_text_fails_its_own_request_alone(sparse_setup, protocol):
     results = concurrently([partial(_raw, server, protocol, "sp", texts) for texts in requests])
     bad = results[len(good)]
     assert isinstance(bad, InferenceServerException)
-    assert str(bad.status()) == INVALID[protocol]
+    assert str(bad.status()) == text_helpers.INVALID[protocol]
     assert "TEXT row 1 is empty or whitespace only" in str(bad.message())
     for i, texts in enumerate(good):
         indices, values = results[i]
@@ -162,7 +157,7 @@ def test_a_bad_max_active_dims_fails_its_own_request_alone(sparse_setup, protoco
     results = concurrently([partial(send, parameters) for parameters in cases])
     bad = results[0]
     assert isinstance(bad, InferenceServerException), bad
-    assert str(bad.status()) == INVALID[protocol]
+    assert str(bad.status()) == text_helpers.INVALID[protocol]
     assert "max_active_dims must be a positive integer" in str(bad.message())
     for i, k in ((1, 4), (2, None)):
         indices, values = results[i]
@@ -240,7 +235,7 @@ def test_inference_free_mixed_tasks_share_batches_and_a_bad_task_fails_alone(
     )
     bad = results[len(cases) - 1]
     assert isinstance(bad, InferenceServerException), bad
-    assert str(bad.status()) == INVALID[protocol]
+    assert str(bad.status()) == text_helpers.INVALID[protocol]
     assert "task must be one of ['query', 'document']" in str(bad.message())
     for i, (texts, task) in enumerate(cases[:-1]):
         indices, values = results[i]
