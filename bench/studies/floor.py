@@ -88,6 +88,11 @@ def add_copy(repo: Path, name: str, encoder_dir: Path | None = None, edit=lambda
     (repo / name / "config.pbtxt").write_text(ensemble)
 
 
+def add_floor(repo: Path) -> None:
+    """``<model>-floor``: the text ensemble with the empty model in its encoder's place."""
+    add_copy(repo, FLOOR, FLOOR_MODEL.parent)
+
+
 def _pycache(_folder: str, names: list[str]) -> list[str]:
     return [n for n in names if n == "__pycache__"]
 
@@ -245,7 +250,7 @@ def main(argv=None) -> int:
     protocols = args.protocol or ["grpc", "http"]
     repo = BUILD / "floor-repo"
     build_repository(bench_manifest("cpu", False, {}), repo, log=log)
-    add_copy(repo, FLOOR, FLOOR_MODEL.parent)
+    add_floor(repo)
     variants = {f"{TEXT_MODEL}-v{i + 1}": v for i, v in enumerate(args.variant)}
     for name, variant in variants.items():
         add_copy(repo, name, edit=variant_edit(variant))

@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from bench.manifest import TEXT_MODEL
-from bench.studies.floor import FLOOR, add_floor
+from bench.studies.floor import FLOOR, add_copy, add_floor, variant_edit
 from generator.render import parse_config
 from tests.unit import fake_pb_utils as pb
 from tests.unit.generator.test_render import GOLDEN  # the rendered configs, as built
@@ -50,6 +51,37 @@ def test_floor_ensemble_is_the_served_one_with_the_empty_encoder(tmp_path: Path)
     assert empty.instance_group == encoder.instance_group
     assert empty.max_batch_size == encoder.max_batch_size
     assert (repo / f"{FLOOR}_encode" / "1" / "model.py").read_bytes() == MODEL.read_bytes()
+
+
+def test_a_variant_is_the_served_encoder_with_its_parameters_changed(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    version = repo / f"{TEXT_MODEL}_encode" / "1"
+    version.mkdir()
+    (version / "model.onnx").write_bytes(b"graph")
+    name = f"{TEXT_MODEL}-v1"
+    add_copy(repo, name, edit=variant_edit("intra_op_threads=1;allow_spinning=false;count=1"))
+    encoder = parse_config((repo / f"{TEXT_MODEL}_encode" / "config.pbtxt").read_text())
+    copy = parse_config((repo / f"{name}_encode" / "config.pbtxt").read_text())
+    ensemble = parse_config((repo / name / "config.pbtxt").read_text())
+    assert [s.model_name for s in ensemble.ensemble_scheduling.step] == [f"{name}_encode"]
+    changed = {
+        k: v.string_value
+        for k, v in copy.parameters.items()
+        if v.string_value != encoder.parameters[k].string_value
+    }
+    assert changed == {"intra_op_threads": "1", "allow_spinning": "false"}
+    assert [g.count for g in copy.instance_group] == [1]
+    assert [g.count for g in encoder.instance_group] != [1]
+    # The graph is linked, not copied: one file on disk, one weight cache entry.
+    assert (repo / f"{name}_encode" / "1" / "model.onnx").stat().st_ino == (
+        version / "model.onnx"
+    ).stat().st_ino
+
+
+def test_a_variant_naming_an_unknown_parameter_is_refused(tmp_path: Path) -> None:
+    config = (_repo(tmp_path) / f"{TEXT_MODEL}_encode" / "config.pbtxt").read_text()
+    with pytest.raises(SystemExit, match="no_such_key not found once"):
+        variant_edit("no_such_key=1")(config)
 
 
 def test_empty_model_returns_zero_rows_of_the_encoder_width(monkeypatch) -> None:
