@@ -59,7 +59,7 @@ def test_a_variant_is_the_served_encoder_with_its_parameters_changed(tmp_path: P
     version.mkdir()
     (version / "model.onnx").write_bytes(b"graph")
     name = f"{TEXT_MODEL}-v1"
-    add_copy(repo, name, edit=variant_edit("intra_op_threads=1;allow_spinning=false;count=1"))
+    add_copy(repo, name, edit=variant_edit("intra_op_threads=1;allow_spinning=true;count=1"))
     encoder = parse_config((repo / f"{TEXT_MODEL}_encode" / "config.pbtxt").read_text())
     copy = parse_config((repo / f"{name}_encode" / "config.pbtxt").read_text())
     ensemble = parse_config((repo / name / "config.pbtxt").read_text())
@@ -69,7 +69,7 @@ def test_a_variant_is_the_served_encoder_with_its_parameters_changed(tmp_path: P
         for k, v in copy.parameters.items()
         if v.string_value != encoder.parameters[k].string_value
     }
-    assert changed == {"intra_op_threads": "1", "allow_spinning": "false"}
+    assert changed == {"intra_op_threads": "1", "allow_spinning": "true"}
     assert [g.count for g in copy.instance_group] == [1]
     assert [g.count for g in encoder.instance_group] != [1]
     # The graph is linked, not copied: one file on disk, one weight cache entry.
