@@ -11,8 +11,9 @@ in the same server:
   p50 is what Triton, the ensemble step, the Python backend's round trip, the protocol
   and the client cost before any work;
 - one copy of the encoder per ``--variant`` (``KEY=VALUE;...``: encoder config
-  parameters such as ``intra_op_threads`` or ``spin_duration_us``, or ``count`` for
-  the instances), each with its own ensemble, to try a change in the same run.
+  parameters such as ``intra_op_threads`` or ``spin_duration_us``, ``count`` for the
+  instances, ``code=REV`` for the stub code of a git revision), each with its own
+  ensemble, to try a change, or compare before and after one, in the same run.
 
 Each repeat measures, in a rotated order, one client sending one sentence at a time to
 every ensemble and straight to the encoders (no ensemble step), over each protocol;
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import re
@@ -38,6 +40,7 @@ import secrets
 import shutil
 import statistics
 import subprocess
+import tarfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -45,7 +48,7 @@ from pathlib import Path
 from bench.ceiling import config_parameters, make_session, text_ceiling
 from bench.common import logger
 from bench.loads import text_loads
-from bench.manifest import BUILD, TEXT_MODEL, bench_manifest
+from bench.manifest import BUILD, ROOT, TEXT_MODEL, bench_manifest
 from client.load.loadgen import LoadSpec, run_triton_load
 from client.load.perf_data import write_perf_data
 from client.load.workload import text_pool, text_requests
@@ -97,9 +100,31 @@ def _pycache(_folder: str, names: list[str]) -> list[str]:
     return [n for n in names if n == "__pycache__"]
 
 
+def variant_code(variant: str) -> str:
+    """The git revision a variant's ``code=REV`` names, or ``""``."""
+    pairs = dict(p.split("=", 1) for p in variant.split(";") if p.strip())
+    return pairs.get("code", "")
+
+
+def use_code(version: Path, revision: str) -> None:
+    """Serve ``version`` with the ``embed_runtime`` package of a git revision (before/after)."""
+    shutil.rmtree(version / "embed_runtime")
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", revision, "embed_runtime"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(version, filter="data")
+
+
 def variant_edit(variant: str):
-    """The config edit of ``KEY=VALUE;...``: parameters by key, ``count`` for instances."""
+    """The config edit of ``KEY=VALUE;...``: parameters by key, ``count`` for instances.
+
+    ``code=REV`` is not a config edit (:func:`use_code`) and is skipped here.
+    """
     pairs = [p.split("=", 1) for p in variant.split(";") if p.strip()]
+    pairs = [(key, value) for key, value in pairs if key != "code"]
 
     def edit(config: str) -> str:
         for key, value in pairs:
@@ -254,6 +279,8 @@ def main(argv=None) -> int:
     variants = {f"{TEXT_MODEL}-v{i + 1}": v for i, v in enumerate(args.variant)}
     for name, variant in variants.items():
         add_copy(repo, name, edit=variant_edit(variant))
+        if variant_code(variant):
+            use_code(repo / f"{name}_encode" / "1", variant_code(variant))
     ensembles = [TEXT_MODEL, *variants, FLOOR]
     pool = text_pool()
     spec = next(load.spec for load in text_loads(False) if load.key == "1 x 1")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bench.manifest import TEXT_MODEL
-from bench.studies.floor import FLOOR, add_copy, add_floor, variant_edit
+from bench.studies.floor import FLOOR, add_copy, add_floor, use_code, variant_code, variant_edit
 from generator.render import parse_config
 from tests.unit import fake_pb_utils as pb
 from tests.unit.generator.test_render import GOLDEN  # the rendered configs, as built
@@ -82,6 +82,19 @@ def test_a_variant_naming_an_unknown_parameter_is_refused(tmp_path: Path) -> Non
     config = (_repo(tmp_path) / f"{TEXT_MODEL}_encode" / "config.pbtxt").read_text()
     with pytest.raises(SystemExit, match="no_such_key not found once"):
         variant_edit("no_such_key=1")(config)
+
+
+def test_a_code_variant_serves_the_stub_code_of_a_revision(tmp_path: Path) -> None:
+    assert variant_code("code=HEAD~1;count=1") == "HEAD~1" and variant_code("count=1") == ""
+    config = (_repo(tmp_path) / f"{TEXT_MODEL}_encode" / "config.pbtxt").read_text()
+    assert variant_edit("code=HEAD")(config) == config  # not a config edit
+    version = tmp_path / "copy" / "1"
+    (version / "embed_runtime").mkdir(parents=True)
+    (version / "embed_runtime" / "stale.py").write_text("")
+    use_code(version, "HEAD")
+    assert not (version / "embed_runtime" / "stale.py").exists()
+    tracked = Path(__file__).parents[4] / "embed_runtime" / "errors.py"
+    assert (version / "embed_runtime" / "errors.py").read_text() == tracked.read_text()
 
 
 def test_empty_model_returns_zero_rows_of_the_encoder_width(monkeypatch) -> None:
