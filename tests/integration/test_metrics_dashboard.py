@@ -68,6 +68,24 @@ def dashboard_selectors() -> list[tuple[str, str, set[str]]]:
     return out
 
 
+def dashboard_problems(live: dict[str, set[str]]) -> list[str]:
+    """What each dashboard query names that Triton does not export, with its panel.
+
+    ``live`` is a live scrape (:func:`parse_exposition`); GPU metrics may come from the
+    recorded GPU scrape instead, every other metric must be live.
+    """
+    exported = {**parse_exposition(GPU_SCRAPE.read_text()), **live}
+    problems = []
+    for panel, metric, labels in dashboard_selectors():
+        if metric not in exported:
+            problems.append(f"{panel}: {metric} is not exported")
+        elif not labels <= exported[metric] | {"__name__"}:
+            problems.append(f"{panel}: {metric} has no label {sorted(labels - exported[metric])}")
+        elif metric not in live and not metric.startswith("nv_gpu_"):
+            problems.append(f"{panel}: {metric} only in the GPU recording, yet not a GPU metric")
+    return problems
+
+
 @pytest.fixture(scope="module")
 def live_metrics(server) -> dict[str, set[str]]:
     with server.client("http") as client:
@@ -88,16 +106,7 @@ def test_live_scrape_has_per_model_metrics_for_every_served_step(server, live_me
 
 
 def test_dashboard_queries_name_metrics_and_labels_triton_exports(live_metrics) -> None:
-    gpu = parse_exposition(GPU_SCRAPE.read_text())
-    exported = {**gpu, **live_metrics}
-    problems = []
-    for panel, metric, labels in dashboard_selectors():
-        if metric not in exported:
-            problems.append(f"{panel}: {metric} is not exported")
-        elif not labels <= exported[metric] | {"__name__"}:
-            problems.append(f"{panel}: {metric} has no label {sorted(labels - exported[metric])}")
-        elif metric not in live_metrics and not metric.startswith("nv_gpu_"):
-            problems.append(f"{panel}: {metric} only in the GPU recording, yet not a GPU metric")
+    problems = dashboard_problems(live_metrics)
     assert not problems, "\n".join(problems)
 
 
