@@ -24,14 +24,10 @@ import pytest
 from PIL import Image
 
 from client import EmbeddingClient
-from generator.admin import KEY_ENV
-from generator.build import build_repository
 from generator.families.spec import LITELLM_SUFFIX
 from generator.manifest import Manifest, load_manifest, resolve_path
-from generator.shared_models import startup_models
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 from tests.integration.clip_fixture import sample_images
-from tests.integration.conftest import ADMIN_KEY
+from tests.integration.conftest import ADMIN_KEY, serve
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,22 +85,10 @@ class Shipped:
 def shipped(tmp_path_factory) -> Shipped:
     manifest = _shipped_manifest(tmp_path_factory)
     base = tmp_path_factory.mktemp("shipped-repo")
-    repo = base / "model_repository"
-    build_repository(manifest, repo, log=lambda _msg: None)
-    launch = TritonLaunch(
-        repo,
-        TritonPorts(*free_ports(3)),
-        load_models=startup_models(manifest),
-        admin_key=ADMIN_KEY,
-    )
-    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY})
-    process.start()
-    try:
-        process.wait_ready(timeout_s=float(os.environ.get("TRITON_START_TIMEOUT", 240)))
-        with EmbeddingClient(process.http_url, admin_key=ADMIN_KEY) as client:
-            yield Shipped(manifest, client, process.http_url)
-    finally:
-        process.stop()
+    with serve(manifest, base) as server:
+        http_url = server.process.http_url
+        with EmbeddingClient(http_url, admin_key=ADMIN_KEY) as client:
+            yield Shipped(manifest, client, http_url)
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
