@@ -37,8 +37,16 @@ from bench.manifest import BUILD
 
 log = logger("gpu-fusion")
 FUSED_OPS = (
-    "Attention", "MultiHeadAttention", "SkipLayerNormalization", "LayerNormalization",
-    "EmbedLayerNormalization", "BiasGelu", "FastGelu", "Gelu", "MatMul", "Softmax",
+    "Attention",
+    "MultiHeadAttention",
+    "SkipLayerNormalization",
+    "LayerNormalization",
+    "EmbedLayerNormalization",
+    "BiasGelu",
+    "FastGelu",
+    "Gelu",
+    "MatMul",
+    "Softmax",
 )
 
 
@@ -152,8 +160,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batches", default="16 64 256")
     parser.add_argument("--processes", default="1 4 8")
     parser.add_argument("--torch-device", default="cuda", help="where the reference runs")
-    parser.add_argument("--shape-costs", action="store_true",
-                        help="only the cost of new input shapes per attention kernel")
+    parser.add_argument(
+        "--shape-costs",
+        action="store_true",
+        help="only the cost of new input shapes per attention kernel",
+    )
     parser.add_argument("--mps", action="store_true", help="repeat the process runs under MPS")
     return parser.parse_args(argv)
 
@@ -181,12 +192,19 @@ def study_shape(args, shape: str, sentences: list[str]) -> dict:
     sample = model.preprocess(sentences[:3])
     export_module(encoder, spec, {n: sample[n] for n in names}, fp32)
     paths = make_variants(fp32, work, dims.heads, dims.hidden)
-    features = model.tokenizer(sentences, padding=True, truncation=True,
-                               max_length=dims.max_seq_length, return_tensors="np")
+    features = model.tokenizer(
+        sentences,
+        padding=True,
+        truncation=True,
+        max_length=dims.max_seq_length,
+        return_tensors="np",
+    )
     arrays = {n: features[n].astype(np.int64) for n in names}
-    reference = SentenceTransformer(str(text_dir), device=args.torch_device).encode(
-        sentences, batch_size=64, convert_to_numpy=True
-    ).astype(np.float64)
+    reference = (
+        SentenceTransformer(str(text_dir), device=args.torch_device)
+        .encode(sentences, batch_size=64, convert_to_numpy=True)
+        .astype(np.float64)
+    )
     result: dict = {"shape": vars(dims) if hasattr(dims, "__dict__") else str(dims)}
     batches = [int(b) for b in args.batches.split()]
     for name, path in paths.items():
@@ -243,10 +261,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(BUILD / "gpu" / f"{shape}-random"))
-    features = tokenizer(sentences[:512], padding=True, truncation=True, max_length=512,
-                         return_tensors="np")
-    arrays = {n: features[n].astype(np.int64)
-              for n in ("input_ids", "attention_mask", "token_type_ids")}
+    features = tokenizer(
+        sentences[:512], padding=True, truncation=True, max_length=512, return_tensors="np"
+    )
+    arrays = {
+        n: features[n].astype(np.int64) for n in ("input_ids", "attention_mask", "token_type_ids")
+    }
     runs = results["processes"] = []
     modes = ["default"] + (["mps"] if args.mps else [])
     for mode in modes:
@@ -257,8 +277,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             for graph in ("plain", "fused"):
                 for count in (int(p) for p in args.processes.split()):
                     value = processes_rate(work / f"{graph}.onnx", arrays, 64, count, rounds=10)
-                    runs.append({"mode": mode, "graph": graph, "processes": count,
-                                 "items_per_s": round(value, 1)})
+                    runs.append(
+                        {
+                            "mode": mode,
+                            "graph": graph,
+                            "processes": count,
+                            "items_per_s": round(value, 1),
+                        }
+                    )
                     log(f"{mode} {graph} x{count}: {value:,.0f}/s")
                     save()
         finally:
@@ -269,16 +295,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-
 # Attention kernels of ONNX Runtime's CUDA provider, chosen by environment variables read
 # once per process (0: the provider's own choice).
 KERNEL_ENVS = {
     "default": {},
     "no-trt-fused": {"ORT_DISABLE_FUSED_ATTENTION": "1", "ORT_DISABLE_TRT_FLASH_ATTENTION": "1"},
-    "efficient-only": {"ORT_DISABLE_FUSED_ATTENTION": "1", "ORT_DISABLE_TRT_FLASH_ATTENTION": "1",
-                       "ORT_DISABLE_FLASH_ATTENTION": "1"},
-    "unfused": {"ORT_DISABLE_FUSED_ATTENTION": "1", "ORT_DISABLE_TRT_FLASH_ATTENTION": "1",
-                "ORT_DISABLE_FLASH_ATTENTION": "1", "ORT_DISABLE_MEMORY_EFFICIENT_ATTENTION": "1"},
+    "efficient-only": {
+        "ORT_DISABLE_FUSED_ATTENTION": "1",
+        "ORT_DISABLE_TRT_FLASH_ATTENTION": "1",
+        "ORT_DISABLE_FLASH_ATTENTION": "1",
+    },
+    "unfused": {
+        "ORT_DISABLE_FUSED_ATTENTION": "1",
+        "ORT_DISABLE_TRT_FLASH_ATTENTION": "1",
+        "ORT_DISABLE_FLASH_ATTENTION": "1",
+        "ORT_DISABLE_MEMORY_EFFICIENT_ATTENTION": "1",
+    },
 }
 
 

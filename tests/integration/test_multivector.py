@@ -66,8 +66,7 @@ def _worst(got: list[np.ndarray], want: list[np.ndarray]) -> float:
 def test_queries_and_documents_equal_the_library_and_maxsim_too(colbert_setup, protocol):
     server, reference = colbert_setup
     texts = parity_texts()
-    queries, documents = _library(reference, texts, "query"), _library(reference, texts,
-                                                                         "document")
+    queries, documents = _library(reference, texts, "query"), _library(reference, texts, "document")
     with server.client(protocol) as client:
         got_queries = client.embed_multivector("cb", texts, is_query=True)
         got_docs = client.embed_multivector("cb", texts)
@@ -75,8 +74,10 @@ def test_queries_and_documents_equal_the_library_and_maxsim_too(colbert_setup, p
     scores = maxsim(got_queries, got_docs)
     want = reference.similarity(queries, documents).numpy()
     score_diff = float(np.abs(scores - want).max())
-    print(f"\ncb {protocol}: {len(texts)} texts, max|diff| queries {diffs[0]:.2e}, documents "
-          f"{diffs[1]:.2e}; MaxSim {score_diff:.2e} (scores {want.min():.2f}..{want.max():.2f})")
+    print(
+        f"\ncb {protocol}: {len(texts)} texts, max|diff| queries {diffs[0]:.2e}, documents "
+        f"{diffs[1]:.2e}; MaxSim {score_diff:.2e} (scores {want.min():.2f}..{want.max():.2f})"
+    )
     assert max(diffs) <= MAX_ABS_DIFF
     assert score_diff <= 1e-4
     assert (scores.argmax(1) == want.argmax(1)).all()
@@ -84,8 +85,7 @@ def test_queries_and_documents_equal_the_library_and_maxsim_too(colbert_setup, p
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_token_count_is_each_rows_vector_count_and_rows_are_zero_padded(colbert_setup,
-                                                                        protocol):
+def test_token_count_is_each_rows_vector_count_and_rows_are_zero_padded(colbert_setup, protocol):
     server, reference = colbert_setup
     texts = ["x", "A longer document, with punctuation; about late interaction!"]
     for task in ("document", "query"):
@@ -94,7 +94,7 @@ def test_token_count_is_each_rows_vector_count_and_rows_are_zero_padded(colbert_
         assert counts.dtype == np.int32 and counts.reshape(-1).tolist() == [len(w) for w in want]
         assert embeddings.dtype == np.float32
         assert embeddings.shape == (2, max(len(w) for w in want), want[0].shape[1])
-        assert not embeddings[0, len(want[0]):].any()
+        assert not embeddings[0, len(want[0]) :].any()
     default, _ = _raw(server, protocol, texts, None)  # no task: documents
     documents, _ = _raw(server, protocol, texts, "document")
     assert np.array_equal(default, documents)
@@ -103,12 +103,17 @@ def test_token_count_is_each_rows_vector_count_and_rows_are_zero_padded(colbert_
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_an_empty_text_or_a_bad_task_fails_its_own_request_alone(colbert_setup, protocol):
     server, reference = colbert_setup
-    good = [(["a cat sat on the mat", "late interaction"], "document"),
-            (["what is colbert?"], "query"), (["one more request"], "document")]
+    good = [
+        (["a cat sat on the mat", "late interaction"], "document"),
+        (["what is colbert?"], "query"),
+        (["one more request"], "document"),
+    ]
     bad = [(["fine", "   "], "document"), (["fine"], "passage")]
     results = concurrently([partial(_raw, server, protocol, *r) for r in [*good, *bad]])
-    for i, message in ((len(good), "TEXT row 1 is empty or whitespace only"),
-                       (len(good) + 1, "task must be one of ['query', 'document']")):
+    for i, message in (
+        (len(good), "TEXT row 1 is empty or whitespace only"),
+        (len(good) + 1, "task must be one of ['query', 'document']"),
+    ):
         assert isinstance(results[i], InferenceServerException)
         assert str(results[i].status()) == text_helpers.INVALID[protocol]
         assert message in str(results[i].message())
@@ -121,8 +126,7 @@ def test_an_empty_text_or_a_bad_task_fails_its_own_request_alone(colbert_setup, 
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_truncate_false_refuses_a_long_document_and_left_cuts_are_refused(colbert_setup,
-                                                                          protocol):
+def test_truncate_false_refuses_a_long_document_and_left_cuts_are_refused(colbert_setup, protocol):
     """``truncate=false`` refuses a document over its length, naming its tokens; the
     default cuts it as ``encode_document`` does; ``truncation_direction=left`` is refused."""
     server, reference = colbert_setup
@@ -130,8 +134,10 @@ def test_truncate_false_refuses_a_long_document_and_left_cuts_are_refused(colber
     embeddings, counts = _raw(server, protocol, [long], "document")
     got = [e[: int(n)] for e, n in zip(embeddings, counts.reshape(-1), strict=True)]
     assert _worst(got, _library(reference, [long], "document")) <= MAX_ABS_DIFF
-    for parameters, message in (({"truncate": False}, "TEXT row 0 has"),
-                                ({"truncation_direction": "left"}, "not available for multi")):
+    for parameters, message in (
+        ({"truncate": False}, "TEXT row 0 has"),
+        ({"truncation_direction": "left"}, "not available for multi"),
+    ):
         with pytest.raises(InferenceServerException) as refused:
             _raw(server, protocol, [long], "document", **parameters)
         assert str(refused.value.status()) == text_helpers.INVALID[protocol]

@@ -57,9 +57,17 @@ def free_reference(sparse_setup):
     return SparseEncoder(server.manifest.get("free").source, device="cpu")
 
 
-def _encode(reference, texts, k=None) -> np.ndarray:
-    return reference.encode(texts, batch_size=16, max_active_dims=k, convert_to_tensor=True,
-                            convert_to_sparse_tensor=False).numpy()
+def _encode(reference, texts, k=None, encode=None) -> np.ndarray:
+    """The library's dense rows of ``texts`` (``encode``: one of its encode methods)."""
+    encode = encode or reference.encode
+    dense = encode(
+        texts,
+        batch_size=16,
+        max_active_dims=k,
+        convert_to_tensor=True,
+        convert_to_sparse_tensor=False,
+    )
+    return dense.numpy()
 
 
 def _dense(rows, size: int) -> np.ndarray:
@@ -86,8 +94,10 @@ def test_served_rows_equal_sparse_encoder_encode(sparse_setup, protocol, model, 
     got = _dense(rows, want.shape[1])
     diff = float(np.abs(got - want).max())
     counts = (want != 0).sum(1)
-    print(f"\n{model} {protocol}: {len(texts)} texts, max|diff| {diff:.2e}, "
-          f"active dims {counts.min()}-{counts.max()}")
+    print(
+        f"\n{model} {protocol}: {len(texts)} texts, max|diff| {diff:.2e}, "
+        f"active dims {counts.min()}-{counts.max()}"
+    )
     assert diff <= MAX_ABS_DIFF
     for (index, value), row in zip(rows, want, strict=True):
         assert index.dtype == np.int32 and value.dtype == np.float32
@@ -105,7 +115,7 @@ def test_each_request_is_as_wide_as_its_widest_row(sparse_setup, protocol):
     counts = (_encode(reference, texts) != 0).sum(1)
     assert indices.dtype == np.int32 and values.dtype == np.float32
     assert indices.shape == values.shape == (2, counts.max())
-    assert (indices[0, counts[0]:] == -1).all() and (values[0, counts[0]:] == 0).all()
+    assert (indices[0, counts[0] :] == -1).all() and (values[0, counts[0] :] == 0).all()
     narrow, _ = _raw(server, protocol, "sp", texts[:1])
     assert narrow.shape == (1, counts[0])
     indices, _ = _raw(server, protocol, "sp-k16", texts)
@@ -171,8 +181,7 @@ def test_a_bad_max_active_dims_fails_its_own_request_alone(sparse_setup, protoco
 
 def _routed(reference, texts, task: str, k=None) -> np.ndarray:
     encode = reference.encode_query if task == "query" else reference.encode_document
-    return encode(texts, batch_size=16, max_active_dims=k, convert_to_tensor=True,
-                  convert_to_sparse_tensor=False).numpy()
+    return _encode(reference, texts, k, encode)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -189,8 +198,10 @@ def test_inference_free_routes_equal_encode_query_and_encode_document(
         capped = client.embed_sparse("free", texts, task=task, max_active_dims=3)
     diff = float(np.abs(_dense(rows, want.shape[1]) - want).max())
     counts = (want != 0).sum(1)
-    print(f"\nfree {task} {protocol}: {len(texts)} texts, max|diff| {diff:.2e}, "
-          f"active dims {counts.min()}-{counts.max()}")
+    print(
+        f"\nfree {task} {protocol}: {len(texts)} texts, max|diff| {diff:.2e}, "
+        f"active dims {counts.min()}-{counts.max()}"
+    )
     assert diff <= MAX_ABS_DIFF
     want_capped = _routed(reference, texts, task, 3)
     assert float(np.abs(_dense(capped, want.shape[1]) - want_capped).max()) <= MAX_ABS_DIFF
@@ -212,8 +223,11 @@ def test_inference_free_defaults_to_documents_and_answers_queries_without_active
     assert all(np.array_equal(a, b) for a, b in zip(default, document, strict=True))
     weights = reference[0].sub_modules["query"][0].weight.detach().numpy()
     tokenizer = reference[0].sub_modules["query"][0].tokenizer
-    silent = next(w for w in ("hello", "world", "cat", "dog", "tree", "house", "river")
-                  if weights[tokenizer.convert_tokens_to_ids(w)] == 0)
+    silent = next(
+        w
+        for w in ("hello", "world", "cat", "dog", "tree", "house", "river")
+        if weights[tokenizer.convert_tokens_to_ids(w)] == 0
+    )
     assert not _routed(reference, [silent], "query").any()
     indices, values = _raw(server, protocol, "free", [silent], {"task": "query"})
     assert indices.shape == values.shape == (1, 1)
@@ -226,9 +240,13 @@ def test_inference_free_mixed_tasks_share_batches_and_a_bad_task_fails_alone(
 ):
     server, _ = sparse_setup
     reference = free_reference
-    cases = [(["what is a sparse encoder?"], "query"), (["Triton serves models."], "document"),
-             (["where is the river", "cats"], "query"), (["a document", "and another"], None),
-             (["fine"], "passage")]
+    cases = [
+        (["what is a sparse encoder?"], "query"),
+        (["Triton serves models."], "document"),
+        (["where is the river", "cats"], "query"),
+        (["a document", "and another"], None),
+        (["fine"], "passage"),
+    ]
     send = partial(_raw, server, protocol, "free")
     results = concurrently(
         [partial(send, texts, {"task": task} if task else None) for texts, task in cases]
