@@ -135,11 +135,6 @@ class BatchTokenizer:
         special = self.params.add_special_tokens
         if keep_end is not None and any(keep_end):
             encodings = self._encode_both_ways(list(texts), keep_end, special)
-        elif len(texts) == 1:
-            # A lone text on this thread: ``encode_batch`` hands even one text to the
-            # tokenizer's thread pool and waits for a worker to wake, which on a busy
-            # CPU costs more than the text's tokenizing (docs/benchmarks.md, 1 x 1).
-            encodings = [self.tokenizer.encode(texts[0], add_special_tokens=special)]
         else:
             encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=special)
         if not special:

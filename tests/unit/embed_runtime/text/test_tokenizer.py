@@ -359,7 +359,9 @@ def _library_tokenizer(side: str):
 
 
 @pytest.mark.parametrize("value", ["left", "Left", "LEFT"])
-def test_left_keeps_the_end_as_the_library_with_truncation_side_left(tokenizer_path, value) -> None:
+def test_left_keeps_the_end_as_the_library_with_truncation_side_left(
+    tokenizer_path, value
+) -> None:
     """Mixed rows: left-cut rows equal transformers' ``truncation_side="left"``, the
     others its right cut, all padded on the right to one width as the server pads."""
     texts = [f"{_words(30)} the end", "short text", f"start {_words(40)} end", _words(14)]
@@ -401,60 +403,3 @@ def test_left_cut_rows_of_unequal_width_are_padded_to_one(tokenizer_path) -> Non
 def test_truncation_direction_must_be_right_or_left(value) -> None:
     with pytest.raises(InvalidInputError, match="truncation_direction must be 'right' or 'left'"):
         keeps_end({"truncation_direction": value})
-
-
-# --- one text on the calling thread ----------------------------------------------------
-
-ONE_TEXT_CASES = [
-    "hello world",
-    "",
-    " ",
-    "¿Dónde está la biblioteca? 東京は日本の首都です。",
-    "word " * 40,  # over max_length: truncated
-    "e\u0301\u0000\u200b tabs\tand\nnewlines",
-]
-
-
-@pytest.mark.parametrize("pad_to_max_length", [False, True])
-@pytest.mark.parametrize("special", [True, False])
-def test_one_text_tokenizes_as_in_a_batch(
-    tokenizer_path: str, pad_to_max_length: bool, special: bool
-) -> None:
-    params = _params(pad_to_max_length=pad_to_max_length, add_special_tokens=special)
-    tokenizer = BatchTokenizer(tokenizer_path, params)
-    for text in ONE_TEXT_CASES:
-        batch = tokenizer.tokenizer.encode_batch([text], add_special_tokens=special)
-        expected = {
-            "input_ids": np.array([batch[0].ids]),
-            "attention_mask": np.array([batch[0].attention_mask]),
-            "token_type_ids": np.array([batch[0].type_ids]),
-        }
-        try:
-            alone = tokenizer.encode([text])
-        except InvalidInputError:  # no tokens at all: refused either way
-            assert not special and not any(batch[0].attention_mask)
-            continue
-        assert set(alone) == set(NAMES)
-        for name in NAMES:
-            np.testing.assert_array_equal(alone[name], expected[name], err_msg=f"{text!r} {name}")
-            assert alone[name].dtype == np.int64
-
-
-def test_one_text_path_is_taken_for_one_text_only(tokenizer_path: str, monkeypatch) -> None:
-    tokenizer = BatchTokenizer(tokenizer_path, _params())
-    calls: list[str] = []
-    real = tokenizer.tokenizer
-
-    class Spy:
-        def encode(self, *args, **kwargs):
-            calls.append("encode")
-            return real.encode(*args, **kwargs)
-
-        def encode_batch(self, *args, **kwargs):
-            calls.append("encode_batch")
-            return real.encode_batch(*args, **kwargs)
-
-    monkeypatch.setattr(tokenizer, "tokenizer", Spy())
-    tokenizer.encode(["one"])
-    tokenizer.encode(["one", "two"])
-    assert calls == ["encode", "encode_batch"]
