@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.studies.ab import run_order
 from bench.studies.bare_entry import TUNED, ratios, variants
 from generator.manifest import ModelEntry, parse_manifest
@@ -14,10 +16,11 @@ def _served(entry: dict) -> ModelEntry:
 
 
 def test_the_bare_entry_names_no_knob_and_the_tuned_one_writes_them_out() -> None:
-    bare, tuned, plain = (_served(e) for e in variants().values())
+    bare, tuned, plain, control = (_served(e) for e in variants().values())
+    assert list(variants()) == ["bare", "tuned", "plain", "control"]
     assert set(variants()["bare"]) == {"name", "family", "source"}
     # Served alike: the profile is the tuned settings; the study checks it stays so.
-    assert bare == tuned
+    assert bare == tuned == control
     for key, value in TUNED.items():
         assert getattr(tuned, key) == value
     # The generic entry is what a bare one was before the profile.
@@ -30,15 +33,27 @@ def test_the_bare_entry_names_no_knob_and_the_tuned_one_writes_them_out() -> Non
 
 
 def test_ratios_are_taken_inside_each_repeat_and_their_median_kept() -> None:
+    per_repeat = ((90.0, 100.0, 10.0, 110.0), (200.0, 100.0, 10.0, 90.0), (99.0, 100.0, 1.0, 95.0))
     rows = [
-        {"repeat": r, "load": "1 x 1", "variant": v, "items_per_s": rate, "p50_ms": 1.0,
-         "errors": 0}
-        for r, rates in enumerate(((90.0, 100.0, 10.0), (200.0, 100.0, 10.0), (99.0, 100.0, 1.0)))
+        {
+            "repeat": r,
+            "load": "1 x 1",
+            "variant": v,
+            "items_per_s": rate,
+            "p50_ms": 1.0,
+            "errors": 0,
+        }
+        for r, rates in enumerate(per_repeat)
         for v, rate in enumerate(rates)
     ]
-    figures = ratios(rows, ["1 x 1"], ["bare", "tuned", "plain"])["1 x 1"]
+    figures = ratios(rows, ["1 x 1"], ["bare", "tuned", "plain", "control"])["1 x 1"]
     assert figures["bare_over_tuned_runs"] == [0.9, 2.0, 0.99]
     assert figures["bare_over_tuned"] == 0.99
+    # Pooled: the mean rate over the repeats over tuned's mean rate, (90 + 200 + 99) / 300.
+    assert figures["bare_over_tuned_pooled"] == pytest.approx(389 / 300)
+    assert figures["control_over_tuned_runs"] == [1.1, 0.9, 0.95]
+    assert figures["control_over_tuned_pooled"] == pytest.approx(295 / 300)
+    assert "tuned_over_tuned" not in figures
     assert figures["tuned"]["items_per_s"] == 100.0
 
 
