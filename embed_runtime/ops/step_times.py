@@ -53,12 +53,12 @@ class StepTimes:
 
         return wrapper
 
-    def write(self, requests: int, rows: int, ort_ns: int, total_ns: int) -> None:
+    def write(self, requests: int, ort_ns: int, total_ns: int) -> None:
         """One line for the execution just ended; the phases start again from zero."""
         read, embed = self.phases.get("read", 0), self.phases.get("embed", 0)
         respond = total_ns - read - embed
         values = (read, ort_ns, embed - ort_ns, respond, total_ns)
+        cells = [str(requests), str(self.rows), *(f"{v / 1e3:.1f}" for v in values)]
         self.phases, self.rows = {}, 0
         with open(self.path, "a", encoding="utf-8") as out:
-            cells = [str(requests), str(rows), *(f"{v / 1e3:.1f}" for v in values)]
             out.write("\t".join(cells) + "\n")

@@ -163,7 +163,7 @@ class EncodeStep:
         read, run = self.times.timed("read", self._read), self.times.timed("embed", self._run)
         responses = self._execute(requests, read, run)
         total = self.times.clock() - start
-        self.times.write(len(requests), self.times.rows, self.encoder.run_ns - ort_before, total)
+        self.times.write(len(requests), self.encoder.run_ns - ort_before, total)
         return responses
 
     def _execute(self, requests: list, read: Callable, run: Callable) -> list:

@@ -32,7 +32,7 @@ def test_phases_are_summed_then_written_once_per_execution(tmp_path: Path) -> No
     embed = times.timed("embed", lambda xs: xs)
     read(1), read(2), embed([1, 2])  # each call: two readings, 1 ms apart
     times.rows = 3
-    times.write(requests=2, rows=times.rows, ort_ns=400_000, total_ns=5_000_000)
+    times.write(requests=2, ort_ns=400_000, total_ns=5_000_000)
     (line,) = step_lines(tmp_path / "m.1.tsv")
     assert line == {
         "requests": 2,
