@@ -18,8 +18,11 @@ Every repeat runs each text load of ``bench.run`` (``--scale`` times its request
 each server in a rotated order (``bench.studies.ab``). Per load it prints bare / tuned
 and control / tuned two ways: pooled (the mean rate over every repeat over the other's,
 which uses every run) and the median of the per-repeat ratios. The gate (>= 0.95x) is
-on the pooled bare / tuned ratio. Writes ``bench/results/bare-entry-<time>.json``
-(``.build/bench-results`` with ``--quick``). Exits 1 when a load is under the gate.
+on the pooled bare / tuned ratio. Before any load it compares the built repositories file
+by file (bytecode caches aside): ``bare`` and ``tuned`` serve the same bytes, so their
+ratio can differ from 1 only as much as ``control``'s does. Writes
+``bench/results/bare-entry-<time>.json`` (``.build/bench-results`` with ``--quick``).
+Exits 1 when a load is under the gate.
 """
 
 from __future__ import annotations
@@ -33,12 +36,13 @@ import sys
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 from bench.common import logger, median, save_results, table
 from bench.loads import text_loads
 from bench.machine import machine_info
-from bench.manifest import ROOT, TEXT_DEFAULTS
+from bench.manifest import BUILD, ROOT, TEXT_DEFAULTS
 from bench.studies.ab import rotate, serve
 from client.load.workload import text_pool
 from generator.manifest import ModelEntry, parse_manifest
@@ -82,6 +86,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pool", type=int, default=512, help="distinct sentences")
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     return parser.parse_args(argv)
+
+
+def repository_differences(a: Path, b: Path) -> list[str]:
+    """Files (relative paths) that differ between two built repositories, or exist in one.
+
+    ``__pycache__`` (bytecode Python writes when a stub imports the model) is left out.
+    """
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*"))
+                if f.is_file() and "__pycache__" not in f.parts}
+
+    left, right = files(a), files(b)
+    return sorted(name for name in left.keys() | right.keys() if left.get(name) != right.get(name))
 
 
 def ratios(rows: list[dict], loads: list[str], labels: list[str]) -> dict[str, dict]:
@@ -130,6 +147,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for label, entry in entries.items():
             manifest = parse_manifest({"models": [entry]}, ROOT, f"{label} entry")
             servers.append(serve(manifest, f"bare-entry-{label}", stack))
+        differences = {
+            label: repository_differences(BUILD / "bare-entry-tuned-repo",
+                                          BUILD / f"bare-entry-{label}-repo")
+            for label in labels if label != "tuned"
+        }
+        log("repository files differing from tuned's: " + ", ".join(
+            f"{label} {len(found)}" for label, found in differences.items()))
         rows = rotate(servers, loads, repeats, pool, args.protocol)
     figures = ratios(rows, [ld.key for ld in loads], labels)
     header = [
@@ -160,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "repeats": repeats,
         "scale": args.scale,
         "variants": entries,
+        "repository_differences_from_tuned": differences,
         "figures": figures,
         "rows": rows,
     }

@@ -65,3 +65,19 @@ def test_no_server_always_runs_right_after_the_same_other_one() -> None:
     assert before_zero == {1, 2}
     for repeat in range(6):
         assert sorted(run_order(3, repeat)) == [0, 1, 2]
+
+
+def test_repository_differences_name_changed_missing_and_extra_files(tmp_path: Path) -> None:
+    from bench.studies.bare_entry import repository_differences
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for root in (a, b):
+        (root / "m" / "1" / "__pycache__").mkdir(parents=True)
+        (root / "m" / "config.pbtxt").write_text("same")
+    (a / "m" / "1" / "__pycache__" / "model.pyc").write_bytes(b"\x01")
+    (b / "m" / "1" / "__pycache__" / "model.pyc").write_bytes(b"\x02")
+    assert repository_differences(a, b) == []  # bytecode caches are not the repository
+    (b / "m" / "config.pbtxt").write_text("other")
+    (a / "m" / "1" / "only-here").write_text("x")
+    (b / "extra").write_text("y")
+    assert repository_differences(a, b) == ["extra", "m/1/only-here", "m/config.pbtxt"]
