@@ -125,9 +125,10 @@ clean:
 # then every new OpenCLIP tower kind (six tiny models, one Triton) served against open_clip
 # in-process (bench.open_clip_speed, 8.2 min on a loaded 2-core box; CLIP_SPEED_ARGS="--repeats 1"),
 # then the faults benchmarks, each writing bench/results/ (OVERLOAD_ARGS / SOAK_ARGS="--quick"):
-# all-MiniLM-L6-v2 at 3 x its sustainable rate, queues unbounded and bounded (bench.faults.overload,
-# about 10 min), 10 min of mixed load with the server's memory sampled (bench.faults.soak,
-# docs/bench-soak.png), and 100 starts of `generator serve` under traffic with the start
+# all-MiniLM-L6-v2 at 2 x and 3 x its sustainable rate, the default queue, shorter ones and
+# none (bench.faults.overload, about 12 min; the load generator on its own cores from 4 cores
+# up), 10 min of mixed load after the largest requests, the server's memory sampled
+# (bench.faults.soak, docs/bench-soak.png), and 100 starts of `generator serve` under traffic with the start
 # watch off and on, hangs counted (bench.faults.start_loop; START_LOOP_ARGS="--starts 5").
 .PHONY: bench
 bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)

@@ -31,7 +31,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 # Requests waiting in one step's queue before new ones are refused: about half a second
-# of work for all-MiniLM-L6-v2 sentences on a 2-core CPU (~1,000/s), well under that on a GPU.
+# of all-MiniLM-L6-v2 work on a 2-core CPU when requests carry 32 sentences (~1,000/s),
+# seconds when each carries one (docs/benchmarks.md, "Overload"); well under on a GPU.
 CPU_QUEUE = 512
 GPU_QUEUE = 4096
 

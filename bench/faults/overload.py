@@ -1,8 +1,9 @@
 """Overload and deadlines: all-MiniLM-L6-v2 at 3 x its sustainable rate, queue bounded or not.
 
 One fresh repository and server per configuration: the text model as ``models.toml``
-serves it (queues unbounded), then with ``max_queue_size`` N (and optionally
-``queue_timeout_us`` T) on its steps. Against each, single sentences over gRPC:
+serves it (the profile's bounded queue, ``default``), then with ``max_queue_size`` N
+(0: unbounded; optionally ``queue_timeout_us`` T) on its steps. Against each, single
+sentences over gRPC:
 
 1. reference: every pool sentence once, one at a time; the vector each loaded answer
    must match (max abs diff <= 1e-5);
@@ -10,8 +11,16 @@ serves it (queues unbounded), then with ``max_queue_size`` N (and optionally
    ``--clients`` (:func:`client.load.loadgen.run_triton_load`);
 3. unloaded: an open loop at 10 % of the sustainable rate, its p50 / p99;
 4. overload: an open loop (Poisson arrivals, async gRPC, ``--senders`` threads) at
-   ``--factor`` (3) x the sustainable rate for ``--seconds`` (30); every request carries a
-   client deadline (``--deadline-s``); answers still missing after it count as hung.
+   each ``--factor`` (2 and 3) x the sustainable rate for ``--seconds`` (30); every request
+   carries a client deadline (``--deadline-s``); answers still missing after it count as
+   hung.
+
+``--pin`` (default ``auto``) keeps the load generator off the server's cores, as
+``taskset`` would: the server (and every stub it starts, whose ONNX Runtime sizes its
+threads from the cores it may use) gets all cores but the last quarter, the generator
+the rest. ``auto`` pins only from 4 cores up: on 2 cores the server would keep one, and
+measured that way (2026-11-27) it did worse than sharing both. ``none`` shares every
+core; ``SERVER/CLIENT`` (``0-2/3``) names them.
 
 The goal (the faults issue): accepted p99 <= 2 x unloaded p99, every refusal back in
 < 50 ms, no wrong vector, nothing past its deadline. Writes
@@ -59,7 +68,9 @@ REFUSED = "StatusCode.UNAVAILABLE"
 DEADLINE = "StatusCode.DEADLINE_EXCEEDED"
 # Below, at and a few times above the rows per execution at saturation (3-6 measured
 # here), one far above, and one with a queue timeout.
-DEFAULT_QUEUES = ("1", "4", "16", "64", "4:10000")
+DEFAULT_QUEUES = ("1", "4", "16", "0", "4:10000")
+DEFAULT_FACTORS = "2,3"
+AUTO_PIN_CORES = 4
 
 
 log = logger("overload")
@@ -280,10 +291,10 @@ def parse_queue(value: str) -> dict[str, int]:
 
 
 def config_name(knobs: dict[str, int]) -> str:
-    """``unbounded``, ``queue-8`` or ``queue-8-timeout-20000us``."""
+    """``default``, ``unbounded``, ``queue-8`` or ``queue-8-timeout-20000us``."""
     if not knobs:
-        return "unbounded"
-    name = f"queue-{knobs['max_queue_size']}"
+        return "default"
+    name = f"queue-{knobs['max_queue_size']}" if knobs["max_queue_size"] else "unbounded"
     return name + (f"-timeout-{knobs['queue_timeout_us']}us" if knobs["queue_timeout_us"] else "")
 
 
@@ -292,7 +303,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.faults.overload", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="5 s loads, short warm-ups")
     parser.add_argument("--seconds", type=float, help="overload duration (default 30, quick 5)")
-    parser.add_argument("--factor", type=float, default=3.0, help="overload / sustainable rate")
+    parser.add_argument("--factor", default=DEFAULT_FACTORS,
+                        help="overload / sustainable rate, comma-separated (default 2,3)")
+    parser.add_argument("--pin", default="auto",
+                        help="auto, none, or SERVER_CPUS/CLIENT_CPUS like 0-2/3")
     parser.add_argument("--rate", type=float, help="use this sustainable rate, skip measuring")
     parser.add_argument("--queue", action="append", type=parse_queue, metavar="N[:TIMEOUT_US]",
                         help="a bounded configuration (repeatable; default 1, 4, 16, 64, 4:10000)")
@@ -306,7 +320,36 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.seconds = args.seconds or (5.0 if args.quick else 30.0)
     args.queue = args.queue or [parse_queue(q) for q in DEFAULT_QUEUES]
     args.clients = [int(c) for c in args.clients.split(",")]
+    args.factor = [float(f) for f in str(args.factor).split(",")]
+    args.pin = cpu_split(args.pin, sorted(os.sched_getaffinity(0)))
     return args
+
+
+def _cpus(text: str) -> list[int]:
+    """``0-2,5`` -> ``[0, 1, 2, 5]``."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
+def cpu_split(spec: str, cpus: list[int]) -> dict[str, list[int]] | None:
+    """The server's and the load generator's cores for ``--pin`` (``None``: not pinned).
+
+    ``auto`` gives the generator the last quarter of ``cpus`` and the server the rest,
+    from 4 cores up; under that the server needs every core, so ``auto`` pins nothing.
+    """
+    if spec == "none" or (spec == "auto" and len(cpus) < AUTO_PIN_CORES):
+        return None
+    if spec == "auto":
+        client = max(1, len(cpus) // 4)
+        return {"server": cpus[:-client], "load_generator": cpus[-client:]}
+    server, sep, client = spec.partition("/")
+    split = {"server": _cpus(server), "load_generator": _cpus(client)} if sep else None
+    if not split or set(split["server"]) & set(split["load_generator"]):
+        raise SystemExit(f"--pin {spec!r}: expected auto, none or SERVER/CLIENT, disjoint")
+    return split
 
 
 def run_config(args, knobs: dict[str, int], texts: Texts, results: dict) -> None:
@@ -314,8 +357,16 @@ def run_config(args, knobs: dict[str, int], texts: Texts, results: dict) -> None
     name = config_name(knobs)
     with ExitStack() as stack:
         overrides = {**parse_overrides(args.set), **knobs}
-        ports, pid = start_server(bench_manifest(with_clip=False, text_overrides=overrides),
-                                  f"overload-{name}", stack)
+        manifest = bench_manifest(with_clip=False, text_overrides=overrides)
+        if args.pin:  # the server and its stubs inherit the launching thread's cores
+            os.sched_setaffinity(0, args.pin["server"])
+        try:
+            ports, pid = start_server(manifest, f"overload-{name}", stack)
+        finally:
+            if args.pin:
+                os.sched_setaffinity(0, args.pin["load_generator"])
+        knobs = {"max_queue_size": next(m.max_queue_size for m in manifest.models
+                                        if m.name == TEXT_MODEL), **knobs}
         url = f"127.0.0.1:{ports.grpc}"
         ref = reference(url, texts)
         if not results["rate"]:
@@ -330,10 +381,13 @@ def run_config(args, knobs: dict[str, int], texts: Texts, results: dict) -> None
         p99 = unloaded["accepted_ms"]["p99"]
         log(f"{name}: unloaded at {UNLOADED_SHARE * rate:.0f} req/s: "
             f"p50 {unloaded['accepted_ms']['p50']} ms, p99 {p99} ms")
-        loaded = overload(args, url, pid, texts, ref, args.factor * rate, p99)
+        loaded = {}
+        for factor in args.factor:
+            loaded[f"{factor:g}x"] = overload(args, url, pid, texts, ref, factor * rate, p99)
+            print(describe(f"{name} at {factor:g} x", unloaded, loaded[f"{factor:g}x"]),
+                  flush=True)
     results["configs"].append({"name": name, "knobs": knobs, "unloaded": unloaded,
                                "overload": loaded})
-    print(describe(name, unloaded, loaded), flush=True)
 
 
 def overload(args, url: str, pid: int, texts: Texts, ref: np.ndarray, rate: float,
@@ -415,6 +469,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rate": args.rate or 0.0,
         "configs": [],
     }
+    if args.pin:
+        os.sched_setaffinity(0, args.pin["load_generator"])
+    results["meta"]["affinity"] = args.pin
     texts = Texts(text_pool(args.pool))
     for knobs in [{}, *args.queue]:
         run_config(args, knobs, texts, results)
@@ -423,11 +480,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = out / f"overload-cpu-{'quick-' if args.quick else ''}{started.replace(':', '')}.json"
     results["meta"]["results_file"] = str(path.relative_to(ROOT))
     path.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"sustainable {results['rate']} req/s; goal at {args.factor} x for {args.seconds} s:")
+    print(f"sustainable {results['rate']} req/s; cores {args.pin or 'shared'}; "
+          f"goal for {args.seconds} s:")
     for config in results["configs"]:
-        goal = config["overload"]["goal"]
-        missed = [k for k, ok in goal.items() if k != "met" and not ok]
-        print(f"  {config['name']:28s} {'met' if goal['met'] else 'missed: ' + ', '.join(missed)}")
+        for factor, run in config["overload"].items():
+            goal, ratio = run["goal"], run["accepted_p99_vs_unloaded"]
+            missed = [k for k, ok in goal.items() if k != "met" and not ok]
+            print(f"  {config['name']:28s} {factor:>5s} p99 {ratio} x  "
+                  f"{'met' if goal['met'] else 'missed: ' + ', '.join(missed)}")
     log(f"results: {path.relative_to(ROOT)}")
     return 0
 

@@ -1,0 +1,42 @@
+"""bench.faults.overload's options: the cores split between server and generator, names."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.faults.overload import config_name, cpu_split, parse_args
+
+
+def test_auto_keeps_the_generator_on_the_last_quarter_of_the_cores():
+    assert cpu_split("auto", list(range(8))) == {"server": list(range(6)),
+                                                 "load_generator": [6, 7]}
+    assert cpu_split("auto", [4, 5, 6, 7]) == {"server": [4, 5, 6], "load_generator": [7]}
+    # Under 4 cores the server keeps them all: on 2, pinned did worse than shared.
+    assert cpu_split("auto", [0, 1]) is None
+    assert cpu_split("auto", [3]) is None
+    assert cpu_split("none", list(range(8))) is None
+    assert cpu_split("0/1", [0, 1]) == {"server": [0], "load_generator": [1]}
+
+
+def test_an_explicit_split_is_read_and_must_not_overlap():
+    assert cpu_split("0-2,5/3", list(range(8))) == {"server": [0, 1, 2, 5],
+                                                   "load_generator": [3]}
+    with pytest.raises(SystemExit, match="disjoint"):
+        cpu_split("0-1/1", [0, 1])
+    with pytest.raises(SystemExit, match="SERVER/CLIENT"):
+        cpu_split("0-1", [0, 1])
+
+
+def test_factors_and_queues_are_parsed():
+    args = parse_args(["--factor", "2,3", "--queue", "4:10000", "--pin", "none"])
+    assert args.factor == [2.0, 3.0]
+    assert args.queue == [{"max_queue_size": 4, "queue_timeout_us": 10000}]
+    assert args.pin is None
+
+
+def test_a_configuration_is_named_by_what_bounds_it():
+    assert config_name({}) == "default"
+    assert config_name({"max_queue_size": 0, "queue_timeout_us": 0}) == "unbounded"
+    assert config_name({"max_queue_size": 8, "queue_timeout_us": 0}) == "queue-8"
+    assert config_name({"max_queue_size": 8, "queue_timeout_us": 20000}) == (
+        "queue-8-timeout-20000us")
