@@ -1,6 +1,6 @@
 """A bare manifest entry against the tuned one, side by side (part of ``make bench``).
 
-    python -m bench.studies.bare_entry [--quick] [--repeats 3] [--scale 1] [--protocol grpc]
+    python -m bench.studies.bare_entry [--quick] [--repeats 8] [--scale 1] [--protocol grpc]
 
 Four servers of all-MiniLM-L6-v2, all started before the first load:
 
@@ -45,6 +45,7 @@ from bench.machine import machine_info
 from bench.manifest import BUILD, ROOT, TEXT_DEFAULTS
 from bench.studies.ab import rotate, serve
 from client.load.workload import text_pool
+from generator.build import STATE_FILE
 from generator.manifest import ModelEntry, parse_manifest
 from generator.profiles import PROFILES, profile_defaults
 
@@ -81,7 +82,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog="python -m bench.studies.bare_entry", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--quick", action="store_true", help="few requests, 1 repeat")
-    parser.add_argument("--repeats", type=int, help="repeats of every load (default 3)")
+    parser.add_argument("--repeats", type=int, help="repeats of every load (default 8)")
     parser.add_argument("--scale", type=float, default=1.0, help="x requests per load")
     parser.add_argument("--pool", type=int, default=512, help="distinct sentences")
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
@@ -91,11 +92,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def repository_differences(a: Path, b: Path) -> list[str]:
     """Files (relative paths) that differ between two built repositories, or exist in one.
 
-    ``__pycache__`` (bytecode Python writes when a stub imports the model) is left out.
+    Left out: ``__pycache__`` (bytecode Python writes when a stub imports the model) and
+    the generator's own state file (the build's bookkeeping, never served: its code
+    fingerprint changes with any edit to the checkout between two builds).
     """
     def files(root: Path) -> dict[str, bytes]:
         return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*"))
-                if f.is_file() and "__pycache__" not in f.parts}
+                if f.is_file() and "__pycache__" not in f.parts and f.name != STATE_FILE}
 
     left, right = files(a), files(b)
     return sorted(name for name in left.keys() | right.keys() if left.get(name) != right.get(name))
@@ -136,7 +139,7 @@ def ratios(rows: list[dict], loads: list[str], labels: list[str]) -> dict[str, d
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the three entries, run the loads in rotation, print and save; 1 below the gate."""
     args = parse_args(argv)
-    repeats = args.repeats or (1 if args.quick else 3)
+    repeats = args.repeats or (1 if args.quick else 8)
     loads = text_loads(args.quick, args.scale)
     pool = text_pool(args.pool)
     entries = variants()

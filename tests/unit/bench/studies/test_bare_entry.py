@@ -76,7 +76,10 @@ def test_repository_differences_name_changed_missing_and_extra_files(tmp_path: P
         (root / "m" / "config.pbtxt").write_text("same")
     (a / "m" / "1" / "__pycache__" / "model.pyc").write_bytes(b"\x01")
     (b / "m" / "1" / "__pycache__" / "model.pyc").write_bytes(b"\x02")
-    assert repository_differences(a, b) == []  # bytecode caches are not the repository
+    (a / ".generator-state.json").write_text('{"fingerprint": "1"}')
+    (b / ".generator-state.json").write_text('{"fingerprint": "2"}')
+    # Bytecode caches and the build's own bookkeeping are not what is served.
+    assert repository_differences(a, b) == []
     (b / "m" / "config.pbtxt").write_text("other")
     (a / "m" / "1" / "only-here").write_text("x")
     (b / "extra").write_text("y")
