@@ -1,4 +1,4 @@
-"""Overload and deadlines: all-MiniLM-L6-v2 at 3 x its sustainable rate, queue bounded or not.
+"""Overload and deadlines: all-MiniLM-L6-v2 at 2 x and 3 x its sustainable rate, by queue size.
 
 One fresh repository and server per configuration: the text model as ``models.toml``
 serves it (the profile's bounded queue, ``default``), then with ``max_queue_size`` N
@@ -309,7 +309,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="auto, none, or SERVER_CPUS/CLIENT_CPUS like 0-2/3")
     parser.add_argument("--rate", type=float, help="use this sustainable rate, skip measuring")
     parser.add_argument("--queue", action="append", type=parse_queue, metavar="N[:TIMEOUT_US]",
-                        help="a bounded configuration (repeatable; default 1, 4, 16, 64, 4:10000)")
+                        help="a configuration beside the default (repeatable; 0: unbounded; "
+                             "default 1, 4, 16, 0, 4:10000)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a serving knob of the text model in every configuration")
     parser.add_argument("--clients", default="8,16,32", help="closed-loop concurrencies")

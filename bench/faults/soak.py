@@ -235,9 +235,10 @@ def warm_shapes(loads: list[Load], clients: int, rounds: int) -> dict[str, Any]:
     threads = []
     for load in loads:
         errors: Counter[str] = Counter()
-        done[load.name] = {"requests": clients * rounds * 2, "errors": errors}
-        threads += [threading.Thread(target=drive, args=(load, load.largest(2), errors),
-                                     daemon=True) for _ in range(clients)]
+        largest = load.largest(2)
+        done[load.name] = {"requests": clients * rounds * len(largest), "errors": errors}
+        threads += [threading.Thread(target=drive, args=(load, largest, errors), daemon=True)
+                    for _ in range(clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
