@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import http.client
 import importlib
 import os
 import re
@@ -23,6 +24,7 @@ import numpy as np
 from tritonclient.utils import InferenceServerException
 
 from .clip_scores import ClipScoresMixin
+from .deadline import Deadline, with_deadline
 from .errors import EmbeddingClientError
 from .model_management import ModelManagementMixin
 from .multivector import MultiVectorMixin
@@ -43,6 +45,7 @@ from .records import (
     unwrap_model_config,
 )
 from .rerank import RerankMixin
+from .retry import DEFAULT_RETRY, NO_RETRY, RetryBudget, RetryPolicy, call_with_retries
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 TEXT_INPUT = "TEXT"
@@ -162,6 +165,10 @@ def grpc_channel_args(keepalive) -> list[tuple[str, int]]:
     ]
 
 
+class _TransportTimeout(TimeoutError):
+    """An HTTP request past its deadline (an OSError: geventhttpclient then closes the socket)."""
+
+
 class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipScoresMixin):
     """Embed texts and images with models served by Triton; query server state.
 
@@ -171,7 +178,11 @@ class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipS
     calling the server. Inputs are split into requests of at most the model's
     ``max_batch_size`` items (read once per model from its config) and about
     ``max_request_bytes`` bytes (Triton caps HTTP bodies at 64 MB by default), so any
-    number of inputs can be passed. Not thread-safe: use one client per thread.
+    number of inputs can be passed. Each embedding call has one deadline, ``timeout_s``,
+    across its requests and their retries; refused requests are retried
+    (:mod:`client.retry`), and :class:`~client.ServerOverloadedError` says when no retry
+    was left, :class:`~client.DeadlineExceededError` when the deadline passed. Not
+    thread-safe: use one client per thread (a :class:`~client.RetryBudget` may be shared).
     """
 
     def __init__(
@@ -182,12 +193,21 @@ class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipS
         *,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         admin_key: str | None = None,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
+        retry_budget: RetryBudget | None = None,
     ):
         """Connect lazily to Triton at ``url`` (``host:port``, no scheme).
 
         ``url`` defaults to ``localhost:8000`` for HTTP and ``localhost:8001`` for gRPC.
-        ``timeout_s`` bounds each call (HTTP: connection and network timeouts; gRPC:
-        the deadline of each call). ``admin_key`` (default: ``$EMBED_ADMIN_KEY``, the file
+        ``timeout_s`` bounds each call as a whole: an embedding call that splits into
+        several requests, with their retries, ends within it. Each request is sent with
+        the time left, as its transport timeout (HTTP: the client closes the connection;
+        gRPC: the call's deadline) and as the request parameter ``deadline_unix_us``
+        (:data:`client.deadline.DEADLINE_PARAMETER`), which the server's steps check
+        before they work. ``retry`` (default :data:`client.retry.DEFAULT_RETRY`; None: no
+        retries) retries refusals with jittered backoff, within ``retry_budget`` (default:
+        a :class:`~client.RetryBudget` of this client; pass one to share it between
+        clients). ``admin_key`` (default: ``$EMBED_ADMIN_KEY``, the file
         ``$EMBED_ADMIN_KEY_FILE``, or for a server on this machine the local key file of
         ``make serve``; ``""``: none) is sent as ``X-Admin-Key`` with the calls that need
         it: the repository index, model configs and ``model_manager``.
@@ -200,6 +220,9 @@ class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipS
         self.protocol = protocol
         self.timeout_s = timeout_s
         self.max_request_bytes = max_request_bytes
+        self.retry = retry or NO_RETRY
+        self.retry_budget = retry_budget or RetryBudget(clock=self.retry.clock)
+        self._deadline: Deadline | None = None
         if admin_key is None:  # "" is an explicit "no key"
             admin_key = admin_key_from_env() or local_admin_key(self.url)
         key = admin_key
@@ -214,6 +237,7 @@ class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipS
                 )
                 self._call: dict[str, Any] = {}
                 self._json: dict[str, Any] = {}
+                self._gevent = importlib.import_module("gevent")
             else:
                 self._client = self._tc.InferenceServerClient(
                     self.url, channel_args=grpc_channel_args(self._tc.KeepAliveOptions())
@@ -240,10 +264,62 @@ class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipS
         except InferenceServerException as exc:
             message = exc.message() or str(exc)
             raise EmbeddingClientError(message, status=exc.status(), model=model) from exc
-        except OSError as exc:
+        except (OSError, http.client.HTTPException) as exc:
             raise EmbeddingClientError(
                 f"cannot reach Triton at {self.url} ({self.protocol}): {exc}", model=model
             ) from exc
+
+    @contextmanager
+    def _call_deadline(self) -> Iterator[Deadline]:
+        """The deadline of the public call under way, set here when none is (``timeout_s``)."""
+        if self._deadline is not None:
+            yield self._deadline
+            return
+        self._deadline = self.retry.deadline(self.timeout_s)
+        try:
+            yield self._deadline
+        finally:
+            self._deadline = None
+
+    @contextmanager
+    def _transport(self, seconds: float) -> Iterator[dict[str, Any]]:
+        """Keyword arguments and scope that end one request after ``seconds``.
+
+        gRPC: the call's deadline. HTTP: a gevent timeout raising an OSError, on which
+        geventhttpclient closes the connection (Triton then cancels the request).
+        """
+        seconds = max(seconds, 1e-3)
+        if self.protocol == "grpc":
+            yield {"client_timeout": seconds}
+            return
+        with self._gevent.Timeout(seconds, _TransportTimeout(f"no answer in {seconds:.3f} s")):
+            yield {}
+
+    def _retried(self, model: str | None, send) -> Any:
+        """``send(deadline)`` within the call's deadline, retried on refusals."""
+        with self._call_deadline() as deadline:
+            return call_with_retries(
+                lambda: send(deadline), deadline, self.retry, self.retry_budget, model
+            )
+
+    def _send(self, model: str, inputs: list, outputs: list, parameters: dict | None = None) -> Any:
+        """One infer request of ``inputs`` (tritonclient ``InferInput``s with their data).
+
+        Sent with the time left of the call's deadline (transport timeout and
+        ``deadline_unix_us``, merged into ``parameters``), retried on refusals.
+        """
+
+        def attempt(deadline: Deadline) -> Any:
+            with self._errors(model), self._transport(deadline.remaining()) as timeout:
+                return self._client.infer(
+                    model,
+                    inputs,
+                    outputs=outputs,
+                    parameters=with_deadline(parameters, deadline),
+                    **timeout,
+                )
+
+        return self._retried(model, attempt)
 
     def embed_texts(
         self,
@@ -312,10 +388,14 @@ class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipS
         """
         base, forced = image_target(model)
         groups = route_images(images, forced)
-        parts = [
-            (group.indices, self._embed(f"{base}_{group.kind}", group.input_name, group.payloads))
-            for group in groups
-        ]
+        with self._call_deadline():
+            parts = [
+                (
+                    group.indices,
+                    self._embed(f"{base}_{group.kind}", group.input_name, group.payloads),
+                )
+                for group in groups
+            ]
         return reassemble(len(images), parts)
 
     def embed_sparse(
@@ -353,18 +433,8 @@ class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipS
     def _infer_sparse(
         self, model: str, items: list[bytes], parameters: dict | None
     ) -> list[tuple[np.ndarray, np.ndarray]]:
-        data = bytes_tensor(items)
-        infer_input = self._tc.InferInput(TEXT_INPUT, list(data.shape), "BYTES")
-        with self._errors(model):
-            infer_input.set_data_from_numpy(data)
-            extra = {"parameters": parameters} if parameters else {}
-            result = self._client.infer(
-                model,
-                [infer_input],
-                outputs=[self._tc.InferRequestedOutput(n) for n in SPARSE_OUTPUTS],
-                **extra,
-                **self._call,
-            )
+        outputs = [self._tc.InferRequestedOutput(n) for n in SPARSE_OUTPUTS]
+        result = self._send(model, [self._text_input(TEXT_INPUT, items)], outputs, parameters)
         indices, values = (result.as_numpy(n) for n in SPARSE_OUTPUTS)
         if (
             indices is None
@@ -415,8 +485,9 @@ class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipS
         """
         sizes = [extra_bytes + len(item) for item in items]
         try:
-            slices = split_batches(sizes, self._max_batch_size(model), self.max_request_bytes)
-            return [call(items[s]) for s in slices]
+            with self._call_deadline():
+                slices = split_batches(sizes, self._max_batch_size(model), self.max_request_bytes)
+                return [call(items[s]) for s in slices]
         except EmbeddingClientError as exc:
             limit = _BATCH_LIMIT.search(exc.message)
             if limit is None or self._max_batch.get(model) != 0:
@@ -435,21 +506,10 @@ class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipS
         output: tuple[str, type] = (OUTPUT, np.float32),
     ) -> Any:
         name, dtype = output
-        data = bytes_tensor(items)
-        infer_input = self._tc.InferInput(input_name, list(data.shape), "BYTES")
-        with self._errors(model):
-            infer_input.set_data_from_numpy(data)
-            extra = {"parameters": parameters} if parameters else {}
-            result = self._client.infer(
-                model,
-                [infer_input],
-                outputs=[
-                    self._tc.InferRequestedOutput(n)
-                    for n in ((name, COUNT_OUTPUT) if counts else (name,))
-                ],
-                **extra,
-                **self._call,
-            )
+        outputs = [
+            self._tc.InferRequestedOutput(n) for n in ((name, COUNT_OUTPUT) if counts else (name,))
+        ]
+        result = self._send(model, [self._text_input(input_name, items)], outputs, parameters)
         embedding = result.as_numpy(name)
         if embedding is None or embedding.ndim != 2 or embedding.shape[0] != len(items):
             shape = None if embedding is None else embedding.shape
@@ -464,6 +524,14 @@ class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipS
             expected = f"expected {COUNT_OUTPUT} of {len(items)} rows"
             raise EmbeddingClientError(expected, model=model)
         return embedding, tokens.reshape(-1).astype(np.int32)
+
+    def _text_input(self, name: str, items: list[bytes]) -> Any:
+        """The BYTES input ``name`` [N, 1] holding ``items``."""
+        data = bytes_tensor(items)
+        tensor = self._tc.InferInput(name, list(data.shape), "BYTES")
+        with self._errors():
+            tensor.set_data_from_numpy(data)
+        return tensor
 
     def _max_batch_size(self, model: str) -> int:
         """The model's ``max_batch_size`` from its config; 0 (unknown) without the admin key."""
@@ -508,10 +576,16 @@ class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipS
         return summarize_statistics(stats)
 
     def model_config(self, model: str) -> dict[str, Any]:
-        """Return ``model``'s config as JSON (gRPC renders 64-bit ints as strings)."""
-        with self._errors(model):
-            config = self._client.get_model_config(model, **self._json, **self._call, **self._admin)
-        return unwrap_model_config(config)
+        """Return ``model``'s config as JSON (gRPC renders 64-bit ints as strings).
+
+        Within the call's deadline; retried while the server cannot be reached.
+        """
+
+        def attempt(deadline: Deadline) -> Any:
+            with self._errors(model), self._transport(deadline.remaining()) as timeout:
+                return self._client.get_model_config(model, **self._json, **timeout, **self._admin)
+
+        return unwrap_model_config(self._retried(model, attempt))
 
     def server_metadata(self) -> dict[str, Any]:
         """Return the server metadata (``name``, ``version``, ``extensions``)."""

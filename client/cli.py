@@ -204,8 +204,10 @@ def _cmd_embed_sparse(client: EmbeddingClient, args: argparse.Namespace) -> int:
 
 def _cmd_embed_multivector(client: EmbeddingClient, args: argparse.Namespace) -> int:
     if args.images or args.dimensions is not None or args.prompt_name or args.format != "json":
-        raise SystemExit("--multivector takes texts only, printed as json (no --image, "
-                         "--dimensions, --prompt-name)")
+        raise SystemExit(
+            "--multivector takes texts only, printed as json (no --image, "
+            "--dimensions, --prompt-name)"
+        )
     is_query = args.multivector == "query"
     rows = client.embed_multivector(args.model, args.texts, is_query=is_query)
     _write_json_lines(

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .errors import EmbeddingClientError
-from .payload import bytes_tensor, encode_texts
+from .payload import encode_texts
 
 TEXT_INPUT = "TEXT"
 OUTPUTS = ("EMBEDDINGS", "TOKEN_COUNT")
@@ -70,17 +70,8 @@ class MultiVectorMixin:
     def _infer_multivector(
         self, model: str, items: list[bytes], parameters: dict
     ) -> list[np.ndarray]:
-        data = bytes_tensor(items)
-        infer_input = self._tc.InferInput(TEXT_INPUT, list(data.shape), "BYTES")
-        with self._errors(model):
-            infer_input.set_data_from_numpy(data)
-            result = self._client.infer(
-                model,
-                [infer_input],
-                outputs=[self._tc.InferRequestedOutput(n) for n in OUTPUTS],
-                parameters=parameters,
-                **self._call,
-            )
+        outputs = [self._tc.InferRequestedOutput(n) for n in OUTPUTS]
+        result = self._send(model, [self._text_input(TEXT_INPUT, items)], outputs, parameters)
         embeddings, counts = (result.as_numpy(n) for n in OUTPUTS)
         if (
             embeddings is None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import EmbeddingClientError
-from .payload import bytes_tensor, encode_texts
+from .payload import encode_texts
 
 QUERY_INPUT = "QUERY"
 TEXT_INPUT = "TEXT"
@@ -87,21 +87,12 @@ class RerankMixin:
     def _score(
         self, model: str, query: bytes, items: list[bytes], parameters: dict | None = None
     ) -> np.ndarray:
-        inputs = []
-        for name, rows in ((QUERY_INPUT, [query] * len(items)), (TEXT_INPUT, items)):
-            data = bytes_tensor(rows)
-            tensor = self._tc.InferInput(name, list(data.shape), "BYTES")
-            inputs.append((tensor, data))
-        with self._errors(model):
-            for tensor, data in inputs:
-                tensor.set_data_from_numpy(data)
-            result = self._client.infer(
-                model,
-                [t for t, _ in inputs],
-                outputs=[self._tc.InferRequestedOutput(SCORE_OUTPUT)],
-                **({"parameters": parameters} if parameters else {}),
-                **self._call,
-            )
+        inputs = [
+            self._text_input(QUERY_INPUT, [query] * len(items)),
+            self._text_input(TEXT_INPUT, items),
+        ]
+        outputs = [self._tc.InferRequestedOutput(SCORE_OUTPUT)]
+        result = self._send(model, inputs, outputs, parameters)
         scores = result.as_numpy(SCORE_OUTPUT)
         if scores is None or scores.ndim != 2 or scores.shape[0] != len(items):
             shape = None if scores is None else scores.shape
