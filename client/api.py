@@ -484,17 +484,17 @@ class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipS
         ``extra_bytes``: what each item brings beside itself (a reranker's query).
         """
         sizes = [extra_bytes + len(item) for item in items]
-        try:
-            with self._call_deadline():
+        with self._call_deadline():
+            try:
                 slices = split_batches(sizes, self._max_batch_size(model), self.max_request_bytes)
                 return [call(items[s]) for s in slices]
-        except EmbeddingClientError as exc:
-            limit = _BATCH_LIMIT.search(exc.message)
-            if limit is None or self._max_batch.get(model) != 0:
-                raise
-            # The config is admin-only without a key: learn the limit from Triton's refusal.
-            self._max_batch[model] = int(limit.group(1))
-            return self._batched(model, items, call, extra_bytes)
+            except EmbeddingClientError as exc:
+                limit = _BATCH_LIMIT.search(exc.message)
+                if limit is None or self._max_batch.get(model) != 0:
+                    raise
+                # The config is admin-only without a key: learn the limit from Triton's refusal.
+                self._max_batch[model] = int(limit.group(1))
+                return self._batched(model, items, call, extra_bytes)
 
     def _infer(
         self,

@@ -15,8 +15,9 @@
 one of them runs.
 
 Global options (before or after the command): ``--url`` (default: ``$TRITON_URL``, else
-localhost:8000, or localhost:8001 with ``--protocol grpc``), ``--protocol``, ``--timeout``,
-``--admin-key``.
+localhost:8000, or localhost:8001 with ``--protocol grpc``), ``--protocol``, ``--timeout``
+(the call's deadline), ``--no-retry`` (refusals are retried within the deadline and a
+retry budget unless given), ``--admin-key``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from . import bench_cli, rerank_cli
 from .api import PRECISION_OUTPUTS, EmbeddingClient, default_url
 from .errors import EmbeddingClientError
 from .records import ModelInfo, ModelStats
+from .retry import DEFAULT_RETRY
 
 URL_ENV = "TRITON_URL"
 
@@ -48,7 +50,16 @@ def _add_global_options(parser: argparse.ArgumentParser, suppress: bool) -> None
     )
     parser.add_argument("--protocol", choices=["http", "grpc"], default=default("http"))
     parser.add_argument(
-        "--timeout", type=float, default=default(60.0), help="seconds per call (default 60)"
+        "--timeout",
+        type=float,
+        default=default(60.0),
+        help="deadline of the command's call in seconds, retries included (default 60)",
+    )
+    parser.add_argument(
+        "--no-retry",
+        action="store_true",
+        default=default(False),
+        help="send each request once: a refusal (server full) fails at once",
     )
     parser.add_argument(
         "--admin-key",
@@ -296,7 +307,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if args.command in bench_cli.COMMANDS:
         return _run_load_command(args, url)
     try:
-        with EmbeddingClient(url, args.protocol, args.timeout, admin_key=args.admin_key) as client:
+        retry = None if args.no_retry else DEFAULT_RETRY
+        with EmbeddingClient(
+            url, args.protocol, args.timeout, admin_key=args.admin_key, retry=retry
+        ) as client:
             if args.command == "manage":
                 return _cmd_manage(client, args)
             if args.command == "embed":

@@ -15,9 +15,12 @@
                                              retrieval_mode=RetrievalMode.HYBRID, ...)
 
 Long lists are sent in requests of at most the model's ``max_batch_size`` (the client
-splits them). Errors are the client's :class:`~client.EmbeddingClientError`, raised to
-the caller as LangChain does with any embedding error. The async methods run the same
-calls in a worker thread.
+splits them). ``timeout_s`` is each call's deadline and ``retry`` its retry policy (None:
+no retries), as :class:`~client.EmbeddingClient` takes them; each object's retries share
+one budget. Errors are the client's :class:`~client.EmbeddingClientError`
+(:class:`~client.ServerOverloadedError` when the server kept refusing), raised to the
+caller as LangChain does with any embedding error. The async methods run the same calls
+in a worker thread.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from langchain_core.documents.compressor import BaseDocumentCompressor
 from langchain_core.embeddings import Embeddings
 from pydantic import ConfigDict, PrivateAttr
 
+from .retry import DEFAULT_RETRY, RetryPolicy
 from .thread_client import ThreadClient
 
 
@@ -66,12 +70,13 @@ class TritonEmbeddings(Embeddings):
         dimensions: int | None = None,
         timeout_s: float = 60.0,
         admin_key: str | None = None,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
     ):
         self.model = model
         self.query_prompt_name = query_prompt_name
         self.document_prompt_name = document_prompt_name
         self.dimensions = dimensions
-        self._connection = ThreadClient(url, protocol, timeout_s, admin_key)
+        self._connection = ThreadClient(url, protocol, timeout_s, admin_key, retry)
 
     def _embed(self, texts: Sequence[str], prompt_name: str | None) -> list[list[float]]:
         if not texts:
@@ -121,11 +126,14 @@ class TritonReranker(BaseDocumentCompressor):
     top_n: int | None = 3
     timeout_s: float = 60.0
     admin_key: str | None = None
+    retry: RetryPolicy | None = DEFAULT_RETRY
     _connection: ThreadClient | None = PrivateAttr(default=None)
 
     def _conn(self) -> ThreadClient:
         if self._connection is None:
-            self._connection = ThreadClient(self.url, self.protocol, self.timeout_s, self.admin_key)
+            self._connection = ThreadClient(
+                self.url, self.protocol, self.timeout_s, self.admin_key, self.retry
+            )
         return self._connection
 
     def compress_documents(

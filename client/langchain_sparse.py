@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from langchain_qdrant import SparseEmbeddings, SparseVector
 
+from .retry import DEFAULT_RETRY, RetryPolicy
 from .thread_client import ThreadClient
 
 
@@ -21,7 +22,8 @@ class TritonSparseEmbeddings(SparseEmbeddings):
     ``inference_free``: the model has an inference-free query side (a ``Router`` with a
     static query route, as ``SparseEncoder.encode_query`` uses): queries are sent with
     ``task="query"``, documents with ``task="document"``; otherwise no task is sent.
-    ``max_active_dims`` keeps each row's k largest weights.
+    ``max_active_dims`` keeps each row's k largest weights. ``timeout_s`` and ``retry``:
+    each call's deadline and retry policy, as :class:`~client.EmbeddingClient` takes them.
     """
 
     def __init__(
@@ -34,11 +36,12 @@ class TritonSparseEmbeddings(SparseEmbeddings):
         max_active_dims: int | None = None,
         timeout_s: float = 60.0,
         admin_key: str | None = None,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
     ):
         self.model = model
         self.inference_free = inference_free
         self.max_active_dims = max_active_dims
-        self._connection = ThreadClient(url, protocol, timeout_s, admin_key)
+        self._connection = ThreadClient(url, protocol, timeout_s, admin_key, retry)
 
     def _embed(self, texts: Sequence[str], task: str) -> list[SparseVector]:
         rows = self._connection.embed_sparse_side(

@@ -14,8 +14,11 @@
                               sparse_query_fn=query_fn)
 
 Batches of ``embed_batch_size`` texts go to the server in one call, which the client
-splits into requests of at most the model's ``max_batch_size``. Errors are the client's
-:class:`~client.EmbeddingClientError`. The async methods run the calls in a worker thread.
+splits into requests of at most the model's ``max_batch_size``. ``timeout_s`` is each
+call's deadline and ``retry`` its retry policy (None: no retries), as
+:class:`~client.EmbeddingClient` takes them. Errors are the client's
+:class:`~client.EmbeddingClientError` (:class:`~client.ServerOverloadedError` when the
+server kept refusing). The async methods run the calls in a worker thread.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 from llama_index.core.embeddings import BaseEmbedding, MultiModalEmbedding
 from pydantic import Field, PrivateAttr
 
+from .retry import DEFAULT_RETRY, RetryPolicy
 from .sparse import as_lists
 from .thread_client import ThreadClient
 
@@ -41,13 +45,18 @@ class _TritonFields:
 
     url: str | None = Field(default=None, description="host:port of the server")
     protocol: str = Field(default="http", description="http or grpc")
-    timeout_s: float = Field(default=60.0, description="seconds per call")
+    timeout_s: float = Field(default=60.0, description="deadline of each call, retries included")
     admin_key: str | None = Field(default=None, exclude=True, repr=False)
+    retry: RetryPolicy | None = Field(
+        default=DEFAULT_RETRY, exclude=True, description="retries of refusals (None: none)"
+    )
 
     def _conn(self) -> ThreadClient:
         """The client of this object (``_connection``, a private attribute of each class)."""
         if self._connection is None:
-            self._connection = ThreadClient(self.url, self.protocol, self.timeout_s, self.admin_key)
+            self._connection = ThreadClient(
+                self.url, self.protocol, self.timeout_s, self.admin_key, self.retry
+            )
         return self._connection
 
 
@@ -153,6 +162,7 @@ def triton_sparse_functions(
     max_active_dims: int | None = None,
     timeout_s: float = 60.0,
     admin_key: str | None = None,
+    retry: RetryPolicy | None = DEFAULT_RETRY,
 ) -> tuple[SparseFunction, SparseFunction]:
     """``(sparse_doc_fn, sparse_query_fn)`` of a sparse-encoder ensemble of the server.
 
@@ -162,7 +172,7 @@ def triton_sparse_functions(
     inference-free query side), documents with ``task="document"``; otherwise no task.
     ``max_active_dims`` keeps each row's k largest weights. Both share one connection.
     """
-    connection = ThreadClient(url, protocol, timeout_s, admin_key)
+    connection = ThreadClient(url, protocol, timeout_s, admin_key, retry)
 
     def encoder(task: str) -> SparseFunction:
         def encode(texts: list[str]) -> tuple[list[list[int]], list[list[float]]]:

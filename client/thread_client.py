@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .api import EmbeddingClient
+from .retry import DEFAULT_RETRY, NO_RETRY, RetryBudget, RetryPolicy
 from .sparse import SparseRow
 
 
@@ -20,19 +21,38 @@ class ThreadClient:
     tritonclient's HTTP client runs on gevent and may only be used, and closed, in the
     thread that made it. The first thread to call keeps a client; calls from any other
     thread (the frameworks' async methods run in worker threads) open a client, use it
-    and close it there.
+    and close it there. All of them retry with ``retry`` from one :class:`RetryBudget`
+    (``retry_budget``, default a new one): the object's retries stay within one budget
+    however many threads call it.
     """
 
-    def __init__(self, url: str | None, protocol: str, timeout_s: float, admin_key: str | None):
+    def __init__(
+        self,
+        url: str | None,
+        protocol: str,
+        timeout_s: float,
+        admin_key: str | None,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
+        retry_budget: RetryBudget | None = None,
+    ):
         self._args = (url, protocol, timeout_s)
         self._admin_key = admin_key
+        self._retry = retry
+        self._budget = retry_budget or RetryBudget(clock=(retry or NO_RETRY).clock)
         self._client: EmbeddingClient | None = None
         self._owner: int | None = None
         self._lock = threading.Lock()
 
     def _new(self) -> EmbeddingClient:
         url, protocol, timeout_s = self._args
-        return EmbeddingClient(url, protocol, timeout_s, admin_key=self._admin_key)
+        return EmbeddingClient(
+            url,
+            protocol,
+            timeout_s,
+            admin_key=self._admin_key,
+            retry=self._retry,
+            retry_budget=self._budget,
+        )
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """``EmbeddingClient.<method>(*args, **kwargs)`` on this thread's client."""

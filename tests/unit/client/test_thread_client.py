@@ -13,7 +13,7 @@ from client.thread_client import ThreadClient
 class _FakeClient:
     made: list[_FakeClient] = []
 
-    def __init__(self, url, protocol, timeout_s, admin_key=None):
+    def __init__(self, url, protocol, timeout_s, admin_key=None, **retry):
         self.args = (url, protocol, timeout_s, admin_key)
         self.thread = threading.get_ident()
         self.closed = False
