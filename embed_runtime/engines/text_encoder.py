@@ -83,7 +83,7 @@ class TextEncoder:
         tok = self.tokenizer.params
         rows = text_rows(inputs)
         texts = decode_texts(rows, "TEXT", tok.max_text_bytes, tok.max_request_bytes)
-        texts = prompted_texts(texts, dict(parameters), tok)
+        texts = self.tokenizer.clean(prompted_texts(texts, dict(parameters), tok))
         self.tokenizer.refuse_overlong(texts, parameters)
         full, default = self.params.max_dimensions, self.params.default_dimensions
         dimensions = resolve_dimensions(parameters, full, default)

@@ -29,7 +29,7 @@ class TritonPythonModel(TokenizeStep):
         parameters = request_parameters(request.parameters())
         if self.params.float32_only:  # the encoder after this step answers float32 alone
             resolve_precision(parameters, ())
-        texts = prompted_texts(texts, parameters, self.params)
+        texts = self.tokenizer.clean(prompted_texts(texts, parameters, self.params))
         self.tokenizer.refuse_overlong(texts, parameters)
         keep_end = keeps_end(parameters)
         return [(text, keep_end) for text in texts]

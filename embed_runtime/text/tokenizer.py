@@ -10,6 +10,7 @@ import numpy as np
 
 from ..config_params import ConfigParams, json_text, param
 from ..errors import InvalidInputError
+from .clip_clean import TextClean
 from .request_options import apply_prompt, parse_prompts, resolve_dimensions, resolve_prompt
 
 
@@ -22,8 +23,11 @@ class TokenizerParams(ConfigParams):
     ``add_special_tokens`` false leaves out the post-processor's ``[CLS]`` / ``[SEP]``.
     ``float32_only``: the encoder after this tokenizer step answers ``EMBEDDING`` alone
     (Triton's native backend), so the step refuses a request ``precision`` other than
-    float32 itself. The build writes them with :meth:`to_parameters`, the stub reads them back with
-    :meth:`from_parameters`.
+    float32 itself. ``text_clean``: open_clip's clean run on each text before the
+    tokenizer (``_clean_lower``, ``_clean_whitespace``, ``_clean_canonicalize``; empty:
+    none), with the refusals ``piece_start_tokens`` and ``refused_code_points`` of
+    :class:`~.clip_clean.TextClean`. The build writes them with :meth:`to_parameters`, the
+    stub reads them back with :meth:`from_parameters`.
     """
 
     params_name: ClassVar[str] = "tokenizer"
@@ -42,6 +46,9 @@ class TokenizerParams(ConfigParams):
     max_dimensions: int = 0
     add_special_tokens: bool = True
     float32_only: bool = False
+    text_clean: str = ""
+    piece_start_tokens: tuple[str, ...] = ()
+    refused_code_points: tuple[str, ...] = ()
 
 
 def prompted_texts(texts: list[str], parameters: dict, params: TokenizerParams) -> list[str]:
@@ -99,12 +106,20 @@ def decode_texts(
 
 
 class BatchTokenizer:
-    """A ``tokenizers.Tokenizer`` set up once for truncation and padding."""
+    """A ``tokenizers.Tokenizer`` set up once for truncation and padding.
+
+    ``clean`` (a :class:`~.clip_clean.TextClean`) is for a step to run over a request's
+    texts while it reads them (a refused text fails its request alone); :meth:`encode`
+    takes texts already cleaned.
+    """
 
     def __init__(self, tokenizer_path: str, params: TokenizerParams):
         from tokenizers import Tokenizer  # noqa: PLC0415 - serve-time dependency
 
         self.params = params
+        self.clean = TextClean(
+            params.text_clean, params.piece_start_tokens, params.refused_code_points
+        )
         self.tokenizer = Tokenizer.from_file(tokenizer_path)
         self._counting = None  # the same tokenizer without truncation, made on first use
         self._left = None  # the same tokenizer cutting on the left, made on first use

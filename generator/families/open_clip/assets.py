@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from embed_runtime.image.preprocess import PreprocessParams, preprocess
+from embed_runtime.text.clip_clean import TextClean
+from embed_runtime.text.tokenizer import TokenizerParams
 
 from ...declared_kind import UnsupportedModelError
 from ...onnx_export import (
@@ -42,7 +44,6 @@ from ...onnx_export import (
     validate_graph,
 )
 from ...precision import apply_precision
-from .clean import basic_clean_steps, lower_steps, whitespace_steps
 from .preprocess_cfg import PreprocessChoice, check_resolved
 from .support import check_reproducible
 
@@ -53,6 +54,19 @@ VALIDATION_TEXTS = (
     "emoji 🙂🚀 and punctuation!!! ... ???",
     "x",
     "The quick brown fox jumps over the lazy dog. " * 20,
+)
+# Captions that only open_clip's exact clean gets right: checked at every build.
+HARD_TEXTS = (
+    "&#233;t&#xe9; &#8212; &#x2014; &#X27;&#0233;",
+    "&hearts; &#8364; &EACUTE; &EURO; &Eacute; &eacute &amp;amp;amp;lt;b&amp;amp;amp;gt;",
+    "fish &amp chips &AMP; &lt;b&gt; &#38;#38; &#x26;amp; &# &#x; &#; &bogus; & ;",
+    "<b> &ldquo;quoted&rdquo;</b> <a href='x?a=1&amp;b=2'>link</a> [b]bb[/b]",
+    "cafÃ© naÃ¯ve rÃ©sumÃ© â€œquotedâ€\x9d donâ€™t Ã¢â‚¬Å“doubleÃ¢â‚¬",
+    "ＦＵＬＬ＆ａｍｐ；width ﬁne ｶﾞ \x1b[31mred\x1b[0m a\x00b\x85c\x93q\x94",
+    "zero\u200bwidth\u200d \u202eevil\u202c \u2066iso\u2069 \ufeffbom \u00ad soft",
+    "family 👨‍👩‍👧‍👦 flag 🇩🇪 👍🏽 ❤️ 1️⃣ ᶯΣ ΟΔΥΣΣΕΥΣ",
+    "עברית &amp; العربية ١٢٣ (https://example.com/a?b=c&d=e#frag)",
+    "&nbsp;&#160;&NBSP; ",
 )
 
 
@@ -93,21 +107,23 @@ def preprocess_params_from_model(model_or_preprocess_cfg, **overrides) -> Prepro
 
 
 def _clip_normalizer():
+    """The split's own quirk alone; the text arrives cleaned (``embed_runtime.text.clip_clean``)."""
     from tokenizers import normalizers  # noqa: PLC0415
 
-    steps = basic_clean_steps()
-    steps.append(normalizers.Replace("\u0345", " "))  # dropped by open_clip's IGNORECASE regex
-    return normalizers.Sequence(steps + whitespace_steps() + lower_steps())
+    # U+0345 (combining ypogegrammeni) is dropped by open_clip's IGNORECASE split regex
+    return normalizers.Sequence([normalizers.Replace("\u0345", " ")])
 
 
-def write_tokenizer_json(open_clip_tokenizer, path: Path, context_length: int) -> None:
+def write_tokenizer_json(open_clip_tokenizer, path: Path, context_length: int) -> TokenizerParams:
     """Write a ``tokenizers`` JSON equivalent to open_clip's ``SimpleTokenizer``.
 
-    ``Tokenizer.from_file(path).encode_batch(texts)`` yields ids of length
-    ``context_length`` equal to ``open_clip_tokenizer(texts)`` (see the module
-    docstring for the documented exceptions). Raises NotImplementedError for other
-    tokenizers (open_clip's ``HFTokenizer`` is served by :mod:`.hf_tokenizer`) and for
-    non-default cleaning or reduction.
+    Returns the tokenize step's params: with them, the serve-time path (the clean, then
+    ``Tokenizer.from_file(path).encode_batch``) yields ids of length ``context_length``
+    equal to ``open_clip_tokenizer(texts)`` or refuses the text (module docstring);
+    checked on :data:`VALIDATION_TEXTS` and :data:`HARD_TEXTS` before the file is
+    written (:class:`ExportValidationError` otherwise). Raises NotImplementedError for
+    other tokenizers (open_clip's ``HFTokenizer`` is served by :mod:`.hf_tokenizer`) and
+    for non-default cleaning or reduction.
     """
     from open_clip.tokenizer import SimpleTokenizer  # noqa: PLC0415
     from tokenizers import (  # noqa: PLC0415
@@ -153,10 +169,69 @@ def write_tokenizer_json(open_clip_tokenizer, path: Path, context_length: int) -
     )
     tokenizer.enable_truncation(max_length=context_length)
     tokenizer.enable_padding(length=context_length, pad_id=0, pad_token=tok.decoder[0])
+    params = TokenizerParams(
+        context_length,
+        True,
+        ("input_ids",),
+        text_clean=tok.clean_fn.__name__,
+        piece_start_tokens=(sot, eot),
+        refused_code_points=_split_disagreements(tok, tokenizer),
+    )
+    _check_served(tok, tokenizer, params, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
     tmp.replace(path)
+    return params
+
+
+def _split_disagreements(tok, tokenizer) -> tuple[str, ...]:
+    """Code points open_clip's split regex and the served pre-tokenizer class differently.
+
+    As hex ranges (``"558"``, ``"58b-58c"``), refused at serve time. Candidates are the code
+    points Python's Unicode tables (what ftfy and ``lower`` read) leave unassigned but the
+    ``regex`` module's newer ones assign (Unicode 15+ letters and digits: 17,144 with the
+    pinned versions; checked over every code point once, none else differ); each is split
+    in a letter and a punctuation context by both.
+    """
+    import unicodedata  # noqa: PLC0415
+
+    import regex  # noqa: PLC0415
+
+    unassigned = "".join(chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) == "Cn")
+    candidates = regex.findall(r"\P{Cn}", unassigned)
+    probe = "".join(f"a{c}a !{c}! " for c in candidates)
+    want = {m.span() for m in tok.pat.finditer(probe)}
+    got = {span for _, span in tokenizer.pre_tokenizer.pre_tokenize_str(probe)}
+    codes = sorted({ord(candidates[start // 8]) for start, _ in want ^ got})
+    ranges, first = [], None
+    for i, code in enumerate(codes):
+        first = code if first is None else first
+        if i + 1 == len(codes) or codes[i + 1] != code + 1:
+            ranges.append(f"{first:x}" if first == code else f"{first:x}-{code:x}")
+            first = None
+    return tuple(ranges)
+
+
+def _check_served(tok, tokenizer, params: TokenizerParams, path: Path) -> None:
+    """Refuse the tokenizer where the served ids differ from open_clip's on a check text.
+
+    The served ids are the serve-time path's (the clean, then ``tokenizer``); a text that
+    path refuses is left out, as it is at serve time.
+    """
+    texts = [*VALIDATION_TEXTS, *HARD_TEXTS, *(t.upper() for t in HARD_TEXTS)]
+    clean = TextClean(params.text_clean, params.piece_start_tokens, params.refused_code_points)
+    served = {t: c for t in texts if (c := clean.served(t)) is not None}
+    texts = list(served)
+    want = tok(texts, context_length=params.max_length).numpy()
+    got = tokenizer.encode_batch([served[t] for t in texts])
+    wrong = [t for t, w, g in zip(texts, want, got, strict=True) if list(w) != g.ids]
+    if wrong:
+        raise UnsupportedModelError(
+            f"open_clip SimpleTokenizer at {path.name}: the served ids differ from open_clip's "
+            f"on {len(wrong)} check texts, e.g. {wrong[0][:60]!r}; refused rather than served "
+            "with another tokenization"
+        )
 
 
 def _tower(model, method: str):

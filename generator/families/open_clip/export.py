@@ -1,7 +1,8 @@
 """Family ``open-clip``: text and image towers plus in-Triton preprocessing.
 
-Models dirs of one entry ``<name>``: ``<name>_tokenize`` (HF ``tokenizers`` JSON that
-reproduces open_clip's tokenizer, fixed context), ``<name>_encode_text``,
+Models dirs of one entry ``<name>``: ``<name>_tokenize`` (open_clip's text clean in
+Python, then an HF ``tokenizers`` JSON that reproduces open_clip's tokenizer, fixed
+context), ``<name>_encode_text``,
 ``<name>_preprocess_image`` (Pillow + numpy, parameters from the model's own
 ``PreprocessCfg``), ``<name>_encode_image``, and the ensembles ``<name>_text``,
 ``<name>_image`` and ``<name>_image_url`` (the last one through the shared
@@ -14,7 +15,6 @@ import dataclasses
 from pathlib import Path
 
 from embed_runtime.image.gpu import require_cuda_device
-from embed_runtime.text.tokenizer import TokenizerParams
 
 from ...manifest import Manifest, ModelEntry, resolve_path
 from ...model_dir import ModelDir
@@ -107,15 +107,14 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     )
     dim = embedding_dim(model, context, pre.size)
     tokenizer_json = work / "tokenizer.json"
-    pad_id = 0
-    if is_hf_tokenizer(tokenizer):  # SigLIP, SigLIP2, XLM-R, ...: checked against open_clip
-        pad_id = write_hf_tokenizer_json(tokenizer, tokenizer_json, context)
+    # Both checked against open_clip: the step cleans as open_clip does, then tokenizes.
+    if is_hf_tokenizer(tokenizer):  # SigLIP, SigLIP2, XLM-R, ...
+        tok_params = write_hf_tokenizer_json(tokenizer, tokenizer_json, context)
     else:
-        write_tokenizer_json(tokenizer, tokenizer_json, context)
+        tok_params = write_tokenizer_json(tokenizer, tokenizer_json, context)
     export_towers(model, work, context, pre.size, tokenizer, entry.graph_precision)
 
     n = entry.name
-    tok_params = TokenizerParams(context, True, ("input_ids",), pad_id)
     text_spec, image_spec = text_graph_spec(context, dim), image_graph_spec(pre.size, dim)
     image_steps = [
         (f"{n}_preprocess_image", ["IMAGE"], ["pixel_values"]),

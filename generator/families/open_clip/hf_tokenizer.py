@@ -47,11 +47,12 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from ...declared_kind import UnsupportedModelError
-from .assets import VALIDATION_TEXTS
-from .clean import basic_clean_steps, lower_steps, whitespace_steps
+from embed_runtime.text.clip_clean import CLEANS, TextClean
+from embed_runtime.text.tokenizer import TokenizerParams
 
-CLEANS = ("_clean_whitespace", "_clean_lower", "_clean_canonicalize")
+from ...declared_kind import UnsupportedModelError
+from .assets import HARD_TEXTS, VALIDATION_TEXTS
+
 CHECK_TEXTS = (
     *VALIDATION_TEXTS,
     "A DIAGRAM, with “quotes” &amp; entities &lt;b&gt;",
@@ -73,22 +74,6 @@ def is_hf_tokenizer(tokenizer) -> bool:
     from open_clip.tokenizer import HFTokenizer  # noqa: PLC0415
 
     return isinstance(tokenizer, HFTokenizer)
-
-
-def clean_normalizer(clean: str):
-    """``normalizers`` replaying one of open_clip's clean functions (its ``__name__``)."""
-    from tokenizers import Regex, normalizers  # noqa: PLC0415
-
-    if clean not in CLEANS:
-        raise UnsupportedModelError(f"open_clip clean function {clean!r} is not supported")
-    steps = basic_clean_steps()
-    if clean == "_clean_canonicalize":  # open_clip's canonicalize_text, default arguments
-        punctuation = "[" + "".join(f"\\x{{{ord(c):x}}}" for c in string.punctuation) + "]"
-        steps += [normalizers.Replace("_", " "), normalizers.Replace(Regex(punctuation), "")]
-    steps += whitespace_steps()
-    if clean != "_clean_whitespace":
-        steps += lower_steps()
-    return normalizers.Sequence(steps)
 
 
 def _survives(content: str, clean: str) -> bool:
@@ -178,39 +163,45 @@ def _refuse_unsupported(tok) -> None:
 
 
 def served_tokenizer(tok, context_length: int):
-    """``(tokenizers.Tokenizer, pad id, kept added tokens)`` serving ``tok``, unchecked."""
+    """``(tokenizers.Tokenizer, TokenizerParams, added tokens)`` serving ``tok``, unchecked."""
     from tokenizers import normalizers  # noqa: PLC0415
 
     _refuse_unsupported(tok)
     hf = tok.tokenizer
     clean = tok.clean_fn.__name__
     data = json.loads(hf.backend_tokenizer.to_str())
-    kept = [t["content"] for t in data.get("added_tokens", []) if _survives(t["content"], clean)]
-    data["added_tokens"] = [t for t in data.get("added_tokens", []) if t["content"] in kept]
     data["truncation"] = None
     data["padding"] = None
     name = getattr(hf, "name_or_path", "?")
-    marking = _strip_sep(data, hf, kept, name) if tok.strip_sep_token else []
+    marking = []
+    if tok.strip_sep_token:  # only the separators a cleaned text can hold need the markers
+        typed = [t["content"] for t in data["added_tokens"] if _survives(t["content"], clean)]
+        marking = _strip_sep(data, hf, typed, name)
+    added = [t["content"] for t in data.get("added_tokens", [])]
     tokenizer = Tokenizer.from_str(json.dumps(data))
     own = tokenizer.normalizer
-    steps = [clean_normalizer(clean), *marking, *([own] if own else [])]
-    tokenizer.normalizer = normalizers.Sequence(steps)
+    if marking:
+        tokenizer.normalizer = normalizers.Sequence([*marking, *([own] if own else [])])
     pad_id = int(hf.pad_token_id)
     tokenizer.enable_truncation(max_length=context_length)
     tokenizer.enable_padding(length=context_length, pad_id=pad_id, pad_token=str(hf.pad_token))
-    return tokenizer, pad_id, kept
+    params = TokenizerParams(context_length, True, ("input_ids",), pad_id, text_clean=clean)
+    return tokenizer, params, added
 
 
-def check_served(tok, tokenizer, kept: list[str], context_length: int) -> None:
-    """Refuse ``tokenizer`` unless its ids equal ``tok``'s on every check text."""
-    texts = [*CHECK_TEXTS, *(t.upper() for t in CHECK_TEXTS)]
+def check_served(tok, tokenizer, params, kept: list[str], context_length: int) -> None:
+    """Refuse ``tokenizer`` unless the served ids equal ``tok``'s on every check text.
+
+    The served ids are the serve-time path's: ``params``' clean, then ``tokenizer``.
+    """
+    texts = [*CHECK_TEXTS, *(t.upper() for t in CHECK_TEXTS), *HARD_TEXTS]
     texts += [*(f"a {t} b" for t in kept), *kept]
     if tok.strip_sep_token:
         sep, pad = str(tok.tokenizer.sep_token), str(tok.tokenizer.pad_token)
         texts += [f"{m} a{m}b {sep}{m}{pad} x{sep}y {m}{m} {pad}{sep}" for m in SEP_MARKERS]
         texts += [sep, f"a {sep} b", f"{sep} " * context_length]
     want = tok(texts, context_length=context_length).numpy()
-    got = [e.ids for e in tokenizer.encode_batch(texts)]
+    got = [e.ids for e in tokenizer.encode_batch(TextClean(params.text_clean)(texts))]
     wrong = [text for text, w, g in zip(texts, want, got, strict=True) if list(w) != g]
     if not wrong:
         return
@@ -228,16 +219,16 @@ def check_served(tok, tokenizer, kept: list[str], context_length: int) -> None:
     )
 
 
-def write_hf_tokenizer_json(tok, path: Path, context_length: int) -> int:
-    """Write the served ``tokenizer.json`` of an open_clip ``HFTokenizer``; returns its pad id.
+def write_hf_tokenizer_json(tok, path: Path, context_length: int) -> TokenizerParams:
+    """Write the served ``tokenizer.json`` of an open_clip ``HFTokenizer``; returns its params.
 
     Raises :class:`UnsupportedModelError` naming what cannot be served exactly, or when
-    the written file's ids differ from ``tok``'s on any check text (see the module doc).
+    the served ids differ from ``tok``'s on any check text (see the module doc).
     """
-    tokenizer, pad_id, kept = served_tokenizer(tok, context_length)
-    check_served(tok, tokenizer, kept, context_length)
+    tokenizer, params, kept = served_tokenizer(tok, context_length)
+    check_served(tok, tokenizer, params, kept, context_length)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
     tmp.replace(path)
-    return pad_id
+    return params

@@ -19,9 +19,9 @@ torch = pytest.importorskip("torch")
 open_clip = pytest.importorskip("open_clip")
 ort = pytest.importorskip("onnxruntime")
 from PIL import Image  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
 
 from embed_runtime.image.preprocess import decode_image, preprocess_batch  # noqa: E402
+from embed_runtime.text.tokenizer import BatchTokenizer, TokenizerParams  # noqa: E402
 from generator.families.open_clip import assets  # noqa: E402
 
 IMAGE_SIZES = ((640, 480), (31, 200), (64, 64), (300, 90))
@@ -57,9 +57,13 @@ def export_tiny(fields: dict, out: Path) -> tuple:
     return model, preprocess_val, tokenizer, reports
 
 
-def served_ids(tokenizer_json: Path, texts: list[str]) -> np.ndarray:
-    """The token ids of ``texts`` from the served ``tokenizer.json``, one row each."""
-    return np.array([e.ids for e in Tokenizer.from_file(str(tokenizer_json)).encode_batch(texts)])
+def served_ids(tokenizer_json: Path, texts: list[str], params: TokenizerParams) -> np.ndarray:
+    """The token ids of ``texts`` as the tokenize step serves them, one row each.
+
+    The step's path: ``params``' clean, then the served ``tokenizer.json``.
+    """
+    tokenizer = BatchTokenizer(str(tokenizer_json), params)
+    return tokenizer.encode(tokenizer.clean(list(texts)))["input_ids"]
 
 
 def onnx_embedding(graph: Path, input_name: str, values: np.ndarray) -> np.ndarray:

@@ -92,8 +92,8 @@ def test_serving_path_matches_open_clip_end_to_end(tiny, exported, tmp_path):
     """tokenizer.json + runtime preprocess + ONNX == open_clip tokenizer/transform + PyTorch."""
     _, _, model, preprocess_val, tokenizer = tiny
     out, _ = exported
-    write_tokenizer_json(tokenizer, tmp_path / "tokenizer.json", 77)
-    ids = served.served_ids(tmp_path / "tokenizer.json", TEXTS)
+    params = write_tokenizer_json(tokenizer, tmp_path / "tokenizer.json", 77)
+    ids = served.served_ids(tmp_path / "tokenizer.json", TEXTS, params)
     text_emb = served.onnx_embedding(out / "text_encoder.onnx", "input_ids", ids.astype(np.int64))
 
     rng = np.random.default_rng(0)

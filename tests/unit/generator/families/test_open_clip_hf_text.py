@@ -83,10 +83,10 @@ def test_towers_export_within_tolerance(built):
 def test_served_text_path_matches_open_clip(built, tmp_path):
     model, _, tokenizer, out, _ = built
     path = tmp_path / "tokenizer.json"
-    pad_id = write_hf_tokenizer_json(tokenizer, path, CONTEXT_LENGTH)
-    assert pad_id == model.text.config.pad_token_id  # what the text tower masks
+    params = write_hf_tokenizer_json(tokenizer, path, CONTEXT_LENGTH)
+    assert params.pad_id == model.text.config.pad_token_id  # what the text tower masks
     texts = [*TEXTS, *CHECK_TEXTS]
-    ids = served.served_ids(path, texts)
+    ids = served.served_ids(path, texts, params)
     assert np.array_equal(ids, tokenizer(texts).numpy())
     got = served.onnx_embedding(out / "text_encoder.onnx", "input_ids", ids.astype(np.int64))
     with torch.no_grad():

@@ -14,7 +14,6 @@ import pytest
 pytest.importorskip("open_clip")
 pytest.importorskip("transformers")
 from open_clip.tokenizer import HFTokenizer
-from tokenizers import Tokenizer
 
 from embed_runtime.text.tokenizer import BatchTokenizer, TokenizerParams
 from generator.declared_kind import UnsupportedModelError
@@ -41,45 +40,56 @@ def folder(tmp_path_factory):
 
 
 def _mismatches(tok, path, texts, context_length):
+    """Texts whose served ids (the step's clean, then ``path``) differ from ``tok``'s."""
+    pad_id = tok.tokenizer.pad_token_id
+    params = TokenizerParams(context_length, True, ("input_ids",), pad_id, text_clean=_clean(tok))
+    served = BatchTokenizer(str(path), params)
     want = tok(texts, context_length=context_length).numpy()
-    got = np.array([e.ids for e in Tokenizer.from_file(str(path)).encode_batch(texts)])
+    got = served.encode(served.clean(list(texts)))["input_ids"]
     assert got.shape == want.shape == (len(texts), context_length)
     return [t for t, w, g in zip(texts, want, got, strict=True) if not np.array_equal(w, g)]
+
+
+def _clean(tok) -> str:
+    return tok.clean_fn.__name__
 
 
 @pytest.mark.parametrize("context_length", [64, 16])
 def test_ids_equal_open_clip_on_corpus(folder, tmp_path, context_length):
     tok = HFTokenizer(str(folder), context_length=context_length, clean="canonicalize")
     path = tmp_path / "tokenizer.json"
-    assert write_hf_tokenizer_json(tok, path, context_length) == tok.tokenizer.pad_token_id == 1
+    params = write_hf_tokenizer_json(tok, path, context_length)
+    assert params.pad_id == tok.tokenizer.pad_token_id == 1
+    assert params.text_clean == "_clean_canonicalize" and not params.piece_start_tokens
     assert _mismatches(tok, path, list(CORPUS), context_length) == []
 
 
 @pytest.mark.parametrize("clean", ["whitespace", "lower"])
 def test_other_cleans_equal_open_clip_on_corpus(folder, tmp_path, clean):
-    """The clean replicas alone (the file unchecked: these keep ``<pad>`` and co.)."""
     tok = HFTokenizer(str(folder), context_length=64, clean=clean)
-    tokenizer, pad_id, kept = served_tokenizer(tok, 64)
-    assert pad_id == 1 and kept == ["<pad>", "</s>", "<unk>"]
+    tokenizer, params, kept = served_tokenizer(tok, 64)
+    assert params.pad_id == 1 and kept == ["<pad>", "</s>", "<unk>"]
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     assert _mismatches(tok, tmp_path / "tokenizer.json", list(CORPUS), 64) == []
 
 
 @pytest.mark.parametrize("clean", ["whitespace", "lower"])
-def test_added_tokens_that_survive_the_clean_are_refused_by_name(folder, tmp_path, clean):
+def test_added_tokens_typed_in_a_text_are_served_exactly(folder, tmp_path, clean):
+    """The clean runs before the tokenizer splits out ``</s>``, as open_clip's does."""
     tok = HFTokenizer(str(folder), context_length=64, clean=clean)
-    with pytest.raises(UnsupportedModelError, match=r"added tokens \['</s>', '<pad>', '<unk>'\]"):
-        write_hf_tokenizer_json(tok, tmp_path / "tokenizer.json", 64)
-    assert not (tmp_path / "tokenizer.json").exists()
+    path = tmp_path / "tokenizer.json"
+    write_hf_tokenizer_json(tok, path, 64)
+    texts = ["a </s> b", "  </s>  ", "x<pad>y <unk>", "&lt;/s&gt; </S>"]
+    assert _mismatches(tok, path, texts, 64) == []
 
 
 def test_runtime_batch_tokenizer_pads_with_the_tokenizers_pad_id(folder, tmp_path):
     tok = HFTokenizer(str(folder), context_length=64, clean="canonicalize")
     path = tmp_path / "tokenizer.json"
-    pad_id = write_hf_tokenizer_json(tok, path, 64)
-    params = TokenizerParams(64, True, ("input_ids",), pad_id)
+    params = write_hf_tokenizer_json(tok, path, 64)
     texts = [t for t in CORPUS if t.strip()]
-    ids = BatchTokenizer(str(path), params).encode(texts)["input_ids"]
+    served = BatchTokenizer(str(path), params)
+    ids = served.encode(served.clean(texts))["input_ids"]
     assert np.array_equal(ids, tok(texts).numpy())
     assert (ids[:, -1] == 1).sum() > len(texts) // 2  # padded with </s>, not 0
 
@@ -109,8 +119,8 @@ def test_unsupported_options_are_refused_by_name(folder, tmp_path, kwargs, named
 
 def test_a_tokenizer_that_differs_is_refused_not_served(folder, tmp_path, monkeypatch):
     tok = HFTokenizer(str(folder), context_length=32, clean="canonicalize")
-    real = hf_tokenizer.clean_normalizer
-    monkeypatch.setattr(hf_tokenizer, "clean_normalizer", lambda clean: real("_clean_whitespace"))
+    real = hf_tokenizer.TextClean
+    monkeypatch.setattr(hf_tokenizer, "TextClean", lambda clean: real("_clean_whitespace"))
     with pytest.raises(UnsupportedModelError, match="other ids than open_clip's"):
         write_hf_tokenizer_json(tok, tmp_path / "tokenizer.json", 32)
     assert not (tmp_path / "tokenizer.json").exists()
@@ -132,7 +142,7 @@ def test_wordpiece_tokenizer_with_whitespace_clean_is_served_exactly(tmp_path):
     write_tiny_wordpiece_tokenizer(tmp_path, vocab_size=500)
     tok = HFTokenizer(str(tmp_path), context_length=32, clean="whitespace")
     path = tmp_path / "served.json"
-    assert write_hf_tokenizer_json(tok, path, 32) == tok.tokenizer.pad_token_id == 0
+    assert write_hf_tokenizer_json(tok, path, 32).pad_id == tok.tokenizer.pad_token_id == 0
     texts = [*CORPUS, "a [SEP] b", "[CLS]x[SEP]", "  [MASK]  ", "A [PAD] B [UNK]"]
     assert _mismatches(tok, path, texts, 32) == []
 
@@ -142,7 +152,7 @@ def test_gemma_like_bpe_tokenizer_with_canonicalize_is_served_exactly(tmp_path):
     write_tiny_gemma_like_tokenizer(tmp_path, vocab_size=600)
     tok = HFTokenizer(str(tmp_path), context_length=64, clean="canonicalize")
     path = tmp_path / "served.json"
-    assert write_hf_tokenizer_json(tok, path, 64) == tok.tokenizer.pad_token_id == 0
+    assert write_hf_tokenizer_json(tok, path, 64).pad_id == tok.tokenizer.pad_token_id == 0
     texts = [*CORPUS, "<bos> a <eos> b <pad>", "<0x41> bytes"]
     assert _mismatches(tok, path, texts, 64) == []
 
@@ -178,12 +188,14 @@ def test_strip_sep_token_is_served_exactly_clipa_kind(wordpiece, tmp_path):
     """
     tok = HFTokenizer(str(wordpiece), context_length=32, clean="whitespace", strip_sep_token=True)
     path = tmp_path / "served.json"
-    assert write_hf_tokenizer_json(tok, path, 32) == 0
+    params = write_hf_tokenizer_json(tok, path, 32)
+    assert params.pad_id == 0
     sep_id = tok.tokenizer.sep_token_id
     texts = _clipa_texts(str(tok.tokenizer.sep_token), str(tok.tokenizer.pad_token))
     assert "" in texts and any(len(t) > 400 for t in texts)
     assert _mismatches(tok, path, texts, 32) == []
-    ids = BatchTokenizer(str(path), TokenizerParams(32, True, ("input_ids",), 0)).encode(texts)
+    served = BatchTokenizer(str(path), params)
+    ids = served.encode(served.clean(texts))
     want = tok(texts).numpy()
     assert np.array_equal(ids["input_ids"], want)
     assert not (want == sep_id).any()

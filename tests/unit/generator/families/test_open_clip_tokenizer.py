@@ -9,6 +9,8 @@ import pytest
 from open_clip.tokenizer import SimpleTokenizer
 from tokenizers import Tokenizer
 
+from embed_runtime.errors import InvalidInputError
+from embed_runtime.text.clip_clean import _code_points
 from embed_runtime.text.tokenizer import BatchTokenizer, TokenizerParams
 from generator.families.open_clip.assets import write_tokenizer_json
 
@@ -202,16 +204,18 @@ CORPUS += [f"{a}, {b}" for a, b in zip(ENTITIES, ACCENTED, strict=False)] + [
     f"{a}{b}" for a, b in zip(NUMBERS, PUNCTUATION, strict=False)
 ]
 
-# The documented exceptions (module docstring of generator/families/open_clip/assets.py).
-KNOWN_DIFFERENCES = [
+# What the served path cannot match, refused (module docstring of open_clip/assets.py).
+REFUSED = ["!!<start_of_text>", "x.<end_of_text> y", "a\u0558b unicode 16"]
+# Once different (the clean replayed as normalizers), now open_clip's ids.
+ONCE_DIFFERENT = [
     "cafÃ© mojibake",
     "&hearts; &#8364; &EACUTE; outside the entity set",
+    "&#233;t&#xe9; &#8212; &#x2014;",
     "&amp;amp;amp;lt; escaped three times",
     "ＦＵＬＬ＆ａｍｐ；width entity",
     "<b> &ldquo;quoted&rdquo;</b>",
-    "!!<start_of_text>",
     "ᶯΣ",
-    "a\u0558b unicode 16",
+    "<start_of_text> a <end_of_text><start_of_text>b",
 ]
 
 
@@ -221,15 +225,21 @@ def simple():
 
 
 @pytest.fixture(scope="module")
-def tokenizer_path(tmp_path_factory, simple):
+def served(tmp_path_factory, simple):
     path = tmp_path_factory.mktemp("clip_tok") / "tokenizer.json"
-    write_tokenizer_json(simple, path, context_length=77)
-    return path
+    params = write_tokenizer_json(simple, path, context_length=77)
+    return path, params
 
 
-def _mismatches(simple, path, texts, context_length=77):
+def _served(served, texts):
+    path, params = served
+    tokenizer = BatchTokenizer(str(path), params)
+    return tokenizer.encode(tokenizer.clean(list(texts)))["input_ids"]
+
+
+def _mismatches(simple, served, texts, context_length=77):
     expected = simple(texts, context_length=context_length).numpy()
-    got = np.array([e.ids for e in Tokenizer.from_file(str(path)).encode_batch(texts)])
+    got = _served(served, texts)
     assert got.shape == expected.shape
     return [t for t, e, g in zip(texts, expected, got, strict=True) if not np.array_equal(e, g)]
 
@@ -239,44 +249,50 @@ def test_corpus_is_varied_and_large():
     assert any(len(t) > 400 for t in CORPUS) and "" in CORPUS
 
 
-def test_ids_equal_open_clip_on_corpus(simple, tokenizer_path):
-    assert _mismatches(simple, tokenizer_path, CORPUS) == []
+def test_ids_equal_open_clip_on_corpus(simple, served):
+    assert _mismatches(simple, served, CORPUS) == []
 
 
-def test_documented_differences_are_the_only_known_ones(simple, tokenizer_path):
-    got = Tokenizer.from_file(str(tokenizer_path)).encode_batch(KNOWN_DIFFERENCES)
-    assert all(len(e.ids) == 77 and e.ids[0] == simple.sot_token_id for e in got)
-    fixed = set(KNOWN_DIFFERENCES) - set(_mismatches(simple, tokenizer_path, KNOWN_DIFFERENCES))
-    assert not fixed, f"no longer different, update the docstring: {sorted(fixed)}"
+def test_strings_the_replayed_clean_missed_now_equal_open_clip(simple, served):
+    assert _mismatches(simple, served, ONCE_DIFFERENT) == []
 
 
-def test_tokenizer_json_is_deterministic(simple, tokenizer_path, tmp_path):
+@pytest.mark.parametrize("text", REFUSED)
+def test_unmatchable_strings_are_refused_with_a_reason(served, text):
+    path, params = served
+    with pytest.raises(InvalidInputError, match=r"TEXT row 0 holds .*so it is refused"):
+        BatchTokenizer(str(path), params).clean([text])
+
+
+def test_served_params_name_the_clean_and_the_refusals(served):
+    _, params = served
+    assert params.text_clean == "_clean_lower"
+    refused = set(_code_points(params.refused_code_points))
+    assert 0x558 in refused and not refused & {0x1FACA, 0x1F8CD, *range(0x110000 - 2, 0x110000)}
+    assert params.piece_start_tokens == ("<start_of_text>", "<end_of_text>")
+    assert TokenizerParams.from_parameters(params.to_parameters()) == params
+
+
+def test_tokenizer_json_is_deterministic(simple, served, tmp_path):
     write_tokenizer_json(simple, tmp_path / "again.json", context_length=77)
-    assert (tmp_path / "again.json").read_bytes() == tokenizer_path.read_bytes()
+    assert (tmp_path / "again.json").read_bytes() == served[0].read_bytes()
 
 
-def test_truncation_keeps_end_of_text_last(simple, tokenizer_path):
-    ids = Tokenizer.from_file(str(tokenizer_path)).encode(LONG[0]).ids
+def test_truncation_keeps_end_of_text_last(simple, served):
+    ids = Tokenizer.from_file(str(served[0])).encode(LONG[0].lower()).ids
     assert len(ids) == 77 and ids[0] == simple.sot_token_id and ids[-1] == simple.eot_token_id
 
 
 def test_other_context_length(simple, tmp_path):
     path = tmp_path / "tokenizer.json"
-    write_tokenizer_json(simple, path, context_length=32)
-    assert _mismatches(simple, path, CASES, context_length=32) == []
+    params = write_tokenizer_json(simple, path, context_length=32)
+    assert _mismatches(simple, (path, params), CASES, context_length=32) == []
 
 
-def test_runtime_batch_tokenizer_reproduces_ids(simple, tokenizer_path):
-    params = TokenizerParams(max_length=77, pad_to_max_length=True, output_names=("input_ids",))
-    texts = [t for t in CASES if t.strip()]
-    ids = BatchTokenizer(str(tokenizer_path), params).encode(texts)["input_ids"]
-    assert np.array_equal(ids, simple(texts).numpy())
-
-
-def test_decode_round_trips_plain_text(tokenizer_path):
-    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+def test_decode_round_trips_plain_text(served):
+    tokenizer = Tokenizer.from_file(str(served[0]))
     tokenizer.no_padding()
-    ids = tokenizer.encode("A photo of a café!").ids
+    ids = tokenizer.encode("a photo of a café!").ids
     assert tokenizer.decode(ids).strip() == "a photo of a café !"
 
 

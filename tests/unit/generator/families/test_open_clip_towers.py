@@ -87,10 +87,10 @@ def test_served_text_path_matches_open_clip(built, tmp_path):
     path = tmp_path / "tokenizer.json"
     context = tokenizer.context_length
     if is_hf_tokenizer(tokenizer):
-        write_hf_tokenizer_json(tokenizer, path, context)
+        params = write_hf_tokenizer_json(tokenizer, path, context)
     else:
-        write_tokenizer_json(tokenizer, path, context)
-    ids = served.served_ids(path, TEXTS)
+        params = write_tokenizer_json(tokenizer, path, context)
+    ids = served.served_ids(path, TEXTS, params)
     want_ids = tokenizer(TEXTS).numpy()
     assert np.array_equal(ids, want_ids)
     got = served.onnx_embedding(out / "text_encoder.onnx", "input_ids", ids.astype(np.int64))
