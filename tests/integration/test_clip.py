@@ -15,6 +15,8 @@ from tritonclient.utils import InferenceServerException
 
 from client import EmbeddingClientError
 from client.load.corpus import varied_sentences
+from generator.families.open_clip.assets import HARD_TEXTS
+from generator.fixtures.caption_corpus import caption_corpus
 from tests.http_servers import ImageServer, closed_port
 from tests.integration.clip_fixture import (
     CLIP_MODEL,
@@ -113,6 +115,33 @@ def test_text_ensemble_matches_open_clip(client, clip_reference):
     print(f"\nclip text {client.protocol}: 1-cos {cos_gap:.1e}, max abs {max_abs:.1e}")
     assert cos_gap <= TEXT_MAX_COS_GAP
     assert max_abs <= TEXT_MAX_ABS
+
+
+def test_scraped_captions_match_open_clip(client, clip_reference):
+    """Entities of every form, mojibake, markup, bidi: cleaned as open_clip cleans them."""
+    corpus = [t for t in caption_corpus(seed=0)[::47] if t.strip() and "\u0558" not in t]
+    texts = [*HARD_TEXTS, "&#233;t&#xe9; &#8212; &#x2014;", *corpus]
+    got = client.embed_texts(f"{CLIP_MODEL}_text", texts)
+    cos_gap, max_abs = _gaps(got, clip_reference.text(texts))
+    print(f"\nclip scraped text {client.protocol}: 1-cos {cos_gap:.1e}, max abs {max_abs:.1e}")
+    assert cos_gap <= TEXT_MAX_COS_GAP
+    assert max_abs <= TEXT_MAX_ABS
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("a\u0558b", "holds U+0558, a character of a Unicode version newer"),
+        ("wow!!<end_of_text>", "holds '<end_of_text>' right after '!'"),
+    ],
+    ids=["unicode-16-letter", "special-after-punctuation"],
+)
+def test_unmatchable_caption_is_refused_alone_with_the_reason(client, text, reason):
+    with pytest.raises(EmbeddingClientError) as info:
+        client.embed_texts(f"{CLIP_MODEL}_text", ["a photo of a cat", text])
+    assert info.value.status == STATUS["refused"][client.protocol]
+    assert reason in info.value.message and "so it is refused" in info.value.message
+    assert client.embed_texts(f"{CLIP_MODEL}_text", ["a photo of a cat"]).shape[0] == 1
 
 
 @pytest.mark.parametrize("name", sorted(IMAGES))

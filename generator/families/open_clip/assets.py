@@ -1,26 +1,26 @@
 """open_clip assets: preprocess params, ``tokenizer.json``, ONNX towers and a tiny test model.
 
-Tokenizer parity. :func:`write_tokenizer_json` rebuilds open_clip's ``SimpleTokenizer``
-(clean ``'lower'``) as a ``tokenizers`` pipeline: the same byte-level BPE vocab and merges
-(``</w>`` suffix), pre-tokenizer regex and special tokens, truncation that keeps
-``<end_of_text>`` last, padding with id 0. ``ftfy.fix_text`` + ``html.unescape`` cannot
-run inside ``tokenizers``, so the normalizer replays them as fixed rewrites: HTML
-entities (``&amp;`` twice, then ``&quot; &lt; &gt; &nbsp;``, the Latin-1 and typographic
-named entities, ``&apos;`` and numeric references of quotes, ``&<>`` and typographic
-punctuation); ftfy's per-character fixes read from ftfy's own tables at build time (C1
-controls as Windows-1252, Latin ligatures, full/half-width forms, curly quotes, control
-characters, terminal escapes) in one ``Precompiled`` char-map pass; NFC; whitespace
-collapse; Python's final-sigma rule; lower case. Every code point assigned in Python's
-Unicode database tokenizes identically alone and in context. Known differences:
+Tokenizer parity. The tokenize step first runs open_clip's own text clean in Python
+(:mod:`embed_runtime.text.clip_clean`: ``ftfy.fix_text``, ``html.unescape`` twice,
+whitespace, lower case), so every HTML entity, mojibake repair and control character is
+handled as open_clip handles it. :func:`write_tokenizer_json` then rebuilds open_clip's
+``SimpleTokenizer`` (clean ``'lower'``) as a ``tokenizers`` pipeline: the same byte-level
+BPE vocab and merges (``</w>`` suffix), pre-tokenizer regex and special tokens,
+truncation that keeps ``<end_of_text>`` last, padding with id 0; its normalizer only
+drops U+0345, as open_clip's case-insensitive split does. Every assigned code point
+tokenizes identically alone and in context (checked over all of them). What cannot be
+matched is refused at serve time, per request (:class:`~embed_runtime.text.clip_clean.TextClean`):
 
-- mojibake repair (``ftfy.fix_encoding``: ``"cafÃ©"`` -> ``"café"``) is not done;
-- entities outside the set above (``&hearts;``, ``&#8364;``, ``&EACUTE;``), ``&amp;``
-  escaped three or more times, entities spelled in full-width characters, and entities
-  in text containing ``<`` whose character ftfy would then rewrite (``&ldquo;``);
-- ``<start_of_text>`` / ``<end_of_text>`` typed directly after punctuation;
-- ``Σ`` after a letter that is both cased and case-ignorable (``ᶯΣ``);
-- code points unassigned in Python 3.11's Unicode 14 tables (Unicode 15/16 additions):
-  ``regex`` and Oniguruma classify them differently.
+- ``<start_of_text>`` / ``<end_of_text>`` typed right after punctuation (``!!<end_of_text>``):
+  open_clip's split regex joins them to the punctuation, a served tokenizer always
+  splits them out;
+- letters and digits of Unicode versions newer than the served split's tables (U+0558,
+  Unicode 16): the ``regex`` module classes them otherwise (:func:`_split_disagreements`,
+  computed at build, written as the step's ``refused_code_points``).
+
+Every build checks the served path (clean, refusals, ``tokenizer.json``) against
+open_clip's tokenizer on :data:`VALIDATION_TEXTS` and :data:`HARD_TEXTS` and refuses a
+tokenizer that differs.
 """
 
 from __future__ import annotations

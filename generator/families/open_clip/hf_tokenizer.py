@@ -3,23 +3,11 @@
 ``HFTokenizer.__call__`` cleans each text in Python (``clean``: ``'whitespace'``, the
 default, ``'lower'`` or ``'canonicalize'``, each built on ftfy + ``html.unescape``), then
 runs the Hugging Face fast tokenizer with ``padding='max_length'`` and truncation to
-``context_length``. The served file is that fast tokenizer's own pipeline with the clean
-replayed in front of its normalizer (:func:`clean_normalizer`, the same replica of ftfy
-as the CLIP tokenizer's, with its documented differences), padded with the tokenizer's
-``pad_token_id`` and cut on the side the tokenizer cuts.
-
-The Python clean runs before the tokenizer splits out its added (special) tokens;
-inside ``tokenizers`` it runs after, on each piece between them. Added tokens that the
-clean can never leave in a text (with ``'canonicalize'``: every one containing ASCII
-punctuation, as T5's ``</s>`` / ``<pad>`` and Gemma's ``<bos>`` do) are dropped from the
-served file's added vocabulary, so such text tokenizes as the reference does (SigLIP,
-SigLIP2). Where one can survive (``'whitespace'`` / ``'lower'`` with ``[SEP]``,
-``<pad>``) it stays, and the pieces around it are cleaned (stripped) one by one: exact
-where the tokenizer's pre-tokenizer drops those spaces anyway (BERT WordPiece, the CLIPA
-configs' ``bert-base-uncased``; XLM-R, which transformers 5.23 loads with a
-``WhitespaceSplit`` before its ``Metaspace``); where it does not (a bare SentencePiece
-``Metaspace``, T5-like), the check below fails and the build refuses the tokenizer, naming
-those tokens.
+``context_length``. The tokenize step does the same: the same clean in Python
+(:mod:`embed_runtime.text.clip_clean`, named by the step's ``text_clean`` parameter),
+then the fast tokenizer's own pipeline, unchanged, with its added tokens (so they are
+split out of the cleaned text, as in open_clip), padded with the tokenizer's
+``pad_token_id`` and cut on the side the tokenizer cuts. Nothing is refused at serve time.
 
 ``strip_sep_token`` (CLIPA's ``bert-base-uncased``): open_clip replaces every id of the
 separator token with 0 after tokenizing. Served in the file (:func:`_strip_sep`): the
@@ -32,11 +20,10 @@ typed by the user is doubled first, which WordPiece (no entry starting with it) 
 models whose id 0 is the pad token only (BERT); others are refused naming the part.
 
 Also refused with a message naming the part: ``tokenizer_mode='clips'``,
-slow (Python) tokenizers, left padding or left truncation. Every
-build checks served ids against ``HFTokenizer`` on :data:`CHECK_TEXTS` (and their
-upper case) plus each kept added token in context, and refuses a tokenizer that differs
-on any of them. The clean replica has the CLIP tokenizer's documented differences
-(``assets``), and also misses upper-case entities (``&EURO;``, ``&#X27;``).
+slow (Python) tokenizers, left padding or left truncation. Every build checks the served
+ids (the clean, then the file) against ``HFTokenizer`` on :data:`CHECK_TEXTS` (and their
+upper case), ``assets.HARD_TEXTS`` (entities of every form, mojibake, bidi) and each
+added token in context, and refuses a tokenizer that differs on any of them.
 """
 
 from __future__ import annotations
@@ -189,7 +176,9 @@ def served_tokenizer(tok, context_length: int):
     return tokenizer, params, added
 
 
-def check_served(tok, tokenizer, params, kept: list[str], context_length: int) -> None:
+def check_served(
+    tok, tokenizer, params: TokenizerParams, kept: list[str], context_length: int
+) -> None:
     """Refuse ``tokenizer`` unless the served ids equal ``tok``'s on every check text.
 
     The served ids are the serve-time path's: ``params``' clean, then ``tokenizer``.
@@ -206,16 +195,10 @@ def check_served(tok, tokenizer, params, kept: list[str], context_length: int) -
     if not wrong:
         return
     name = getattr(tok.tokenizer, "name_or_path", "?")
-    typed = sorted({t for t in kept for text in wrong if t in text})
-    part = (
-        f"its added tokens {typed} typed in a text (open_clip cleans the text before the "
-        "tokenizer splits them out; a served tokenizer cannot)"
-        if typed
-        else f"{len(wrong)} check texts, e.g. {wrong[0][:60]!r}"
-    )
     raise UnsupportedModelError(
         f"open_clip HFTokenizer {name!r}: the served tokenizer gives other ids than "
-        f"open_clip's on {part}; refused rather than served with another tokenization"
+        f"open_clip's on {len(wrong)} check texts, e.g. {wrong[0][:60]!r}; refused rather "
+        "than served with another tokenization"
     )
 
 
