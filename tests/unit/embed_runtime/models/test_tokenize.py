@@ -127,3 +127,26 @@ def test_tokenize_before_a_float32_only_encoder_refuses_other_precisions(
     plain = load_adapter("tokenize").TritonPythonModel()  # without the flag: the encoder decides
     plain.initialize(_args(tmp_path, TOKENIZE_PARAMS))
     assert not plain.execute([request({"precision": "int8"})])[0].has_error()
+
+
+def test_tokenize_cleans_as_open_clip_and_refuses_an_unmatchable_row_alone(
+    backend, tmp_path, tokenizer_json
+):
+    """``text_clean`` runs before the tokenizer; a refused row fails its request only."""
+    (tmp_path / "1").mkdir()
+    shutil.copy(tokenizer_json, tmp_path / "1" / "tokenizer.json")
+    clean = {"text_clean": "_clean_lower", "refused_code_points": "558"}
+    model = load_adapter("tokenize").TritonPythonModel()
+    model.initialize(_args(tmp_path, {**TOKENIZE_PARAMS, **clean}))
+    reference = BatchTokenizer(
+        str(tokenizer_json), TokenizerParams.from_parameters(TOKENIZE_PARAMS)
+    )
+    good = _text_request("Caf&eacute; &amp;amp; cafÃ©", "&#233;t&#xe9;")
+    responses = model.execute([good, _text_request("fine", "a\u0558b"), _text_request("x")])
+    want = reference.encode(["café & café", "été"])["input_ids"]
+    np.testing.assert_array_equal(responses[0].output("input_ids"), want)
+    code, message = _error(responses[1])
+    assert code == pb.TritonError.INVALID_ARG
+    assert message.startswith("TEXT row 1 holds U+0558") and "so it is refused" in message
+    assert not responses[2].has_error()
+    model.finalize()
