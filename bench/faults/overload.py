@@ -10,8 +10,8 @@ full-size random-init ViT-B-32), then with ``max_queue_size`` N (0: unbounded; o
 1. reference: every sentence and every photo once, alone; the rows each loaded answer
    must match (max abs diff <= 1e-5);
 2. sustainable rate (first configuration only, then kept): the best closed-loop
-   throughput of ``--clients`` in requests/s of the load's own requests
-   (:func:`client.load.loadgen.run_triton_load`);
+   throughput of ``--clients`` (a quarter of each for ``text32``) in requests/s of the
+   load's own requests (:func:`client.load.loadgen.run_triton_load`);
 3. latency reference: an open loop at 0.8 x the sustainable rate, its accepted p50 / p99
    (and, with ``--unloaded-s``, one at 10 %, for the record);
 4. overload: an open loop (Poisson arrivals, async gRPC, ``--senders`` threads) at each
@@ -128,9 +128,13 @@ def overload_manifest(args: argparse.Namespace, knobs: dict[str, int]) -> Manife
 
 
 def sustainable(url: str, load: Load, clients: Sequence[int], seconds: float) -> list[dict]:
-    """Closed-loop throughput of ``load``'s requests at each concurrency in ``clients``."""
+    """Closed-loop throughput of ``load``'s requests at each of its concurrencies.
+
+    ``clients`` as given for one-row requests, a quarter of each for 32-row ones
+    (:meth:`Load.closed_loop_clients`).
+    """
     found = []
-    for c in clients:
+    for c in load.closed_loop_clients(clients):
         per_client = int(1500 * seconds / c) + 10
         spec = LoadSpec(
             c, len(load.requests[0]), per_client, warmup_requests=2, max_seconds=seconds

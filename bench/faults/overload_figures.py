@@ -8,7 +8,10 @@ judging is unit-tested with synthetic shots:
   request's deadline passed), *past the deadline* (``DEADLINE_EXCEEDED``, or an answer
   that came after the deadline), *other error*, or *no answer* at all;
 - goodput: accepted answers with the right vector per second, from the first planned
-  arrival to the last such answer; its ratio is to the sustainable rate;
+  arrival to the last such answer; its ratio is to the sustainable rate. The span never
+  ends before the last good answer, so goodput is never overstated by answers that come
+  after the arrivals stop; on a short run (``--quick``) whose answers take seconds it is
+  understated by about latency / (run + latency);
 - the goal (issue 46): goodput >= 0.9 x sustainable, accepted p99 <= 2 x the accepted p99
   of an open loop at 0.8 x the sustainable rate, refusals' p99 <= 50 ms, nothing past
   the deadline (or unanswered), no wrong vector and no other error.
@@ -62,8 +65,11 @@ class Shot:
 
 
 def status_key(status: str) -> str:
-    """A status with its numbers masked, so messages that differ by a time count together."""
-    return re.sub(r"\d+(\.\d+)?", "#", status)[:120]
+    """A status with its free-standing numbers masked (``12.5 ms`` -> ``# ms``, names kept).
+
+    Messages that differ only by a time or a count are then counted together.
+    """
+    return re.sub(r"(?<![\w.-])\d+(\.\d+)?", "#", status)[:120]
 
 
 def classify(shot: Shot, deadline_s: float) -> str:

@@ -87,6 +87,9 @@ def test_a_wrong_shape_is_a_wrong_vector_and_statuses_count_alike_messages_toget
     assert run["wrong"] == 1 and run["good"] == 0 and run["goodput"] == 0.0
     assert run["statuses"][status_key(GONE)] == 2
     assert status_key(GONE) == "StatusCode.UNAVAILABLE: deadline passed # ms before this step ran"
+    assert status_key("in ensemble 'all-MiniLM-L6-v2', 3 rows") == (
+        "in ensemble 'all-MiniLM-L6-v2', # rows"
+    )
 
 
 def judged(

@@ -36,6 +36,13 @@ def test_text32_requests_cover_the_pool_and_point_at_each_sentences_reference_ro
     assert expected_rows(reference, text1.rows, 7).shape == (1, 3)
 
 
+def test_32_row_requests_measure_their_sustainable_rate_with_a_quarter_of_the_clients():
+    text1, text32 = make_loads(["text1", "text32"], [f"s{i}" for i in range(64)], "clip-tiny")
+    assert text1.closed_loop_clients([8, 16, 32]) == [8, 16, 32]
+    assert text32.closed_loop_clients([8, 16, 32]) == [2, 4, 8]
+    assert text32.closed_loop_clients([1, 2]) == [1]
+
+
 def test_only_the_named_loads_are_built():
     loads = make_loads(["images"], ["a", "b"], "clip-vit-b-32", [b"x"])
     assert [load.name for load in loads] == ["images"]
