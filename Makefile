@@ -124,12 +124,15 @@ clean:
 # (KINDS_ARGS="--texts 128 --repeats 1" for a smoke test),
 # then every new OpenCLIP tower kind (six tiny models, one Triton) served against open_clip
 # in-process (bench.open_clip_speed, 8.2 min on a loaded 2-core box; CLIP_SPEED_ARGS="--repeats 1"),
+# then the CLIP tokenize step with open_clip's exact text clean against the clean replayed
+# by the tokenizer as before issue 49 (bench.clip_clean, about 2 min; CLIP_CLEAN_ARGS),
 # then the faults benchmarks, each writing bench/results/ (OVERLOAD_ARGS / SOAK_ARGS="--quick"):
 # all-MiniLM-L6-v2 at 2 x and 3 x its sustainable rate, the default queue, shorter ones and
 # none (bench.faults.overload, about 12 min; the load generator on its own cores from 4 cores
 # up), 10 min of mixed load after the largest requests, the server's memory sampled
 # (bench.faults.soak, docs/bench-soak.png), and 100 starts of `generator serve` under traffic with the start
 # watch off and on, hangs counted (bench.faults.start_loop; START_LOOP_ARGS="--starts 5").
+CLIP_CLEAN_ARGS ?= --replica-commit 9ab1dac
 .PHONY: bench
 bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)
 	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[bench]"
@@ -139,6 +142,7 @@ bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)
 	$(PY) -m bench.studies.precision $(PRECISION_ARGS)
 	$(PY) -m bench.studies.model_kinds $(KINDS_ARGS)
 	$(PY) -m bench.open_clip_speed $(CLIP_SPEED_ARGS)
+	$(PY) -m bench.clip_clean $(CLIP_CLEAN_ARGS)
 	$(PY) -m bench.faults.overload $(OVERLOAD_ARGS)
 	$(PY) -m bench.faults.soak $(SOAK_ARGS)
 	$(PY) -m bench.faults.start_loop $(START_LOOP_ARGS)

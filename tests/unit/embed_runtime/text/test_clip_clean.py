@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from embed_runtime.errors import InvalidInputError
@@ -11,12 +13,15 @@ from embed_runtime.text.tokenizer import TokenizerParams
 from generator.fixtures.caption_corpus import caption_corpus, fuzz_strings
 
 SPECIALS = ("<start_of_text>", "<end_of_text>")
+ASCII = [chr(c) for c in range(128)] + list("   aeiou&;#x")  # controls and entities too
 
 
 @pytest.mark.parametrize("name", CLEANS)
 def test_clean_functions_equal_open_clips_own(name):
     tokenizer = pytest.importorskip("open_clip.tokenizer")
-    texts = caption_corpus(seed=3, per_kind=40) + fuzz_strings(seed=3, count=300)
+    rng = random.Random(3)
+    ascii_texts = ["".join(rng.choices(ASCII, k=rng.randint(1, 60))) for _ in range(2000)]
+    texts = caption_corpus(seed=3, per_kind=40) + fuzz_strings(seed=3, count=300) + ascii_texts
     ours, theirs = clean_function(name), getattr(tokenizer, name)
     assert [t for t in texts if ours(t) != theirs(t)] == []
 
