@@ -45,12 +45,13 @@ RETRY_STATUSES = frozenset(
 )
 ALWAYS_RETRY_STATUSES = frozenset({"429", "StatusCode.RESOURCE_EXHAUSTED"})
 REFUSAL_MARKERS = ("exceeds maximum queue size", "request timeout expired", "overload")
-# gRPC's words for a server it could not reach or that went away mid-call.
+# gRPC's own words (status UNAVAILABLE) for a server it could not reach or that went away
+# mid-call; the server's answers say "connection reset" etc. of an image URL it fetched.
+GRPC_UNAVAILABLE = "StatusCode.UNAVAILABLE"
 CONNECTION_MARKERS = (
     "failed to connect",
-    "connection refused",
-    "connection reset",
     "socket closed",
+    "connection reset by peer",
     "broken pipe",
     "goaway",
 )
@@ -85,7 +86,7 @@ def classify(error: EmbeddingClientError) -> Failure:
         return Failure.DEADLINE
     if status in ALWAYS_RETRY_STATUSES or any(m in message for m in REFUSAL_MARKERS):
         return Failure.REFUSED
-    if any(m in message for m in CONNECTION_MARKERS):
+    if status == GRPC_UNAVAILABLE and any(m in message for m in CONNECTION_MARKERS):
         return Failure.UNREACHABLE
     return Failure.FINAL
 

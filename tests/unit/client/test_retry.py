@@ -43,6 +43,8 @@ REFUSALS = [
         "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: "
         "Failed to connect to remote host: Connection refused",
     ),
+    ("StatusCode.UNAVAILABLE", "Socket closed"),
+    ("StatusCode.UNAVAILABLE", "recvmsg:Connection reset by peer"),
 ]
 FINAL_ANSWERS = [
     ("400", "unexpected shape for input 'TEXT' for model 'm'"),
@@ -51,6 +53,9 @@ FINAL_ANSWERS = [
     ("500", "Stub process 'm_encode_0_0' is not healthy."),
     ("503", "cannot fetch http://127.0.0.1:9/x.jpg: connection to 127.0.0.1:9 refused"),
     ("StatusCode.UNAVAILABLE", "This API is restricted, expecting header 'x-admin-key'"),
+    ("StatusCode.UNAVAILABLE", "IMAGE_URL 'http://h/x.jpg' unavailable: connection reset"),
+    ("503", "IMAGE_URL 'http://h/x.jpg' unavailable: connection closed without a response"),
+    ("503", "model_manager is disabled: the server has no admin key"),
 ]
 DEADLINE_ANSWERS = [
     (
