@@ -10,27 +10,23 @@ Example::
 
 from __future__ import annotations
 
-import http.client
 import importlib
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tritonclient.utils import InferenceServerException
 
 from .clip_scores import ClipScoresMixin
-from .deadline import Deadline, with_deadline
+from .deadline import Deadline
 from .errors import EmbeddingClientError
 from .model_management import ModelManagementMixin
 from .multivector import MultiVectorMixin
 from .payload import (
     ImageItem,
-    bytes_tensor,
     encode_texts,
     image_target,
     reassemble,
@@ -45,7 +41,8 @@ from .records import (
     unwrap_model_config,
 )
 from .rerank import RerankMixin
-from .retry import DEFAULT_RETRY, NO_RETRY, RetryBudget, RetryPolicy, call_with_retries
+from .retry import DEFAULT_RETRY, NO_RETRY, RetryBudget, RetryPolicy
+from .sending import SendMixin
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 TEXT_INPUT = "TEXT"
@@ -165,11 +162,9 @@ def grpc_channel_args(keepalive) -> list[tuple[str, int]]:
     ]
 
 
-class _TransportTimeout(TimeoutError):
-    """An HTTP request past its deadline (an OSError: geventhttpclient then closes the socket)."""
-
-
-class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipScoresMixin):
+class EmbeddingClient(
+    SendMixin, ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipScoresMixin
+):
     """Embed texts and images with models served by Triton; query server state.
 
     Every failure (Triton error, unreachable server, unreadable local file, bad input)
@@ -256,70 +251,6 @@ class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipS
         if not self._closed:
             self._closed = True
             self._client.close()
-
-    @contextmanager
-    def _errors(self, model: str | None = None) -> Iterator[None]:
-        try:
-            yield
-        except InferenceServerException as exc:
-            message = exc.message() or str(exc)
-            raise EmbeddingClientError(message, status=exc.status(), model=model) from exc
-        except (OSError, http.client.HTTPException) as exc:
-            raise EmbeddingClientError(
-                f"cannot reach Triton at {self.url} ({self.protocol}): {exc}", model=model
-            ) from exc
-
-    @contextmanager
-    def _call_deadline(self) -> Iterator[Deadline]:
-        """The deadline of the public call under way, set here when none is (``timeout_s``)."""
-        if self._deadline is not None:
-            yield self._deadline
-            return
-        self._deadline = self.retry.deadline(self.timeout_s)
-        try:
-            yield self._deadline
-        finally:
-            self._deadline = None
-
-    @contextmanager
-    def _transport(self, seconds: float) -> Iterator[dict[str, Any]]:
-        """Keyword arguments and scope that end one request after ``seconds``.
-
-        gRPC: the call's deadline. HTTP: a gevent timeout raising an OSError, on which
-        geventhttpclient closes the connection (Triton then cancels the request).
-        """
-        seconds = max(seconds, 1e-3)
-        if self.protocol == "grpc":
-            yield {"client_timeout": seconds}
-            return
-        with self._gevent.Timeout(seconds, _TransportTimeout(f"no answer in {seconds:.3f} s")):
-            yield {}
-
-    def _retried(self, model: str | None, send) -> Any:
-        """``send(deadline)`` within the call's deadline, retried on refusals."""
-        with self._call_deadline() as deadline:
-            return call_with_retries(
-                lambda: send(deadline), deadline, self.retry, self.retry_budget, model
-            )
-
-    def _send(self, model: str, inputs: list, outputs: list, parameters: dict | None = None) -> Any:
-        """One infer request of ``inputs`` (tritonclient ``InferInput``s with their data).
-
-        Sent with the time left of the call's deadline (transport timeout and
-        ``deadline_unix_us``, merged into ``parameters``), retried on refusals.
-        """
-
-        def attempt(deadline: Deadline) -> Any:
-            with self._errors(model), self._transport(deadline.remaining()) as timeout:
-                return self._client.infer(
-                    model,
-                    inputs,
-                    outputs=outputs,
-                    parameters=with_deadline(parameters, deadline),
-                    **timeout,
-                )
-
-        return self._retried(model, attempt)
 
     def embed_texts(
         self,
@@ -524,14 +455,6 @@ class EmbeddingClient(ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipS
             expected = f"expected {COUNT_OUTPUT} of {len(items)} rows"
             raise EmbeddingClientError(expected, model=model)
         return embedding, tokens.reshape(-1).astype(np.int32)
-
-    def _text_input(self, name: str, items: list[bytes]) -> Any:
-        """The BYTES input ``name`` [N, 1] holding ``items``."""
-        data = bytes_tensor(items)
-        tensor = self._tc.InferInput(name, list(data.shape), "BYTES")
-        with self._errors():
-            tensor.set_data_from_numpy(data)
-        return tensor
 
     def _max_batch_size(self, model: str) -> int:
         """The model's ``max_batch_size`` from its config; 0 (unknown) without the admin key."""
