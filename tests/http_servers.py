@@ -170,6 +170,9 @@ class _ImageHandler(QuietHandler):
             self._hold(0.3)
         elif route.startswith("/img/") and route[5:] in self.owner.images:
             self.reply(200, self.owner.images[route[5:]], "application/octet-stream")
+        elif route.startswith("/slow/") and route[6:] in self.owner.images:
+            time.sleep(self.owner.slow_s)
+            self.reply(200, self.owner.images[route[6:]], "application/octet-stream")
         elif path == "/status/500":
             self.reply(500, b"boom", "text/plain")
         elif path == "/html":
@@ -195,12 +198,14 @@ class ImageServer:
     """Routes: ``/img/<name>`` plus failure routes (see ``_ImageHandler.do_GET``).
 
     ``/silent`` and ``/tarpit`` (any query) are tarpits: image headers, then nothing or a
-    byte every 0.3 s, for ``hang_s``; ``/img/<name>?<anything>`` is the image.
+    byte every 0.3 s, for ``hang_s``; ``/img/<name>?<anything>`` is the image;
+    ``/slow/<name>`` is the image after ``slow_s`` seconds.
     """
 
-    def __init__(self, images: dict[str, bytes], hang_s: float = 5.0):
+    def __init__(self, images: dict[str, bytes], hang_s: float = 5.0, slow_s: float = 1.0):
         self.images = images
         self.hang_s = hang_s
+        self.slow_s = slow_s
         self.httpd = LocalServer(type("Handler", (_ImageHandler,), {"owner": self}))
 
     @property

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import INVALID_ARG, UNAVAILABLE, RequestError
+from ..text.request_options import request_parameters
 from ..text.tokenizer import split_rows
+from .admission import gone_reason
 
 
 def config_parameters(model_config: str | dict[str, Any]) -> dict[str, str]:
@@ -75,10 +77,25 @@ class Gathered:
         return self.responses
 
 
+def _parameters(request: Any) -> dict[str, Any]:
+    try:
+        return request_parameters(request.parameters())
+    except RequestError:
+        return {}
+
+
 def gather_rows(pb_utils: Any, requests: Sequence[Any], read: Callable[[Any], Sequence]):
-    """Read each request's rows with ``read``; a :class:`RequestError` fails that one alone."""
+    """Read each request's rows with ``read``; a :class:`RequestError` fails that one alone.
+
+    A request whose client has gone or whose deadline has passed is answered at once,
+    unread (:mod:`.admission`): no step works for an answer nobody can use.
+    """
     gathered = Gathered(responses=[None] * len(requests))
     for i, request in enumerate(requests):
+        gone = gone_reason(request, _parameters)
+        if gone is not None:
+            gathered.responses[i] = error_response(pb_utils, gone)
+            continue
         try:
             rows = read(request)
         except RequestError as exc:
@@ -164,6 +181,10 @@ def embed_requests(
     responses: list = [None] * len(requests)
     valid, items = [], []
     for i, request in enumerate(requests):
+        gone = gone_reason(request, _parameters)
+        if gone is not None:
+            responses[i] = error_response(pb_utils, gone)
+            continue
         try:
             items.append(read(request))
         except RequestError as exc:

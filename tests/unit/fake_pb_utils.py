@@ -62,7 +62,9 @@ class InferenceRequest:
         inputs: Iterable[Tensor] = (),
         parameters: dict | None = None,
         requested_outputs: Iterable[str] | None = None,
+        cancelled: bool = False,
     ):
+        self.cancelled = cancelled
         self._inputs = list(inputs)
         self._parameters = json.dumps(parameters or {})
         self._requested = None if requested_outputs is None else list(requested_outputs)
@@ -72,6 +74,10 @@ class InferenceRequest:
 
     def parameters(self) -> str:
         return self._parameters
+
+    def is_cancelled(self) -> bool:
+        """Whether Triton marked the request cancelled (its client went away)."""
+        return self.cancelled
 
     def requested_output_names(self) -> list[str] | None:
         """The outputs asked for; None stands for all of the model's (Triton lists them)."""
