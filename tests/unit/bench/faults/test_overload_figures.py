@@ -171,3 +171,25 @@ def test_the_table_has_one_row_per_record_and_names_what_was_missed():
     assert lines[1].split()[-2:] == ["31%", "met"]
     assert lines[2].endswith("missed goodput,deadline")
     assert cpu_share(3.0, 10.0, 2) == 0.15 and cpu_share(1.0, 0.0, 2) == 0.0
+
+
+def test_the_latency_reference_is_an_open_loop_at_0_8x_and_the_unloaded_one_optional(
+    monkeypatch,
+):
+    from bench.faults import overload
+
+    calls = []
+
+    def fake_open_loop(url, load, rate, seconds, deadline_s, senders, seed, send_deadline):
+        calls.append((rate, seconds, senders, send_deadline))
+        clock = Clock()
+        return [fire(clock, 0, 1.0 + i / rate, 0.02) for i in range(int(rate * seconds))], seconds
+
+    monkeypatch.setattr(overload, "open_loop", fake_open_loop)
+    args = overload.parse_args(["--pin", "none", "--reference-s", "2", "--unloaded-s", "0"])
+    ref, unloaded = overload.latency_reference(args, "url", None, expected, 100.0)
+    assert calls == [(80.0, 2.0, 2, True)] and unloaded == {}
+    assert ref["target_rate"] == 80.0 and ref["accepted_ms"]["p99"] == pytest.approx(20.0)
+    args.unloaded_s = 3.0
+    overload.latency_reference(args, "url", None, expected, 100.0)
+    assert calls[-1] == (10.0, 3.0, 1, True)
