@@ -5,8 +5,8 @@ judging is unit-tested with synthetic shots:
 
 - every shot ends one way: *accepted* (an answer within the client deadline), *refused*
   (gRPC ``UNAVAILABLE`` / ``RESOURCE_EXHAUSTED``: a full queue, or a step that found the
-  request's deadline passed), *past the deadline* (``DEADLINE_EXCEEDED``, or an answer
-  that came after the deadline), *other error*, or *no answer* at all;
+  request's deadline passed), *past the deadline* (``DEADLINE_EXCEEDED``, or any answer,
+  a refusal too, that came after the deadline), *other error*, or *no answer* at all;
 - goodput: accepted answers with the right vector per second, from the first planned
   arrival to the last such answer; its ratio is to the sustainable rate. The span never
   ends before the last good answer, so goodput is never overstated by answers that come
@@ -76,11 +76,11 @@ def classify(shot: Shot, deadline_s: float) -> str:
     """``accepted``, ``refused``, ``past_deadline``, ``other_error`` or ``no_answer``."""
     if not shot.done:
         return "no_answer"
-    if shot.status.startswith(DEADLINE):
+    if shot.status.startswith(DEADLINE) or shot.done - shot.sent > deadline_s:
         return "past_deadline"
     if shot.status:
         return "refused" if shot.status.startswith(REFUSALS) else "other_error"
-    return "past_deadline" if shot.done - shot.sent > deadline_s else "accepted"
+    return "accepted"
 
 
 def vector_diff(vector: np.ndarray | None, expected: np.ndarray) -> float:

@@ -52,6 +52,8 @@ def test_each_shot_ends_one_way():
     assert classify(fire(clock, 0, 1.0, 5.0, LATE), 5.0) == "past_deadline"
     # An answer that came after the client's deadline is late, not accepted.
     assert classify(fire(clock, 0, 1.0, 5.2), 5.0) == "past_deadline"
+    # So is a refusal that came after it (a step that found the deadline passed, too late).
+    assert classify(fire(clock, 0, 1.0, 5.01, GONE), 5.0) == "past_deadline"
     assert classify(fire(clock, 0, 1.0, 0.1, "StatusCode.INTERNAL: boom"), 5.0) == "other_error"
     assert classify(Shot(0, planned=1.0, sent=1.0), 5.0) == "no_answer"
 
