@@ -142,32 +142,31 @@ class TextClean:
                         "version newer than this server's tokenizer tables: the model's "
                         "tokenizer splits it otherwise, so it is refused"
                     )
-        for token in self.piece_start_tokens:
-            start = text.find(token)
-            while start > 0:
-                before = text[start - 1]
-                joined = not (before == " " or unicodedata.category(before)[0] in "LN")
-                if joined and not _follows_token(text, start, self.piece_start_tokens):
-                    raise InvalidInputError(
-                        f"TEXT row {row} holds {token!r} right after {before!r}: the model's "
-                        "tokenizer reads it as plain characters there, the served one as its "
-                        "special token, so it is refused"
-                    )
-                start = text.find(token, start + 1)
+        whole_until = 0  # where the last token read whole ends: a new piece starts there
+        for start, token in _occurrences(text, self.piece_start_tokens):
+            before = text[start - 1] if start else " "
+            if (
+                start != whole_until
+                and before != " "
+                and unicodedata.category(before)[0] not in "LN"
+            ):
+                raise InvalidInputError(
+                    f"TEXT row {row} holds {token!r} right after {before!r}: the model's "
+                    "tokenizer reads it as plain characters there, the served one as its "
+                    "special token, so it is refused"
+                )
+            whole_until = start + len(token)
 
 
-def _follows_token(text: str, start: int, tokens: tuple[str, ...]) -> bool:
-    """Whether ``text[:start]`` ends in a token that itself starts a piece there."""
+def _occurrences(text: str, tokens: tuple[str, ...]) -> list[tuple[int, str]]:
+    """``(start, token)`` of every occurrence of ``tokens`` in ``text``, in text order."""
+    found = []
     for token in tokens:
-        begin = start - len(token)
-        if begin >= 0 and text.startswith(token, begin):
-            if begin == 0:
-                return True
-            before = text[begin - 1]
-            if before == " " or unicodedata.category(before)[0] in "LN":
-                return True
-            return _follows_token(text, begin, tokens)
-    return False
+        start = text.find(token)
+        while start >= 0:
+            found.append((start, token))
+            start = text.find(token, start + len(token))
+    return sorted(found)
 
 
 def _code_points(ranges: tuple[str, ...]):

@@ -51,6 +51,7 @@ def test_no_clean_is_the_identity_and_an_unknown_one_fails_the_load():
         "it's<end_of_text>",
         "<end_of_text><start_of_text>x",
         "a <start_of_text><end_of_text><start_of_text>",
+        "<end_of_text>" * 1500,
     ],
 )
 def test_special_tokens_where_open_clip_reads_them_whole_are_served(text):
@@ -64,7 +65,8 @@ def test_special_tokens_where_open_clip_reads_them_whole_are_served(text):
         ("x.<end_of_text> y", "'.'"),
         ("<<end_of_text>", "'<'"),
         ("'<start_of_text>", '"\'"'),
-        ("a !<end_of_text><start_of_text>", "'>'"),
+        ("a !<end_of_text><start_of_text>", "'!'"),
+        ("<end_of_text> x!<end_of_text>", "'!'"),
     ],
 )
 def test_special_tokens_joined_to_punctuation_are_refused(text, after):

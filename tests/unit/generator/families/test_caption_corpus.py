@@ -10,6 +10,8 @@ refuses the string (only the CLIP kind has strings it refuses).
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 
@@ -86,3 +88,20 @@ def test_hf_tokenizer_ids_equal_open_clip_on_corpus_and_fuzz(hf_folder, clean, t
     params = write_hf_tokenizer_json(tok, path, 64)
     assert params.text_clean == f"_clean_{clean}"
     assert _compare(tok, path, params, TEXTS) == ([], [])
+
+
+def test_clip_bpe_refuses_exactly_the_special_tokens_open_clip_reads_as_characters(tmp_path):
+    """A fuzz of typed ``<start_of_text>`` / ``<end_of_text>`` among letters, digits,
+    spaces and punctuation: served ids equal open_clip's, and every refused string would
+    indeed have been served with other ids."""
+    simple = SimpleTokenizer()
+    path = tmp_path / "tokenizer.json"
+    params = write_tokenizer_json(simple, path, 77)
+    rng = random.Random(49)
+    parts = ["<start_of_text>", "<end_of_text>", "<END_OF_TEXT>", "a", "1", " ", "!", "'s", "<"]
+    texts = ["".join(rng.choices(parts, k=rng.randint(1, 8))) for _ in range(2000)]
+    wrong, refused = _compare(simple, path, params, texts)
+    assert wrong == [] and len(refused) > 100
+    unrefused = BatchTokenizer(str(path), params)
+    got = unrefused.encode([unrefused.clean.function(t) for t in refused])["input_ids"]
+    assert not (got == simple(refused).numpy()).all(axis=1).any()
