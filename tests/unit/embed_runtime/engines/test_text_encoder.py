@@ -234,3 +234,19 @@ def test_encoder_without_the_knob_still_takes_token_tensors(
         response.output("EMBEDDING"), _expected_mean(tokens), rtol=1e-5, atol=1e-6
     )
     split.finalize()
+
+
+def test_fused_encode_cleans_like_the_tokenize_step_and_refuses_a_row_alone(
+    backend, tmp_path, token_onnx, tokenizer_json
+) -> None:
+    """``text_clean`` applies on the fused path too (CLIP builds a tokenize step today)."""
+    clean = {"text_clean": "_clean_lower", "refused_code_points": "558"}
+    fused = _fused(tmp_path, token_onnx, tokenizer_json, **clean)
+    requests = [_text_request("Caf&eacute; cafÃ©"), _text_request("a\u0558b"), _text_request("x")]
+    got = fused.execute(requests)
+    tokens = fused.engine.tokenizer.encode(["café café"])
+    np.testing.assert_allclose(got[0].output("EMBEDDING"), _expected_mean(tokens), atol=1e-6)
+    code, message = _error(got[1])
+    assert code == pb.TritonError.INVALID_ARG and message.startswith("TEXT row 0 holds U+0558")
+    assert not got[2].has_error()
+    fused.finalize()
