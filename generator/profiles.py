@@ -19,10 +19,13 @@ Where each figure comes from (docs/benchmarks.md):
   QPS for an e5-small-sized model; the CLIP text tower 9,270 QPS with 4 encoder instances;
   image decode + resize on the CPU bounds images (12 preprocessing instances).
 
-Every profile bounds each step's queue (``max_queue_size``): a request that finds it full
-is refused at once, HTTP 503 / gRPC UNAVAILABLE with Triton's "Exceeds maximum queue size",
-instead of waiting behind minutes of work (docs/requests.md and docs/operations.md,
-"When the server is full").
+Every profile bounds each step's queue in size and in time. A request that finds it full
+(``max_queue_size``) is refused at once, HTTP 503 / gRPC UNAVAILABLE with Triton's "Exceeds
+maximum queue size"; one that waited longer than ``queue_timeout_us`` in a step's queue is
+refused with "Request timeout expired" without being computed. The size bounds the wait of
+one-sentence requests and makes refusals cheap; the time bounds the wait of large
+requests, whose count says little about their work (docs/operations.md, "When the server
+is full"; the overload figures in docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -30,15 +33,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-# Requests waiting in one step's queue before new ones are refused: about half a second
-# of all-MiniLM-L6-v2 work on a 2-core CPU when requests carry 32 sentences (~1,000/s),
-# seconds when each carries one (docs/benchmarks.md, "Overload"); well under on a GPU.
-CPU_QUEUE = 512
+# Requests waiting in one step's queue before new ones are refused: about a quarter of a
+# second of one-sentence all-MiniLM-L6-v2 requests on a 2-core CPU (~250/s), about a third
+# of a second of them on the 16-core GPU host (~11,000/s).
+CPU_QUEUE = 64
 GPU_QUEUE = 4096
+# The longest a request waits in one step's queue before it is refused uncomputed: above
+# the queue wait of a load at 0.8 x the sustainable rate, so only an overload is refused.
+QUEUE_TIMEOUT_US = 250_000
 
 _CPU_COMMON = {
     "max_queue_delay_us": 0,
     "max_queue_size": CPU_QUEUE,
+    "queue_timeout_us": QUEUE_TIMEOUT_US,
     "encoder_instances": 2,
     "ort_threads_shared": -1,
     "ort_spin_us": 20,
@@ -46,6 +53,7 @@ _CPU_COMMON = {
 _GPU_COMMON = {
     "max_queue_delay_us": 1000,
     "max_queue_size": GPU_QUEUE,
+    "queue_timeout_us": QUEUE_TIMEOUT_US,
 }
 
 # Profiles by device, then by the kind of input the family's encoder takes.
