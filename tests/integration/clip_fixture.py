@@ -27,6 +27,7 @@ def tiny_clip_entry(directory: Path) -> dict:
         "encoder_instances": 1,  # one process per tower (the CPU profile would give two)
         "max_queue_delay_us": 5000,
         "max_rows_per_run": 8,
+        "queue_timeout_us": 0,  # functional tests: no wait bound (conftest.QUEUE_TIMEOUT_US)
     }
 
 

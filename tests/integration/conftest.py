@@ -27,6 +27,10 @@ TEXT_MODEL = "all-MiniLM-L6-v2"
 INT8_MODEL = "minilm-int8"
 MAX_BATCH = 16
 ADMIN_KEY = "it-" + secrets.token_urlsafe(24)
+# Functional tests flood one encoder process from many threads on a busy 2-core machine:
+# no wait bound (the profile's 250 ms would refuse some); test_overload and
+# test_client_overload serve their own bounded models, test_shipped_manifest the profile.
+QUEUE_TIMEOUT_US = 0
 
 
 def test_manifest_data(
@@ -48,6 +52,7 @@ def test_manifest_data(
                 "max_queue_delay_us": 5000,
                 "max_rows_per_run": 8,
                 "max_padding_share": 0.1,
+                "queue_timeout_us": QUEUE_TIMEOUT_US,
                 # 16 rows of the default 16 KiB cap could never pass the default
                 # 256 KiB per request: a lower cap makes that refusal testable.
                 "max_request_text_bytes": 131072,
@@ -62,6 +67,7 @@ def test_manifest_data(
                 "max_batch_size": MAX_BATCH,
                 "max_rows_per_run": 1,
                 "encoder_instances": 1,
+                "queue_timeout_us": QUEUE_TIMEOUT_US,
                 "precision": "int8",
             },
             *(extra_models or []),

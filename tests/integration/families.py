@@ -12,7 +12,7 @@ import numpy as np
 from tritonclient.utils import InferenceServerException
 
 from generator.manifest import parse_manifest
-from tests.integration.conftest import Server, serve
+from tests.integration.conftest import QUEUE_TIMEOUT_US, Server, serve
 from tests.integration.text_helpers import PROTOCOLS, concurrently, model_stats, wait_stats
 
 MAX_BATCH = 8
@@ -30,6 +30,7 @@ def entry(name: str, family: str, source: str | Path, **fields: object) -> dict:
         "max_queue_delay_us": 20000,
         "max_rows_per_run": 4,
         "encoder_instances": 1,
+        "queue_timeout_us": QUEUE_TIMEOUT_US,
         **fields,
     }
 
