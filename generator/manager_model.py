@@ -28,6 +28,7 @@ from generator.manager_config import ManagerConfig
 from embed_runtime.serving.adapter import config_parameters, error_response, input_array
 from embed_runtime.errors import InvalidInputError, RequestError
 from embed_runtime.ops.probe import EnsembleProbe, ProbeLoop, http_infer
+from embed_runtime.ops.server_exit import exit_with_server
 from embed_runtime.ops.stub_watch import (
     RepositoryApi,
     StubWatch,
@@ -55,6 +56,7 @@ class TritonPythonModel:
 
     def initialize(self, args):
         """Read where the repository and manifest are, and the admin key."""
+        exit_with_server()
         self.logger = pb_utils.Logger
         repo = Path(args["model_repository"]).resolve().parent
         try:

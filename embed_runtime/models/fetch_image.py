@@ -33,6 +33,7 @@ from embed_runtime.serving.adapter import (
 from embed_runtime.errors import RequestError
 from embed_runtime.fetch.params import FetchParams
 from embed_runtime.fetch.pool import FetchPool
+from embed_runtime.ops.server_exit import exit_with_server
 from embed_runtime.text.tokenizer import decode_texts
 
 
@@ -77,6 +78,7 @@ class TritonPythonModel:
 
     def initialize(self, args):
         """Read the fetch policy and start the fetch pool."""
+        exit_with_server()
         self.logger = pb_utils.Logger
         fetch = FetchParams.from_parameters(config_parameters(args["model_config"]))
         policy = fetch.policy()

@@ -27,6 +27,7 @@ from embed_runtime.image.preprocess import (
     preprocess_opened,
 )
 from embed_runtime.image.gpu import cuda_preprocessor
+from embed_runtime.ops.server_exit import exit_with_server
 
 
 class TritonPythonModel:
@@ -34,6 +35,7 @@ class TritonPythonModel:
 
     def initialize(self, args):
         """Read the preprocessing parameters and start the decode pool."""
+        exit_with_server()
         self.logger = pb_utils.Logger
         params = config_parameters(args["model_config"])
         self.params = PreprocessParams.from_parameters(params)

@@ -25,6 +25,7 @@ from ..engines.output_precision import OutputForms
 from ..engines.sparse_router import QueryRouteParams, SparseRouter, query_tokenizer
 from ..engines.tensor import FixedEngine, SparseEngine, TokenEngine
 from ..engines.text_encoder import TextEncoder
+from ..ops.server_exit import exit_with_server
 from ..ops.step_times import StepTimes
 from ..text.request_options import request_parameters
 from ..text.tokenizer import TokenizerParams
@@ -117,6 +118,7 @@ class EncodeStep:
 
     def initialize(self, args: Mapping[str, str]) -> None:
         """Open the graph and the engine once; log where the session runs."""
+        exit_with_server()
         self.logger = self.pb_utils.Logger
         opened = type(self).opener(args, json.loads(args["model_config"]))
         self.engine, self.forms = opened.engine, opened.forms

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ..ops.integrity import verify_digests
+from ..ops.server_exit import exit_with_server
 from ..text.tokenizer import TokenizerParams
 from .adapter import config_parameters, tokenize_requests
 
@@ -37,6 +38,7 @@ class TokenizeStep:
 
     def initialize(self, args: Mapping[str, str]) -> None:
         """Build the tokenizer once from the model's config parameters."""
+        exit_with_server()
         self.logger = self.pb_utils.Logger
         params = config_parameters(args["model_config"])
         self.params = TokenizerParams.from_parameters(params)

@@ -1,0 +1,191 @@
+"""The Python-backend stubs of a server end with it, whatever they are doing then.
+
+Triton's stub checks every 300 ms that its server still runs; once it does not, it stops
+its message threads and exits. That stop first sends every log line the model has
+queued (``pb_utils.Logger``), and each line waits, with no timeout, for the server to
+acknowledge it. A line logged as the server dies is never acknowledged: the stub then
+waits forever, with parent 1, ignoring SIGTERM (its own handler skips SIGTERM and SIGINT)
+and holding its memory. Measured on Triton 2.51: a model that logs from a thread, its
+``tritonserver`` killed, the stub still there 15 s later, every thread in a futex wait.
+``model_manager`` logs from its stub-watch and probe threads and for every refused
+request; every model logs while it loads.
+
+Nothing inside such a stub can end it: the next thread that logs blocks on the stuck
+sender's lock while holding the GIL (measured: a watch thread in the stub, woken by the
+server's exit, never ran). So every model here calls :func:`exit_with_server` first in
+``initialize``, and the first stub of a server to do so starts one reaper for that
+server: this file run by a plain ``python -S`` (a few MiB), which waits for the server
+to exit (a ``pidfd``, no polling; where the kernel has none, ``/proc`` every
+:data:`POLL_S`), then SIGKILLs every stub whose command line names that server, and the
+server's process group when it led one, as ``generator serve`` and the tests start it
+(the stubs' children too, such as ``model_manager``'s build worker). A lock file held by
+the reaper (:func:`lock_path`) keeps it one per server.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+STUB_BINARY = "triton_python_backend_stub"
+POLL_S = 0.5  # without pidfd: how often /proc is looked at
+
+
+def is_stub(exe: str = "/proc/self/exe") -> bool:
+    """Whether this process is a Triton Python-backend stub."""
+    try:
+        return os.path.basename(os.readlink(exe)) == STUB_BINARY
+    except OSError:
+        return False
+
+
+def server_of_stub(cmdline: str = "/proc/self/cmdline") -> int:
+    """The pid of this stub's server, else of its parent.
+
+    Read from the stub's command line: ``<stub> <model.py> <shm region> <shm size>
+    <growth> <server pid> ...``.
+    """
+    try:
+        with open(cmdline, "rb") as handle:
+            return int(handle.read().split(b"\0")[5])
+    except (OSError, IndexError, ValueError):
+        return os.getppid()
+
+
+def lock_path(server_pid: int) -> str:
+    """The lock file the reaper of the server ``server_pid`` holds."""
+    return os.path.join(tempfile.gettempdir(), f"embed-reaper-{os.getuid()}-{server_pid}.lock")
+
+
+def running(pid: int, proc: str = "/proc") -> bool:
+    """Whether ``pid`` exists and has not exited (a zombie has)."""
+    try:
+        with open(os.path.join(proc, str(pid), "stat"), encoding="utf-8") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_exit(pid: int, poll_s: float = POLL_S, proc: str = "/proc") -> None:
+    """Return once the process ``pid`` has exited, reaped or not.
+
+    A ``pidfd`` (Linux 5.3+) is readable from then on; where ``pidfd_open`` fails for
+    another reason than a process already gone (older kernels, seccomp filters),
+    ``/proc`` is read every ``poll_s`` seconds.
+    """
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is None:
+        while running(pid, proc):
+            time.sleep(poll_s)
+        return
+    try:
+        select.select([fd], [], [])
+    finally:
+        os.close(fd)
+
+
+def server_stubs(server_pid: int, proc: str = "/proc") -> list[int]:
+    """Pids of the running stubs whose command line names the server ``server_pid``."""
+    found = []
+    for entry in os.listdir(proc):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, entry, "cmdline"), "rb") as handle:
+                args = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if len(args) > 5 and args[0].endswith(STUB_BINARY.encode()):
+            if args[5] == str(server_pid).encode() and running(int(entry), proc):
+                found.append(int(entry))
+    return sorted(found)
+
+
+def reap(
+    server_pid: int,
+    proc: str = "/proc",
+    kill: Callable[[int, int], None] = os.kill,
+    log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
+) -> list[int]:
+    """Once the server has exited, SIGKILL its stubs; the pids of those still running.
+
+    The caller then ends the server's process group if the server led it
+    (:func:`_main`).
+    """
+    wait_exit(server_pid, proc=proc)
+    stubs = server_stubs(server_pid, proc)
+    for pid in stubs:
+        try:
+            kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if stubs:
+        log(
+            f"tritonserver (pid {server_pid}) has exited: killed {len(stubs)} of its "
+            f"Python-backend stubs still running ({', '.join(map(str, stubs))})"
+        )
+    return stubs
+
+
+def start_reaper(server_pid: int, python: str = sys.executable) -> bool:
+    """Start the reaper of ``server_pid`` unless one holds its lock; whether one runs."""
+    path = lock_path(server_pid)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True  # another stub of this server started it
+        # The reaper inherits the locked file: the lock lives as long as the reaper.
+        subprocess.Popen(  # noqa: S603 - this interpreter and this file
+            [python, "-I", "-S", os.path.abspath(__file__), str(server_pid), str(fd)],
+            pass_fds=(fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+        return True
+    finally:
+        os.close(fd)
+
+
+def exit_with_server(only_in_stub: bool = True) -> bool:
+    """Make sure the reaper of this stub's server runs; whether it does.
+
+    Outside a stub (a unit test calling ``initialize``) nothing starts, unless
+    ``only_in_stub`` is False. A failure to start it is written to stderr and the model
+    loads all the same.
+    """
+    if only_in_stub and not is_stub():
+        return False
+    try:
+        return start_reaper(server_of_stub())
+    except OSError as exc:
+        print(f"server_exit: no reaper for this server: {exc}", file=sys.stderr, flush=True)
+        return False
+
+
+def _main(server_pid: int, lock_fd: int) -> None:
+    for sig in (signal.SIGINT, signal.SIGHUP):  # a terminal's signals: the server's to take
+        signal.signal(sig, signal.SIG_IGN)
+    reap(server_pid)
+    try:
+        os.unlink(lock_path(server_pid))
+    except OSError:
+        pass
+    os.close(lock_fd)
+    if os.getpgrp() == server_pid:  # its own group: what the stubs started goes too
+        os.killpg(server_pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    _main(int(sys.argv[1]), int(sys.argv[2]))

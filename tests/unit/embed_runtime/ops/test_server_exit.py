@@ -1,0 +1,150 @@
+"""The reaper that ends a server's stubs once the server has exited (no Triton here)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from embed_runtime.ops import server_exit
+from embed_runtime.ops.server_exit import (
+    exit_with_server,
+    lock_path,
+    reap,
+    running,
+    server_of_stub,
+    server_stubs,
+    start_reaper,
+    wait_exit,
+)
+
+SERVER = 4242
+STUB = "/opt/backends/python/triton_python_backend_stub"
+
+
+def _process(proc: Path, pid: int, args: list[str], state: str = "S") -> None:
+    folder = proc / str(pid)
+    folder.mkdir(parents=True)
+    (folder / "cmdline").write_bytes(b"\0".join(a.encode() for a in args) + b"\0")
+    (folder / "stat").write_text(f"{pid} (some name) {state} 1 1 1")
+
+
+def _stub(proc: Path, pid: int, server: int = SERVER, state: str = "S") -> None:
+    args = [
+        STUB,
+        "/models/m/1/model.py",
+        "shm",
+        "1048576",
+        "1048576",
+        str(server),
+        "/opt/backends/python",
+        "336",
+        "m_0_0",
+        "DEFAULT",
+        "",
+    ]
+    _process(proc, pid, args, state)
+
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen(["sleep", "60"])
+
+
+def test_only_a_stub_starts_a_reaper() -> None:
+    assert not server_exit.is_stub()
+    assert exit_with_server() is False
+
+
+def test_the_server_pid_is_read_from_the_stub_command_line(tmp_path: Path) -> None:
+    _stub(tmp_path, 10)
+    assert server_of_stub(str(tmp_path / "10" / "cmdline")) == SERVER
+    assert server_of_stub(str(tmp_path / "missing")) == os.getppid()
+
+
+def test_the_stubs_of_one_server_are_found_zombies_and_others_left_out(tmp_path: Path) -> None:
+    _stub(tmp_path, 10)
+    _stub(tmp_path, 11, state="Z")
+    _stub(tmp_path, 12, server=SERVER + 1)
+    _process(tmp_path, 13, ["/usr/bin/python3", "a", "b", "c", "d", str(SERVER)])
+    _process(tmp_path, 14, [STUB])  # too short to be a stub of a server
+    assert server_stubs(SERVER, str(tmp_path)) == [10]
+
+
+def test_reap_kills_the_stubs_left_once_the_server_has_gone(tmp_path: Path) -> None:
+    _stub(tmp_path, 10)
+    _stub(tmp_path, 11)
+    killed, logged = [], []
+    stubs = reap(
+        SERVER, str(tmp_path), kill=lambda p, s: killed.append((p, s)), log=logged.append
+    )  # no /proc/4242 here: the server has gone
+    assert stubs == [10, 11]
+    assert killed == [(10, signal.SIGKILL), (11, signal.SIGKILL)]
+    assert "killed 2 of its Python-backend stubs" in logged[0]
+
+
+def test_a_zombie_has_exited() -> None:
+    child = _sleeper()
+    assert running(child.pid)
+    child.kill()
+    deadline = time.monotonic() + 10
+    while running(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not running(child.pid)  # not yet reaped: a zombie
+    child.wait()
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "proc"])
+def test_wait_exit_returns_when_the_process_exits(monkeypatch, pidfd: bool) -> None:
+    if not pidfd:
+        monkeypatch.delattr(os, "pidfd_open")
+    child = _sleeper()
+    start = time.monotonic()
+    subprocess.Popen(["sh", "-c", f"sleep 0.3; kill {child.pid}"])
+    wait_exit(child.pid, poll_s=0.05)
+    assert 0.2 < time.monotonic() - start < 10
+    child.wait()
+    wait_exit(child.pid)  # gone: at once
+
+
+def test_one_reaper_per_server_which_ends_with_it_and_removes_its_lock() -> None:
+    server = _sleeper()
+    assert start_reaper(server.pid) and start_reaper(server.pid)
+    reapers = _reapers(server.pid)
+    assert len(reapers) == 1, reapers
+    assert os.path.exists(lock_path(server.pid))
+    server.kill()
+    server.wait()
+    deadline = time.monotonic() + 20
+    while _reapers(server.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _reapers(server.pid)
+    assert not os.path.exists(lock_path(server.pid))
+
+
+def _reapers(server_pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.isdigit() and running(int(entry)) and len(args) > 4:
+            if args[3].endswith(b"server_exit.py") and args[4] == str(server_pid).encode():
+                found.append(int(entry))
+    return found
+
+
+def test_the_reaper_runs_without_site_packages() -> None:
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", server_exit.__file__, "999999999", "0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr  # no such server: nothing to wait for
