@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from embed_runtime.ops.busy_board import board_dir, board_prefix
+from embed_runtime.ops.server_exit import lock_path
 from embed_runtime.ops.stub_watch import loopback_for
 
 from .admin import restriction_args
@@ -253,14 +254,22 @@ def kill_group(pid: int) -> None:
 
 
 def remove_server_shm(
-    server_pid: int, shm_prefix: str, shm_dir: str = "/dev/shm"  # noqa: S108 - shm_open's place
+    server_pid: int,
+    shm_prefix: str,
+    shm_dir: str = "/dev/shm",  # noqa: S108 - shm_open's place
 ) -> tuple[list[str], int]:
     """Unlink what a stopped server left in shared memory; (paths removed, bytes freed).
 
     Its Python-backend regions (``<shm_dir>/<shm_prefix>*``: a server that crashed or was
     killed leaves them all) and its busy boards. Safe while a stub of it still runs: an
-    unlinked region lives on until it is unmapped.
+    unlinked region lives on until it is unmapped. The lock file of its stubs' reaper
+    (``embed_runtime/ops/server_exit.py``, killed with the group before it removed it)
+    goes too, uncounted.
     """
+    try:
+        os.unlink(lock_path(server_pid))
+    except OSError:
+        pass
     found = []
     for directory, prefix in ((shm_dir, shm_prefix), (board_dir(), board_prefix(server_pid))):
         try:
