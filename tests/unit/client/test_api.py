@@ -509,8 +509,11 @@ def test_the_grpc_channel_keeps_tritonclients_options_and_retries_a_lost_server_
     monkeypatch.setattr(grpc, "insecure_channel", channel)
     EmbeddingClient("127.0.0.1:1", protocol="grpc", admin_key="").close()
     args = opened[0]
-    assert args["grpc.max_send_message_length"] == args["grpc.max_receive_message_length"] == (
-        2**31 - 1)
+    assert (
+        args["grpc.max_send_message_length"]
+        == args["grpc.max_receive_message_length"]
+        == (2**31 - 1)
+    )
     assert args["grpc.keepalive_time_ms"] == keepalive.keepalive_time_ms
     assert args["grpc.max_reconnect_backoff_ms"] == 1000
     assert args["grpc.initial_reconnect_backoff_ms"] == args["grpc.min_reconnect_backoff_ms"] == 250

@@ -40,8 +40,9 @@ def test_help_does_not_import_load_generation() -> None:
 
 def test_embed_does_not_import_load_generation() -> None:
     # No server listens on port 9: the command fails to connect, after its imports ran.
-    modules = _client_modules("embed", "--url", "127.0.0.1:9", "--timeout", "1",
-                              "--model", "m", "a text")
+    modules = _client_modules(
+        "embed", "--url", "127.0.0.1:9", "--timeout", "1", "--model", "m", "a text"
+    )
     assert "client.api" in modules
     assert not [m for m in modules if m.startswith("client.load")], modules
 

@@ -31,8 +31,10 @@ class _Answers:
 
     def embed_sparse(self, model, texts, prompt_name=None):
         self.calls.append(("sparse", model, tuple(texts), prompt_name))
-        return [(np.array([7, i], np.int32), np.array([1.5, 0.25], np.float32)) for i in
-                range(len(texts))]
+        return [
+            (np.array([7, i], np.int32), np.array([1.5, 0.25], np.float32))
+            for i in range(len(texts))
+        ]
 
     def embed_multivector(self, model, texts, is_query=False):
         self.calls.append(("multivector", model, tuple(texts), is_query))
