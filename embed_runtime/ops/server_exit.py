@@ -3,19 +3,22 @@
 Triton's stub checks every 300 ms that its server still runs; once it does not, it stops
 its message threads and exits. That stop first sends every log line the model has
 queued (``pb_utils.Logger``), and each line waits, with no timeout, for the server to
-acknowledge it. A line logged as the server dies is never acknowledged: the stub then
-waits forever, with parent 1, ignoring SIGTERM (its own handler skips SIGTERM and SIGINT)
-and holding its memory. Measured on Triton 2.51: a model that logs from a thread, its
-``tritonserver`` killed, the stub still there 15 s later, every thread in a futex wait.
+acknowledge it; a call that asks the server (``pb_utils.is_model_ready``, ``load_model``)
+waits for its answer the same way, holding the GIL, which the stop needs. A line or a
+call on its way when the server dies is never answered: the stub then waits forever,
+with parent 1, ignoring SIGTERM (its own handler skips SIGTERM and SIGINT) and holding
+its memory. Measured on Triton 2.51: a model that logs from a thread, its
+``tritonserver`` killed, the stub still there 15 s later, every thread in a futex wait;
+``model_manager``'s stub, the server killed while it answered lists and refusals, 4 times of 4.
 ``model_manager`` logs from its stub-watch and probe threads and for every refused
-request; every model logs while it loads.
+request, and asks the server; every model logs while it loads.
 
 Nothing inside such a stub can end it: the next thread that logs blocks on the stuck
 sender's lock while holding the GIL (measured: a watch thread in the stub, woken by the
 server's exit, never ran). So every model here calls :func:`exit_with_server` first in
 ``initialize``, and the first stub of a server to do so starts one reaper for that
-server: this file run by a plain ``python -S`` (a few MiB), which waits for the server
-to exit (a ``pidfd``, no polling; where the kernel has none, ``/proc`` every
+server: this file run by a plain ``python -S`` (12 MiB resident), which waits for the
+server to exit (a ``pidfd``, no polling; where the kernel has none, ``/proc`` every
 :data:`POLL_S`), then SIGKILLs every stub whose command line names that server, and the
 server's process group when it led one, as ``generator serve`` and the tests start it
 (the stubs' children too, such as ``model_manager``'s build worker). A lock file held by
