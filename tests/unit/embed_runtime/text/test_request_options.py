@@ -189,7 +189,7 @@ def test_cli_passes_prompt_name_and_dimensions():
 def test_embed_texts_sends_options_as_request_parameters(monkeypatch, protocol):
     import inspect
 
-    from client import EmbeddingClient
+    from client import DEADLINE_PARAMETER, EmbeddingClient
 
     sent = []
 
@@ -207,4 +207,7 @@ def test_embed_texts_sends_options_as_request_parameters(monkeypatch, protocol):
         )
         client.embed_texts("m", ["x"], prompt_name="query", dimensions=4)
         client.embed_texts("m", ["x"])
-    assert sent == [{"prompt_name": "query", "dimensions": 4}, None]
+    # every request also carries the call's deadline (client.deadline)
+    deadlines = [parameters.pop(DEADLINE_PARAMETER) for parameters in sent]
+    assert all(isinstance(d, int) and d > 0 for d in deadlines)
+    assert sent == [{"prompt_name": "query", "dimensions": 4}, {}]
