@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from embed_runtime.ops.busy_board import board_dir, board_prefix
-from embed_runtime.ops.server_exit import lock_path
 from embed_runtime.ops.stub_watch import loopback_for
 
 from .admin import restriction_args
@@ -262,14 +261,8 @@ def remove_server_shm(
 
     Its Python-backend regions (``<shm_dir>/<shm_prefix>*``: a server that crashed or was
     killed leaves them all) and its busy boards. Safe while a stub of it still runs: an
-    unlinked region lives on until it is unmapped. The lock file of its stubs' reaper
-    (``embed_runtime/ops/server_exit.py``, killed with the group before it removed it)
-    goes too, uncounted.
+    unlinked region lives on until it is unmapped.
     """
-    try:
-        os.unlink(lock_path(server_pid))
-    except OSError:
-        pass
     found = []
     for directory, prefix in ((shm_dir, shm_prefix), (board_dir(), board_prefix(server_pid))):
         try:

@@ -21,19 +21,20 @@ server: this file run by a plain ``python -S`` (12 MiB resident), which waits fo
 server to exit (a ``pidfd``, no polling; where the kernel has none, ``/proc`` every
 :data:`POLL_S`), then SIGKILLs every stub whose command line names that server, and the
 server's process group when it led one, as ``generator serve`` and the tests start it
-(the stubs' children too, such as ``model_manager``'s build worker). A lock file held by
-the reaper (:func:`lock_path`) keeps it one per server.
+(the stubs' children too, such as ``model_manager``'s build worker). A Unix socket of
+the abstract namespace bound by the reaper (:func:`claim_name`) keeps it one per server,
+and goes with it: no file is ever left behind.
 """
 
 from __future__ import annotations
 
-import fcntl
+import errno
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 
@@ -62,9 +63,22 @@ def server_of_stub(cmdline: str = "/proc/self/cmdline") -> int:
         return os.getppid()
 
 
-def lock_path(server_pid: int) -> str:
-    """The lock file the reaper of the server ``server_pid`` holds."""
-    return os.path.join(tempfile.gettempdir(), f"embed-reaper-{os.getuid()}-{server_pid}.lock")
+def claim_name(server_pid: int) -> str:
+    """The abstract socket name the reaper of the server ``server_pid`` holds."""
+    return f"\0embed-reaper-{os.getuid()}-{server_pid}"
+
+
+def claim(server_pid: int) -> socket.socket | None:
+    """The bound socket that makes its holder the reaper of ``server_pid``; None if taken."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.bind(claim_name(server_pid))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            return None
+        raise
+    return sock
 
 
 def running(pid: int, proc: str = "/proc") -> bool:
@@ -141,24 +155,18 @@ def reap(
 
 
 def start_reaper(server_pid: int, python: str = sys.executable) -> bool:
-    """Start the reaper of ``server_pid`` unless one holds its lock; whether one runs."""
-    path = lock_path(server_pid)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True  # another stub of this server started it
-        # The reaper inherits the locked file: the lock lives as long as the reaper.
+    """Start the reaper of ``server_pid`` unless one runs; whether one runs."""
+    sock = claim(server_pid)
+    if sock is None:
+        return True  # another stub of this server started it
+    with sock:  # the reaper holds the name from here on, with its inherited copy
         subprocess.Popen(  # noqa: S603 - this interpreter and this file
-            [python, "-I", "-S", os.path.abspath(__file__), str(server_pid), str(fd)],
-            pass_fds=(fd,),
+            [python, "-I", "-S", os.path.abspath(__file__), str(server_pid), str(sock.fileno())],
+            pass_fds=(sock.fileno(),),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
         )
-        return True
-    finally:
-        os.close(fd)
+    return True
 
 
 def exit_with_server(only_in_stub: bool = True) -> bool:
@@ -177,18 +185,13 @@ def exit_with_server(only_in_stub: bool = True) -> bool:
         return False
 
 
-def _main(server_pid: int, lock_fd: int) -> None:
+def _main(server_pid: int) -> None:
     for sig in (signal.SIGINT, signal.SIGHUP):  # a terminal's signals: the server's to take
         signal.signal(sig, signal.SIG_IGN)
     reap(server_pid)
-    try:
-        os.unlink(lock_path(server_pid))
-    except OSError:
-        pass
-    os.close(lock_fd)
     if os.getpgrp() == server_pid:  # its own group: what the stubs started goes too
         os.killpg(server_pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":
-    _main(int(sys.argv[1]), int(sys.argv[2]))
+    _main(int(sys.argv[1]))  # argv[2]: the claim's descriptor, held until the end

@@ -247,19 +247,6 @@ def test_remove_server_shm_unlinks_only_that_servers_regions_and_boards(
     assert remove_server_shm(42, "embed-shm-abc-", str(tmp_path / "gone")) == ([], 0)
 
 
-def test_remove_server_shm_removes_the_reaper_lock_of_that_server_uncounted(
-    tmp_path, monkeypatch
-) -> None:
-    lock = tmp_path / "embed-reaper-0-42.lock"
-    lock.touch()
-    monkeypatch.setattr(triton_local, "lock_path", lambda pid: str(tmp_path / f"x-{pid}.lock"))
-    remove_server_shm(43, "embed-shm-abc-", str(tmp_path))
-    assert lock.exists()
-    monkeypatch.setattr(triton_local, "lock_path", lambda pid: str(lock))
-    assert remove_server_shm(42, "embed-shm-abc-", str(tmp_path / "gone")) == ([], 0)
-    assert not lock.exists()
-
-
 def test_stop_pid_stops_a_group_leader_and_says_whether_it_ran() -> None:
     process = subprocess.Popen([SLEEP, "60"], start_new_session=True)
     assert stop_pid(process.pid, timeout_s=10) is True

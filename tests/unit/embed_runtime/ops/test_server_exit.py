@@ -13,8 +13,8 @@ import pytest
 
 from embed_runtime.ops import server_exit
 from embed_runtime.ops.server_exit import (
+    claim,
     exit_with_server,
-    lock_path,
     reap,
     running,
     server_of_stub,
@@ -111,19 +111,21 @@ def test_wait_exit_returns_when_the_process_exits(monkeypatch, pidfd: bool) -> N
     wait_exit(child.pid)  # gone: at once
 
 
-def test_one_reaper_per_server_which_ends_with_it_and_removes_its_lock() -> None:
+def test_one_reaper_per_server_which_ends_with_it_and_frees_its_claim() -> None:
     server = _sleeper()
     assert start_reaper(server.pid) and start_reaper(server.pid)
     reapers = _reapers(server.pid)
     assert len(reapers) == 1, reapers
-    assert os.path.exists(lock_path(server.pid))
+    assert claim(server.pid) is None  # the reaper holds it
     server.kill()
     server.wait()
     deadline = time.monotonic() + 20
     while _reapers(server.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _reapers(server.pid)
-    assert not os.path.exists(lock_path(server.pid))
+    freed = claim(server.pid)
+    assert freed is not None
+    freed.close()
 
 
 def _reapers(server_pid: int) -> list[int]:
@@ -141,7 +143,7 @@ def _reapers(server_pid: int) -> list[int]:
 
 def test_the_reaper_runs_without_site_packages() -> None:
     done = subprocess.run(
-        [sys.executable, "-I", "-S", server_exit.__file__, "999999999", "0"],
+        [sys.executable, "-I", "-S", server_exit.__file__, "999999999"],
         capture_output=True,
         text=True,
         timeout=30,
