@@ -28,7 +28,7 @@ INT8_MODEL = "minilm-int8"
 MAX_BATCH = 16
 ADMIN_KEY = "it-" + secrets.token_urlsafe(24)
 # Functional tests flood one encoder process from many threads on a busy 2-core machine:
-# no wait bound (the profile's 250 ms would refuse some); test_overload and
+# no wait bound, whatever a profile sets (a short one would refuse some); test_overload and
 # test_client_overload serve their own bounded models, test_shipped_manifest the profile.
 QUEUE_TIMEOUT_US = 0
 
