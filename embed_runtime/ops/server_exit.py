@@ -159,9 +159,20 @@ def start_reaper(server_pid: int, python: str = sys.executable) -> bool:
     sock = claim(server_pid)
     if sock is None:
         return True  # another stub of this server started it
+    from .busy_board import board_dir, board_prefix  # noqa: PLC0415 - not in the reaper
+
+    boards = [board_dir(), board_prefix(server_pid)]
     with sock:  # the reaper holds the name from here on, with its inherited copy
         subprocess.Popen(  # noqa: S603 - this interpreter and this file
-            [python, "-I", "-S", os.path.abspath(__file__), str(server_pid), str(sock.fileno())],
+            [
+                python,
+                "-I",
+                "-S",
+                os.path.abspath(__file__),
+                str(server_pid),
+                str(sock.fileno()),
+                *boards,
+            ],
             pass_fds=(sock.fileno(),),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -185,13 +196,29 @@ def exit_with_server(only_in_stub: bool = True) -> bool:
         return False
 
 
-def _main(server_pid: int) -> None:
+def remove_files(directory: str, prefix: str) -> int:
+    """Unlink the files of ``directory`` whose names start with ``prefix``; how many."""
+    removed = 0
+    for name in os.listdir(directory):
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join(directory, name))
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
+def _main(server_pid: int, boards: list[str]) -> None:
     for sig in (signal.SIGINT, signal.SIGHUP):  # a terminal's signals: the server's to take
         signal.signal(sig, signal.SIG_IGN)
     reap(server_pid)
+    if len(boards) == 2:  # the server's busy boards (busy_board.py), named by its pid
+        remove_files(*boards)
     if os.getpgrp() == server_pid:  # its own group: what the stubs started goes too
         os.killpg(server_pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":
-    _main(int(sys.argv[1]))  # argv[2]: the claim's descriptor, held until the end
+    # argv[2]: the claim's descriptor, held until the end; argv[3:5]: the boards' place
+    _main(int(sys.argv[1]), sys.argv[3:5])

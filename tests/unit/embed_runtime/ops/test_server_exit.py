@@ -112,7 +112,11 @@ def test_wait_exit_returns_when_the_process_exits(monkeypatch, pidfd: bool) -> N
 
 
 def test_one_reaper_per_server_which_ends_with_it_and_frees_its_claim() -> None:
+    from embed_runtime.ops.busy_board import board_path
+
     server = _sleeper()
+    board = Path(board_path("m", "1", server.pid))
+    board.write_bytes(b"\0")  # a busy board of this server, left as a killed stub leaves it
     assert start_reaper(server.pid) and start_reaper(server.pid)
     reapers = _reapers(server.pid)
     assert len(reapers) == 1, reapers
@@ -123,6 +127,7 @@ def test_one_reaper_per_server_which_ends_with_it_and_frees_its_claim() -> None:
     while _reapers(server.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _reapers(server.pid)
+    assert not board.exists()  # the reaper removed the server's boards
     freed = claim(server.pid)
     assert freed is not None
     freed.close()
