@@ -10,6 +10,7 @@
     python -m client manage '{"action": "list"}'     # model_manager (needs the admin key)
     python -m client bench --model M --clients 16 --texts-per-request 1 --requests 200
     python -m client perf-data --out DIR --model-kind text|clip
+    python -m client index --model all-MiniLM-L6-v2 docs.jsonl --out out/   # docs/indexing.md
 
 ``bench`` and ``perf-data`` run load generation (:mod:`client.load`), imported only when
 one of them runs.
@@ -35,6 +36,7 @@ import numpy as np
 from . import bench_cli, rerank_cli
 from .api import PRECISION_OUTPUTS, EmbeddingClient, default_url
 from .errors import EmbeddingClientError
+from .index import cli as index_cli
 from .records import ModelInfo, ModelStats
 from .retry import DEFAULT_RETRY
 
@@ -126,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     manage.add_argument("request", help='e.g. \'{"action": "list"}\'')
     bench_cli.add_parsers(sub, common)
     rerank_cli.add_parser(sub, common)
+    index_cli.add_parser(sub, common)
     return parser
 
 
@@ -306,6 +309,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     url = resolve_url(args.url, args.protocol, os.environ if environ is None else environ)
     if args.command in bench_cli.COMMANDS:
         return _run_load_command(args, url)
+    if args.command == "index":
+        return index_cli.run(args, url)
     try:
         retry = None if args.no_retry else DEFAULT_RETRY
         with EmbeddingClient(

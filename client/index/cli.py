@@ -1,0 +1,131 @@
+"""``python -m client index``: the command line of :func:`client.index.run_index`.
+
+    python -m client index --model all-MiniLM-L6-v2 docs.jsonl --out out/
+    python -m client index --model clip-vit-b-32 --images photos/ --out out/ --qdrant http://q:6333
+    python -m client index --model clip-vit-b-32 --image-column url urls.parquet --out out/
+
+Exit status: 0 when every row was embedded, 1 when some rows failed (counts printed; the
+rows are in OUT/errors), 2 when the run stopped (unknown model, changed output, server
+gone): run the same command again to resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..api import PRECISION_OUTPUTS
+from ..errors import EmbeddingClientError
+
+EXIT_ROWS_FAILED = 1
+EXIT_STOPPED = 2
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The ``index`` subcommand."""
+    index = sub.add_parser(
+        "index",
+        parents=[common],
+        help="embed a corpus into Parquet shards (resumable; optionally Qdrant)",
+        description=__doc__.split("\n\n")[0],
+    )
+    index.add_argument("--model", required=True, help="text model, CLIP model, sparse, ...")
+    index.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders or globs")
+    index.add_argument("--out", required=True, help="output folder")
+    index.add_argument(
+        "--images",
+        action="store_true",
+        help="inputs are image folders (or, with --image-column, tables of paths / URLs)",
+    )
+    index.add_argument("--image-column", help="the column of image paths or URLs (tables)")
+    index.add_argument("--text-column", default="text", help="the text column (default text)")
+    index.add_argument("--id-column", default="id", help="the id column (default id; else row)")
+    index.add_argument(
+        "--keep-columns", default="", help="comma-separated columns carried into the output"
+    )
+    index.add_argument("--prompt-name", help="one of the text model's prompts")
+    index.add_argument("--dimensions", type=int, help="keep the first N values (Matryoshka)")
+    index.add_argument("--precision", choices=list(PRECISION_OUTPUTS), default=None)
+    index.add_argument(
+        "--no-truncate",
+        action="store_true",
+        help="record over-long texts as failed instead of cutting them",
+    )
+    index.add_argument(
+        "--task", choices=["query", "document"], help="sparse / multi-vector side (default doc)"
+    )
+    index.add_argument("--shard-rows", type=int, default=10000, help="rows per shard file")
+    index.add_argument("--batch-rows", type=int, help="rows per request (default: max batch)")
+    index.add_argument("--concurrency", type=int, help="requests in flight (default: config)")
+    index.add_argument("--restart", action="store_true", help="discard earlier output")
+    index.add_argument("--qdrant", help="Qdrant URL (http://...) or local folder to upsert into")
+    index.add_argument("--collection", help="Qdrant collection (default: the model name)")
+    index.add_argument("--quiet", action="store_true", help="no progress, summary only")
+
+
+def job_from_args(args: argparse.Namespace, url: str) -> Any:
+    """The :class:`~client.index.IndexJob` of parsed arguments."""
+    from . import IndexJob  # noqa: PLC0415 - pyarrow only when indexing
+    from .progress import Progress  # noqa: PLC0415 - tqdm only when indexing
+
+    options = {
+        "prompt_name": args.prompt_name,
+        "dimensions": args.dimensions,
+        "precision": args.precision,
+        "truncate": False if args.no_truncate else None,
+        "task": args.task,
+    }
+    return IndexJob(
+        model=args.model,
+        inputs=list(args.inputs),
+        out=args.out,
+        url=url,
+        protocol=args.protocol,
+        timeout_s=args.timeout,
+        admin_key=args.admin_key,
+        images=args.images or bool(args.image_column),
+        image_column=args.image_column,
+        text_column=args.text_column,
+        id_column=args.id_column,
+        keep_columns=[c for c in args.keep_columns.split(",") if c],
+        options={k: v for k, v in options.items() if v is not None},
+        shard_rows=args.shard_rows,
+        batch_rows=args.batch_rows,
+        concurrency=args.concurrency,
+        restart=args.restart,
+        qdrant=args.qdrant,
+        collection=args.collection,
+        progress=Progress.auto_mode(args.quiet),
+    )
+
+
+def run(args: argparse.Namespace, url: str) -> int:
+    """Run the index command; the exit status of the module's docstring."""
+    from . import (  # noqa: PLC0415 - pyarrow only when indexing
+        IndexAbortedError,
+        ModelKindError,
+        OutputMismatchError,
+        SourceError,
+        run_index,
+    )
+
+    try:
+        summary = run_index(job_from_args(args, url))
+    except (
+        ModelKindError,
+        OutputMismatchError,
+        SourceError,
+        IndexAbortedError,
+        EmbeddingClientError,
+    ) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_STOPPED
+    print(summary.line(), file=sys.stderr)
+    if summary.total_errors:
+        print(
+            f"error: {summary.total_errors} rows failed (see {summary.out}/errors)",
+            file=sys.stderr,
+        )
+        return EXIT_ROWS_FAILED
+    return 0

@@ -1,0 +1,227 @@
+"""The runner: one local job that ties source, mapper, worker, output folder and sinks.
+
+    job = IndexJob(model="all-MiniLM-L6-v2", inputs=["docs/"], out="out/", url="localhost:8000")
+    summary = run_index(job)          # IndexSummary: rows, errors, rate; raises on refusals
+
+A run checks the model, then the folder's manifest: the same model (and served config),
+options and input resume; anything else is refused with the difference named, unless
+``restart``. Shards already on disk are skipped; shards written but not yet sent to
+Qdrant (a run killed in between) are sent first.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..api import PRECISION_OUTPUTS, EmbeddingClient
+from ..retry import DEFAULT_RETRY, RetryBudget
+from .mapper import Mapper, ModelPlan, resolve_model
+from .progress import Progress
+from .qdrant import QdrantSink, open_qdrant
+from .sources import ImageFolderSource, TableSource
+from .store import FORMAT_VERSION, OutputFolder, check_resumable
+from .worker import ShardDone, index_partition
+
+PART = "part"
+MAX_CONCURRENCY = 32
+
+
+@dataclass
+class IndexJob:
+    """What to index, with what, and where (see ``python -m client index --help``).
+
+    ``images``: the inputs are image folders (``True``) or tables whose ``column`` holds
+    image paths / URLs (``image_column``); else tables of texts. ``options``: the text
+    model's options as ``embed`` takes them (``prompt_name``, ``dimensions``,
+    ``precision``, ``truncate``, ``task``). ``concurrency`` / ``batch_rows``: requests in
+    flight and rows per request (default: from the model's config).
+    """
+
+    model: str
+    inputs: list[str]
+    out: str
+    url: str = "localhost:8000"
+    protocol: str = "http"
+    timeout_s: float = 120.0
+    admin_key: str | None = None
+    images: bool = False
+    image_column: str | None = None
+    text_column: str = "text"
+    id_column: str = "id"
+    keep_columns: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+    shard_rows: int = 10000
+    batch_rows: int | None = None
+    concurrency: int | None = None
+    restart: bool = False
+    qdrant: str | None = None
+    collection: str | None = None
+    progress: str = "lines"
+    progress_every_s: float = 10.0
+    stream: TextIO | None = None
+
+
+@dataclass
+class IndexSummary:
+    """The outcome of a run."""
+
+    rows: int
+    errors: int
+    skipped: int
+    total_errors: int
+    seconds: float
+    rows_per_s: float
+    out: str
+    concurrency: int
+    batch_rows: int
+
+    def line(self) -> str:
+        """The summary as one line."""
+        return (
+            f"indexed {self.rows} rows ({self.errors} failed) in {self.seconds:.1f} s, "
+            f"{self.rows_per_s:.1f} rows/s; {self.skipped} rows already done; "
+            f"{self.total_errors} failed rows in {self.out}/errors"
+        )
+
+
+def make_source(job: IndexJob) -> TableSource | ImageFolderSource:
+    """The job's source: an image folder, a table of image paths / URLs, or text tables."""
+    if job.images and not job.image_column:
+        return ImageFolderSource(job.inputs)
+    column = job.image_column or job.text_column
+    return TableSource(
+        job.inputs, column, job.id_column, job.keep_columns, resolve_paths=job.images
+    )
+
+
+def plan_sizes(plan: ModelPlan, job: IndexJob) -> tuple[int, int]:
+    """Rows per request (the model's max batch) and requests in flight.
+
+    Two requests per instance of the ensemble's widest step, at least 4: one executes
+    while the next waits in the queue, and the round trips overlap.
+    """
+    batch = job.batch_rows or plan.max_batch
+    concurrency = job.concurrency or min(MAX_CONCURRENCY, max(4, 2 * plan.instances))
+    return batch, concurrency
+
+
+def _dtype(plan: ModelPlan) -> Any:
+    return PRECISION_OUTPUTS[plan.options.get("precision", "float32")][1]
+
+
+def run_index(job: IndexJob) -> IndexSummary:
+    """Run ``job``; see the module. Raises what stops the run (clear messages)."""
+    started = time.monotonic()
+    source = make_source(job)
+    budget = RetryBudget()
+
+    def client_factory() -> EmbeddingClient:
+        return EmbeddingClient(
+            job.url,
+            job.protocol,
+            job.timeout_s,
+            admin_key=job.admin_key,
+            retry=DEFAULT_RETRY,
+            retry_budget=budget,
+        )
+
+    with client_factory() as probe:
+        plan = resolve_model(probe, job.model, "image" if job.images else "text", job.options)
+    batch_rows, concurrency = plan_sizes(plan, job)
+    out = OutputFolder(Path(job.out))
+    identity = {
+        "format": FORMAT_VERSION,
+        "model": plan.name,
+        "kind": plan.kind,
+        "config_digest": plan.config_digest,
+        "options": plan.options,
+        "input": source.fingerprint,
+        "shard_rows": job.shard_rows,
+    }
+    check_resumable(out, identity, job.restart)
+    out.root.mkdir(parents=True, exist_ok=True)
+    out.prepare()
+    manifest = out.read_manifest() or {**identity, "shards": {}, "qdrant": []}
+    manifest.update(identity, target=plan.target, inputs=list(job.inputs))
+    _record_untracked(out, manifest)
+    out.write_manifest(manifest)
+
+    sink = _sink(job, plan, out, manifest)
+    progress = Progress(source.count(), job.progress, job.stream, job.progress_every_s)
+
+    def on_shard(done: ShardDone) -> None:
+        manifest["shards"][done.name] = {"rows": len(done.rows), "errors": len(done.errors)}
+        if sink is not None:
+            sink.upsert([r.id for r in done.rows], done.values, [r.extra for r in done.rows])
+            manifest["qdrant"] = sorted({*manifest["qdrant"], done.name})
+        out.write_manifest(manifest)
+        progress.advance(len(done.rows) + len(done.errors), len(done.errors))
+
+    mapper = Mapper(plan)
+    try:
+        result = index_partition(
+            source.rows(),
+            out,
+            PART,
+            mapper,
+            client_factory,
+            shard_rows=job.shard_rows,
+            batch_rows=batch_rows,
+            concurrency=concurrency,
+            kept_types=source.kept_types(),
+            dtype=_dtype(plan),
+            on_shard=on_shard,
+            on_skip=progress.skip,
+        )
+    finally:
+        progress.close()
+    seconds = time.monotonic() - started
+    total_errors = sum(s["errors"] for s in manifest["shards"].values())
+    out.write_manifest(manifest)
+    return IndexSummary(
+        result.rows,
+        result.errors,
+        result.skipped,
+        total_errors,
+        seconds,
+        (result.rows + result.errors) / seconds if seconds > 0 else 0.0,
+        str(out.root),
+        concurrency,
+        batch_rows,
+    )
+
+
+def _record_untracked(out: OutputFolder, manifest: dict[str, Any]) -> None:
+    """Shards on disk that the manifest lacks (a run killed between the two): add them."""
+    import pyarrow.parquet as pq  # noqa: PLC0415 - the index extra
+
+    for shard in sorted(out.done_shards(PART)):
+        name = out.shard_name(PART, shard)
+        if name not in manifest["shards"]:
+            rows = pq.ParquetFile(out.embeddings / name).metadata.num_rows
+            errors = pq.ParquetFile(out.errors / name).metadata.num_rows
+            manifest["shards"][name] = {"rows": rows, "errors": errors}
+
+
+def _sink(
+    job: IndexJob, plan: ModelPlan, out: OutputFolder, manifest: dict[str, Any]
+) -> QdrantSink | None:
+    """The Qdrant sink, after sending the shards a killed run wrote but did not send."""
+    if not job.qdrant:
+        return None
+    import pyarrow.parquet as pq  # noqa: PLC0415 - the index extra
+
+    collection = job.collection or plan.name
+    sink = QdrantSink(open_qdrant(job.qdrant), collection, plan.kind)
+    sent = set(manifest.get("qdrant", []))
+    for shard in sorted(out.done_shards(PART)):
+        name = out.shard_name(PART, shard)
+        if name not in sent:
+            sink.upsert_table(pq.read_table(out.embeddings / name))
+            sent.add(name)
+    manifest["qdrant"] = sorted(sent)
+    manifest["qdrant_collection"] = collection
+    return sink
