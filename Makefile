@@ -162,3 +162,44 @@ k8s-lint: $(STAMP)
 
 test unit: k8s-tools
 lint: k8s-lint
+
+# The OpenAI-compatible gateway (docs/clients.md "OpenAI /v1/embeddings"): LiteLLM's proxy
+# 1.100.0 in a venv of its own (.build/gateway-venv) from the full lock
+# requirements/gateway.txt, so its pins never meet the project's. `make serve-gateway`
+# writes its config from models.toml (python -m generator gateway-config) and runs it on
+# 127.0.0.1:$(GATEWAY_PORT) in front of `make serve`'s Triton; its API key is
+# LITELLM_MASTER_KEY / LITELLM_MASTER_KEY_FILE, else the local key file .build/gateway-key
+# (made once, mode 0600, "sk-" + 32 random bytes). tests/integration/test_gateway.py runs
+# the real gateway from this venv (make test / make integration install it).
+.PHONY: gateway serve-gateway gateway-lint
+GATEWAY_VENV := .build/gateway-venv
+GATEWAY_STAMP := $(GATEWAY_VENV)/.installed
+GATEWAY_CONFIG := .build/gateway/config.yaml
+GATEWAY_PORT ?= 4000
+GATEWAY_KEY := .build/gateway-key
+
+$(GATEWAY_STAMP): requirements/gateway.txt
+	rm -rf $(GATEWAY_VENV)
+	$(PYTHON) -m venv $(GATEWAY_VENV)
+	$(GATEWAY_VENV)/bin/pip install -q --upgrade pip==25.3
+	$(GATEWAY_VENV)/bin/pip install -q --no-deps -r requirements/gateway.txt
+	touch $@
+
+gateway: $(GATEWAY_STAMP)
+
+serve-gateway: $(GATEWAY_STAMP) $(STAMP)
+	$(PY) -m generator gateway-config $(GATEWAY_CONFIG)
+	@if [ -z "$$LITELLM_MASTER_KEY$$LITELLM_MASTER_KEY_FILE" ] && [ ! -s $(GATEWAY_KEY) ]; then \
+	  (umask 077; $(PY) -c 'import secrets; print("sk-" + secrets.token_urlsafe(32))' > $(GATEWAY_KEY)); \
+	  echo "wrote the gateway's API key to $(GATEWAY_KEY) (mode 0600)"; fi
+	if [ -z "$$LITELLM_MASTER_KEY$$LITELLM_MASTER_KEY_FILE" ]; then \
+	  export LITELLM_MASTER_KEY_FILE=$(CURDIR)/$(GATEWAY_KEY); fi; \
+	LITELLM_BIN=$(CURDIR)/$(GATEWAY_VENV)/bin/litellm GATEWAY_PORT=$(GATEWAY_PORT) \
+	TRITON_HTTP_URL=$${TRITON_HTTP_URL:-http://127.0.0.1:$${TRITON_HTTP_PORT:-8000}} \
+	deploy/gateway/run_gateway.sh $(GATEWAY_CONFIG)
+
+gateway-lint: $(STAMP)
+	$(VENV)/bin/shellcheck deploy/gateway/*.sh
+
+lint: gateway-lint
+integration test: gateway

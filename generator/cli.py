@@ -6,6 +6,7 @@ python -m generator defaults     # the serving profile a bare entry gets on each
 python -m generator remove NAME
 python -m generator list
 python -m generator serve                 # build, run tritonserver (foreground; SIGTERM drains)
+python -m generator gateway-config F   # the OpenAI gateway's config (docs/clients.md)
 python -m generator stop
 """
 
@@ -129,6 +130,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MS",
         help=f"export spans at least this often (default ${EXPORT_DELAY_ENV}, else 5000)",
     )
+    gateway = sub.add_parser(
+        "gateway-config", help="write the OpenAI gateway's (LiteLLM proxy) config"
+    )
+    gateway.add_argument("out", type=Path, help="the YAML file to write")
     stop = sub.add_parser("stop", help="stop the server started by serve")
     stop.add_argument("--pid-file", type=Path, default=DEFAULT_PID)
     return parser
@@ -281,6 +286,14 @@ def _cmd_serve(args) -> int:
     return supervisor.run()
 
 
+def _cmd_gateway_config(args) -> int:
+    from .gateway import write_gateway_config  # noqa: PLC0415
+
+    routes = write_gateway_config(load_serving_manifest(args.manifest, args.repo), args.out)
+    print(f"wrote {args.out}: /v1/embeddings for {', '.join(routes) or 'no text model'}")
+    return 0
+
+
 def _cmd_stop(args) -> int:
     if not args.pid_file.is_file():
         print("no server recorded")
@@ -304,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         "tiny-rerank": _cmd_tiny_rerank,
         "random-text": _cmd_random_text,
         "serve": _cmd_serve,
+        "gateway-config": _cmd_gateway_config,
         "stop": _cmd_stop,
     }
     try:

@@ -1,0 +1,310 @@
+"""The OpenAI-compatible gateway (LiteLLM's proxy, its own venv) in front of a real Triton.
+
+The session's Triton (conftest ``server``: all-MiniLM-L6-v2 with ``max_batch_size`` 16 and
+``token_count``, minilm-int8, clip-tiny) and one gateway process for the module, started
+from ``.build/gateway-venv`` (``make gateway``) by ``deploy/gateway/run_gateway.sh`` with
+the config ``python -m generator gateway-config`` writes for that manifest. The clients
+are the real ones a user runs: the ``openai`` SDK, LangChain's ``OpenAIEmbeddings`` and
+LlamaIndex's ``OpenAILikeEmbedding``, over real HTTP; vectors against sentence-transformers
+(max abs 1e-5) and against Triton's own answer.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client.load.corpus import varied_sentences
+from generator.gateway import write_gateway_config
+from generator.triton_local import free_ports
+from tests.integration.clip_fixture import CLIP_MODEL
+from tests.integration.conftest import INT8_MODEL, MAX_BATCH, TEXT_MODEL
+from tests.integration.text_helpers import assert_parity
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+GATEWAY_VENV = ROOT / ".build" / "gateway-venv"
+RUN_GATEWAY = ROOT / "deploy" / "gateway" / "run_gateway.sh"
+START_TIMEOUT_S = float(os.environ.get("GATEWAY_START_TIMEOUT", 180))
+TEXTS = [
+    *varied_sentences(2 * MAX_BATCH + 3),  # three requests of <= 16 rows to Triton
+    "¿Dónde está la biblioteca?",
+    "naïve café — 東京",
+    "The quick brown fox jumps over the lazy dog. " * 40,
+]
+
+
+class Gateway:
+    """A running gateway: its URL, key and process."""
+
+    def __init__(self, url: str, key: str, process: subprocess.Popen, log: Path):
+        self.url, self.key, self.process, self.log = url, key, process, log
+
+    def post(self, body: dict, key: str | None = None) -> tuple[int, dict]:
+        """POST ``body`` to /v1/embeddings; (status, decoded JSON answer)."""
+        headers = {"Content-Type": "application/json"}
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
+        request = urllib.request.Request(
+            f"{self.url}/v1/embeddings", json.dumps(body).encode(), headers
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=120) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+
+def _wait_ready(url: str, process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"gateway exited {process.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/health/liveliness", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"gateway not ready in {START_TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
+
+
+def start_gateway(config: Path, triton_http: str, log: Path, key: str) -> Gateway:
+    """Start ``run_gateway.sh`` from the gateway venv on a free port; wait until it answers."""
+    litellm = GATEWAY_VENV / "bin" / "litellm"
+    if not litellm.is_file():
+        pytest.fail(f"{litellm} missing: `make gateway` installs requirements/gateway.txt")
+    (port,) = free_ports(1)
+    env = {
+        **os.environ,
+        "PATH": f"{GATEWAY_VENV / 'bin'}:{os.environ['PATH']}",
+        "LITELLM_BIN": str(litellm),
+        "LITELLM_MASTER_KEY": key,
+        "TRITON_HTTP_URL": f"http://{triton_http}",
+        "GATEWAY_PORT": str(port),
+    }
+    env.pop("PYTHONPATH", None)
+    env.pop("VIRTUAL_ENV", None)
+    out = log.open("wb")
+    process = subprocess.Popen(
+        [str(RUN_GATEWAY), str(config)], env=env, stdout=out, stderr=subprocess.STDOUT,
+        cwd=config.parent,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, process, log)
+    except BaseException:
+        stop_gateway(process)
+        raise
+    return Gateway(url, key, process, log)
+
+
+def stop_gateway(process: subprocess.Popen) -> None:
+    """SIGTERM the gateway (its own PID: the script execs it), SIGKILL after 20 s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def gateway(server, tmp_path_factory):
+    base = tmp_path_factory.mktemp("gateway")
+    config = base / "config.yaml"
+    write_gateway_config(server.manifest, config)
+    gw = start_gateway(config, server.http_url, base / "gateway.log", "sk-" + secrets.token_hex(16))
+    try:
+        yield gw
+    finally:
+        stop_gateway(gw.process)
+
+
+@pytest.fixture(scope="module")
+def openai_client(gateway):
+    import openai
+
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=gateway.key, max_retries=0)
+
+
+def _want(reference, texts, **kwargs) -> np.ndarray:
+    return reference.encode(texts, normalize_embeddings=True, **kwargs).astype(np.float64)
+
+
+def _rows(response) -> np.ndarray:
+    assert [d.index for d in response.data] == list(range(len(response.data)))
+    return np.asarray([d.embedding for d in response.data], dtype=np.float32)
+
+
+def _triton_token_count(server, texts) -> int:
+    with server.client() as c:
+        return int(c.embed_texts_with_counts(TEXT_MODEL, texts)[1].sum())
+
+
+def test_openai_sdk_list_equals_sentence_transformers_with_usage_from_token_count(
+    server, openai_client, reference
+) -> None:
+    response = openai_client.embeddings.create(
+        model=TEXT_MODEL, input=TEXTS, encoding_format="float"
+    )
+    got = _rows(response)
+    gap, diff = assert_parity(got, _want(reference, TEXTS))
+    print(f"\nopenai SDK via gateway: {len(TEXTS)} texts, 1-cos {gap:.1e}, max|diff| {diff:.1e}")
+    assert response.model == TEXT_MODEL
+    assert response.usage.prompt_tokens == _triton_token_count(server, TEXTS)
+    assert response.usage.total_tokens == response.usage.prompt_tokens
+
+
+def test_openai_sdk_string_input_and_base64_give_the_same_floats(openai_client, reference) -> None:
+    text = TEXTS[0]
+    plain = openai_client.embeddings.create(model=TEXT_MODEL, input=text, encoding_format="float")
+    # The SDK's default: it asks for base64 and decodes it itself.
+    default = openai_client.embeddings.create(model=TEXT_MODEL, input=text)
+    assert len(plain.data) == 1
+    assert_parity(_rows(plain), _want(reference, [text]))
+    assert np.array_equal(_rows(default), _rows(plain))
+
+
+def test_raw_base64_answer_is_little_endian_float32_of_the_float_answer(gateway) -> None:
+    body = {"model": TEXT_MODEL, "input": TEXTS[:3]}
+    status, floats = gateway.post({**body, "encoding_format": "float"}, gateway.key)
+    assert status == 200, floats
+    status, encoded = gateway.post({**body, "encoding_format": "base64"}, gateway.key)
+    assert status == 200, encoded
+    for f, e in zip(floats["data"], encoded["data"], strict=True):
+        assert isinstance(e["embedding"], str)
+        decoded = np.frombuffer(base64.b64decode(e["embedding"]), dtype="<f4")
+        assert np.array_equal(decoded, np.asarray(f["embedding"], dtype=np.float32))
+
+
+@pytest.mark.parametrize("dimensions", [1, 64, 383])
+def test_dimensions_is_matryoshka_truncation_as_sentence_transformers(
+    openai_client, reference, dimensions
+) -> None:
+    response = openai_client.embeddings.create(
+        model=TEXT_MODEL, input=TEXTS[:5], dimensions=dimensions
+    )
+    got = _rows(response)
+    assert got.shape == (5, dimensions)
+    assert_parity(got, _want(reference, TEXTS[:5], truncate_dim=dimensions))
+
+
+def test_clip_text_tower_equals_triton_and_refuses_dimensions(server, openai_client) -> None:
+    import openai
+
+    name = f"{CLIP_MODEL}_text"
+    texts = ["a photo of a cat", "a diagram"]
+    response = openai_client.embeddings.create(model=name, input=texts, encoding_format="float")
+    with server.client() as c:
+        direct = c.embed_texts(name, texts)
+    assert np.array_equal(_rows(response), direct)
+    with pytest.raises(openai.BadRequestError, match="does not take dimensions"):
+        openai_client.embeddings.create(model=name, input=texts, dimensions=8)
+
+
+def test_int8_model_is_served_as_triton_answers_it(server, openai_client) -> None:
+    response = openai_client.embeddings.create(model=INT8_MODEL, input=TEXTS[:3])
+    with server.client() as c:
+        direct = c.embed_texts(INT8_MODEL, TEXTS[:3])
+    assert np.array_equal(_rows(response), direct)
+
+
+def test_langchain_openai_embeddings_equal_sentence_transformers(gateway, reference) -> None:
+    from langchain_openai import OpenAIEmbeddings
+
+    embeddings = OpenAIEmbeddings(
+        model=TEXT_MODEL,
+        base_url=f"{gateway.url}/v1",
+        api_key=gateway.key,
+        check_embedding_ctx_length=False,
+        chunk_size=20,
+        max_retries=0,
+    )
+    got = np.asarray(embeddings.embed_documents(TEXTS), dtype=np.float32)
+    gap, diff = assert_parity(got, _want(reference, TEXTS))
+    print(f"\nLangChain via gateway: 1-cos {gap:.1e}, max|diff| {diff:.1e}")
+    query = np.asarray(embeddings.embed_query(TEXTS[1]), dtype=np.float32)
+    assert_parity(query[None], _want(reference, TEXTS[1:2]))
+
+
+def test_llama_index_openai_like_embedding_equals_sentence_transformers(
+    gateway, reference
+) -> None:
+    from llama_index.embeddings.openai_like import OpenAILikeEmbedding
+
+    embedding = OpenAILikeEmbedding(
+        model_name=TEXT_MODEL,
+        api_base=f"{gateway.url}/v1",
+        api_key=gateway.key,
+        embed_batch_size=20,
+        max_retries=0,
+    )
+    got = np.asarray(embedding.get_text_embedding_batch(TEXTS), dtype=np.float32)
+    gap, diff = assert_parity(got, _want(reference, TEXTS))
+    print(f"\nLlamaIndex via gateway: 1-cos {gap:.1e}, max|diff| {diff:.1e}")
+    query = np.asarray(embedding.get_query_embedding(TEXTS[2]), dtype=np.float32)
+    assert_parity(query[None], _want(reference, TEXTS[2:3]))
+
+
+def _error(status_body: tuple[int, dict]) -> tuple[int, str]:
+    status, body = status_body
+    assert set(body) == {"error"}, body
+    assert {"message", "type", "code"} <= set(body["error"]), body
+    return status, body["error"]["message"]
+
+
+def test_without_a_key_or_with_a_wrong_one_the_gateway_answers_401(gateway) -> None:
+    body = {"model": TEXT_MODEL, "input": "hello"}
+    status, message = _error(gateway.post(body))
+    assert status == 401, message
+    status, message = _error(gateway.post(body, "sk-" + secrets.token_hex(16)))
+    assert status == 401, message
+
+
+def test_openai_sdk_with_a_wrong_key_raises_authentication_error(gateway) -> None:
+    import openai
+
+    wrong = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="sk-wrong-key-0000", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.embeddings.create(model=TEXT_MODEL, input="hello")
+
+
+def test_unknown_model_empty_and_too_many_inputs_are_openai_errors(gateway) -> None:
+    key = gateway.key
+    status, message = _error(gateway.post({"model": "no-such-model", "input": "x"}, key))
+    assert status == 404, (status, message)
+    assert "no-such-model" in message
+    for empty in ([], "", ["a", ""]):
+        status, message = _error(gateway.post({"model": TEXT_MODEL, "input": empty}, key))
+        assert status == 400, (empty, status, message)
+    status, message = _error(gateway.post({"model": TEXT_MODEL, "input": ["x"] * 2049}, key))
+    assert status == 400 and "2048" in message, (status, message)
+    too_wide = {"model": TEXT_MODEL, "input": "x", "dimensions": 385}
+    status, message = _error(gateway.post(too_wide, key))
+    assert status == 400 and "dimensions" in message, (status, message)
+
+
+def test_gateway_refuses_to_start_without_a_key(tmp_path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("model_list: []\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LITELLM_MASTER_KEY")}
+    run = subprocess.run(
+        [str(RUN_GATEWAY), str(config)], env={**env, "LITELLM_BIN": sys.executable},
+        capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert run.returncode == 2
+    assert "refusing to start without an API key" in run.stderr
