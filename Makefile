@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip==25.3
 	$(PY) -m pip install -q $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL) )$(TORCH_PINS)
-	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[runtime,server,generator,client,dev,frameworks]"
+	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[runtime,server,generator,client,index,dev,frameworks]"
 	touch $@
 
 TINY_CLIP := .build/tiny-clip/open_clip_pytorch_model.bin
