@@ -32,6 +32,7 @@ KUBECTL = ROOT / ".build" / "tools" / "kubectl" / "kubectl"
 KUSTOMIZATIONS = (
     "overlays/cpu",
     "overlays/gpu",
+    "overlays/cpu-gateway",
     "kserve",
     "monitoring",
     "autoscaling/hpa",

@@ -221,7 +221,9 @@ def test_generator_service_builds_into_the_same_volumes() -> None:
 def test_compose_targets_exist_and_third_party_images_are_pinned(compose) -> None:
     stages = {s for s, i, _ in dockerfile_instructions() if i == "FROM"}
     for name, service in compose["services"].items():
-        if "build" in service:
+        if name == "gateway":  # its own image: test_gateway_service_... below
+            assert service["build"]["dockerfile"] == "deploy/gateway/Dockerfile"
+        elif "build" in service:
             assert service["build"]["target"] in stages, name
             assert service["build"]["dockerfile"] == "Dockerfile.triton"
             assert service["image"] == f"triton-embeddings-{service['build']['target']}:local"
@@ -232,6 +234,8 @@ def test_compose_targets_exist_and_third_party_images_are_pinned(compose) -> Non
     assert profiles == {
         "generator": None,
         "triton": None,
+        "gateway-config": ["gateway"],
+        "gateway": ["gateway"],
         "perf": ["perf"],
         "prometheus": ["monitoring"],
         "grafana": ["monitoring"],
@@ -239,6 +243,36 @@ def test_compose_targets_exist_and_third_party_images_are_pinned(compose) -> Non
     for name in ("prometheus", "grafana"):
         assert compose["services"][name]["restart"] == "unless-stopped"
         assert "healthcheck" in compose["services"][name]
+
+
+def test_gateway_service_reads_the_generated_config_and_needs_a_key(compose) -> None:
+    """The gateway profile: config written by `generator gateway-config` from the same
+    manifest into a volume the gateway mounts read-only; key from the shell, no default;
+    published on loopback; its image lints clean and installs only the gateway lock."""
+    config, gateway = compose["services"]["gateway-config"], compose["services"]["gateway"]
+    triton = compose["services"]["triton"]
+    assert config["command"] == ["gateway-config", "/models/config.yaml"]
+    assert config["build"]["target"] == "generator"
+    assert "gateway-config:/models" in config["volumes"]
+    assert [v for v in config["volumes"] if v.endswith("/config/models.toml:ro")] == [
+        v for v in triton["volumes"] if v.endswith("/config/models.toml:ro")
+    ]
+    assert gateway["volumes"] == ["gateway-config:/gateway:ro"]
+    assert gateway["depends_on"]["gateway-config"]["condition"] == "service_completed_successfully"
+    assert gateway["depends_on"]["triton"]["condition"] == "service_healthy"
+    assert gateway["environment"] == {
+        "TRITON_HTTP_URL": "http://triton:8000",
+        "LITELLM_MASTER_KEY": "${GATEWAY_API_KEY:-}",
+    }
+    assert gateway["ports"] == ["${GATEWAY_PUBLISH_ADDRESS:-127.0.0.1}:4000:4000"]
+    dockerfile = ROOT / "deploy" / "gateway" / "Dockerfile"
+    done = subprocess.run([str(BIN / "hadolint"), str(dockerfile)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = dockerfile.read_text()
+    assert "pip install --no-cache-dir -q --no-deps -r /tmp/gateway.txt" in text
+    assert 'CMD ["/gateway/config.yaml"]' in text and "USER 10001:10001" in text
+    assert not dockerignored("requirements/gateway.txt")
+    assert not dockerignored("deploy/gateway/triton_embeddings.py")
 
 
 def test_perf_service_writes_to_a_mounted_folder(compose) -> None:

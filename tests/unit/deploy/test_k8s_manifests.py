@@ -278,3 +278,42 @@ def test_weight_cache_is_a_writable_subfolder_without_the_tmp_size_limit(overlay
         assert volume["emptyDir"] == {}, "no size limit, not memory-backed"
         mount = next(m for m in ctr["volumeMounts"] if m["name"] == volume["name"])
         assert folder != mount["mountPath"] and not mount.get("readOnly")
+
+
+def test_gateway_overlay_reads_the_servers_manifest_and_needs_its_key_secret() -> None:
+    """overlays/cpu-gateway: the CPU install unchanged plus the gateway, whose config is
+    written at pod start from the same manifest ConfigMap, whose key is a Secret file, and
+    whose pods run as locked down as the server's."""
+    objects = k8s.render("overlays/cpu-gateway")
+    server = _pod(objects, "Deployment")
+    assert server == _pod(k8s.render("overlays/cpu"), "Deployment")
+    pod = _pod(objects, "Deployment", "triton-embeddings-gateway")
+    manifest = {v["name"]: v for v in pod["volumes"]}["manifest"]
+    assert manifest == {v["name"]: v for v in server["volumes"]}["manifest"]
+    init = k8s.container({"containers": pod["initContainers"]}, "gateway-config")
+    assert init["image"] == "triton-embeddings-generator-cpu:0.1.0"
+    assert init["args"][-2:] == ["gateway-config", "/gateway/config.yaml"]
+    gateway = k8s.container(pod, "gateway")
+    assert gateway["args"] == ["/gateway/config.yaml"]
+    env = _env(gateway)
+    assert env["TRITON_HTTP_URL"] == "http://triton-embeddings:8000"
+    assert "LITELLM_MASTER_KEY" not in env
+    key = _mounts(gateway)["/run/secrets/triton-embeddings-gateway"]
+    assert env["LITELLM_MASTER_KEY_FILE"].startswith(key["mountPath"] + "/")
+    assert k8s.volume_for(pod, key)["secret"]["secretName"] == "triton-embeddings-gateway-key"
+    assert _mounts(gateway)["/gateway"]["readOnly"] is True
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    for ctr in (init, gateway):
+        assert ctr["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }
+    service = k8s.find(objects, "Service", "triton-embeddings-gateway")["spec"]
+    assert service["type"] == "ClusterIP"
+    assert service["selector"] == pod_labels(objects, "triton-embeddings-gateway")
+
+
+def pod_labels(objects, name: str) -> dict:
+    """The labels of the pods of Deployment ``name``."""
+    return k8s.find(objects, "Deployment", name)["spec"]["template"]["metadata"]["labels"]
