@@ -15,6 +15,10 @@ read by the gateway from its environment (``os.environ/...``), never written her
 
 from __future__ import annotations
 
+import os
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +94,76 @@ def write_gateway_config(manifest: Manifest, path: Path) -> list[str]:
     partial.write_text(text)
     partial.replace(path)
     return [route["model_name"] for route in config["model_list"]]
+
+
+ROOT = Path(__file__).resolve().parent.parent
+GATEWAY_VENV = ROOT / ".build" / "gateway-venv"
+RUN_GATEWAY = ROOT / "deploy" / "gateway" / "run_gateway.sh"
+
+
+class GatewayProcess:
+    """The gateway run from its venv (``make gateway``) by ``deploy/gateway/run_gateway.sh``.
+
+    For tests and benchmarks: ``config`` as :func:`write_gateway_config` wrote it, Triton at
+    ``triton_url`` (``http://host:port``), the API ``key``, 127.0.0.1:``port``; output to
+    ``log``. Stopped by its own PID (the script execs the proxy).
+    """
+
+    def __init__(
+        self, config: Path, triton_url: str, key: str, port: int, log: Path,
+        venv: Path = GATEWAY_VENV,
+    ):
+        self.config, self.triton_url, self.key, self.port, self.log = (
+            config, triton_url, key, port, log
+        )
+        self.venv = venv
+        self.url = f"http://127.0.0.1:{port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        """Start the proxy; FileNotFoundError when the venv is missing."""
+        litellm = self.venv / "bin" / "litellm"
+        if not litellm.is_file():
+            raise FileNotFoundError(f"{litellm}: `make gateway` installs requirements/gateway.txt")
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        env.update(
+            PATH=f"{self.venv / 'bin'}:{os.environ.get('PATH', '')}",
+            LITELLM_BIN=str(litellm),
+            LITELLM_MASTER_KEY=self.key,
+            TRITON_HTTP_URL=self.triton_url,
+            GATEWAY_PORT=str(self.port),
+        )
+        env.pop("LITELLM_MASTER_KEY_FILE", None)
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(  # noqa: S603 - our script, our paths
+                [str(RUN_GATEWAY), str(self.config)], env=env, stdout=out,
+                stderr=subprocess.STDOUT, cwd=self.config.parent,
+            )
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Wait until ``/health/liveliness`` answers 200.
+
+        RuntimeError (with the log's end) if the process exits or ``timeout_s`` passes.
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                raise RuntimeError(f"gateway exited:\n{self.log.read_text()[-4000:]}")
+            try:
+                health = f"{self.url}/health/liveliness"  # http://127.0.0.1 only
+                with urllib.request.urlopen(health, timeout=2) as answer:  # noqa: S310
+                    if answer.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"gateway not ready in {timeout_s} s:\n{self.log.read_text()[-4000:]}")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 20 s."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()

@@ -17,16 +17,14 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from client.load.corpus import varied_sentences
-from generator.gateway import write_gateway_config
+from generator.gateway import RUN_GATEWAY, GatewayProcess, write_gateway_config
 from generator.triton_local import free_ports
 from tests.integration.clip_fixture import CLIP_MODEL
 from tests.integration.conftest import INT8_MODEL, MAX_BATCH, TEXT_MODEL
@@ -34,9 +32,6 @@ from tests.integration.text_helpers import assert_parity
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-GATEWAY_VENV = ROOT / ".build" / "gateway-venv"
-RUN_GATEWAY = ROOT / "deploy" / "gateway" / "run_gateway.sh"
 START_TIMEOUT_S = float(os.environ.get("GATEWAY_START_TIMEOUT", 180))
 TEXTS = [
     *varied_sentences(2 * MAX_BATCH + 3),  # three requests of <= 16 rows to Triton
@@ -46,11 +41,8 @@ TEXTS = [
 ]
 
 
-class Gateway:
-    """A running gateway: its URL, key and process."""
-
-    def __init__(self, url: str, key: str, process: subprocess.Popen, log: Path):
-        self.url, self.key, self.process, self.log = url, key, process, log
+class Gateway(GatewayProcess):
+    """The running gateway, with a raw POST for the error cases."""
 
     def post(self, body: dict, key: str | None = None) -> tuple[int, dict]:
         """POST ``body`` to /v1/embeddings; (status, decoded JSON answer)."""
@@ -67,71 +59,21 @@ class Gateway:
             return error.code, json.loads(error.read())
 
 
-def _wait_ready(url: str, process: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"gateway exited {process.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/health/liveliness", timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    pytest.fail(f"gateway not ready in {START_TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
-
-
-def start_gateway(config: Path, triton_http: str, log: Path, key: str) -> Gateway:
-    """Start ``run_gateway.sh`` from the gateway venv on a free port; wait until it answers."""
-    litellm = GATEWAY_VENV / "bin" / "litellm"
-    if not litellm.is_file():
-        pytest.fail(f"{litellm} missing: `make gateway` installs requirements/gateway.txt")
-    (port,) = free_ports(1)
-    env = {
-        **os.environ,
-        "PATH": f"{GATEWAY_VENV / 'bin'}:{os.environ['PATH']}",
-        "LITELLM_BIN": str(litellm),
-        "LITELLM_MASTER_KEY": key,
-        "TRITON_HTTP_URL": f"http://{triton_http}",
-        "GATEWAY_PORT": str(port),
-    }
-    env.pop("PYTHONPATH", None)
-    env.pop("VIRTUAL_ENV", None)
-    out = log.open("wb")
-    process = subprocess.Popen(
-        [str(RUN_GATEWAY), str(config)], env=env, stdout=out, stderr=subprocess.STDOUT,
-        cwd=config.parent,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, process, log)
-    except BaseException:
-        stop_gateway(process)
-        raise
-    return Gateway(url, key, process, log)
-
-
-def stop_gateway(process: subprocess.Popen) -> None:
-    """SIGTERM the gateway (its own PID: the script execs it), SIGKILL after 20 s."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 @pytest.fixture(scope="module")
 def gateway(server, tmp_path_factory):
+    """The gateway of the session server's manifest, from ``make gateway``'s venv."""
     base = tmp_path_factory.mktemp("gateway")
     config = base / "config.yaml"
     write_gateway_config(server.manifest, config)
-    gw = start_gateway(config, server.http_url, base / "gateway.log", "sk-" + secrets.token_hex(16))
+    (port,) = free_ports(1)
+    key = "sk-" + secrets.token_hex(16)
+    gw = Gateway(config, f"http://{server.http_url}", key, port, base / "gateway.log")
     try:
+        gw.start()
+        gw.wait_ready(START_TIMEOUT_S)
         yield gw
     finally:
-        stop_gateway(gw.process)
+        gw.stop()
 
 
 @pytest.fixture(scope="module")
