@@ -187,7 +187,8 @@ def section(results: dict) -> str:
         "`deploy/gateway/triton_embeddings.py`) on the same machine as the clients; each "
         "request is one sentence. `triton`: `POST /v2/models/<m>/infer` (JSON); `gateway`: "
         "`POST /v1/embeddings`, which makes that same Triton request. Closed loop, one "
-        "keep-alive connection per client thread; every answer checked (200, 384 floats).",
+        "keep-alive connection per client thread; every answer checked (200, 384 floats)."
+        + (f" {results['note']}" if results.get("note") else ""),
         "",
         "| Load | Way | req/s | p50 ms | p99 ms | gateway ÷ triton req/s | p50 added ms |",
         "|---|---|---|---|---|---|---|",
@@ -226,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=300, help="timed requests per run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-write", action="store_true", help="leave docs/ as it is")
+    parser.add_argument("--note", default="", help="a sentence for the section (the tree run)")
     args = parser.parse_args(argv)
     pool = varied_sentences(512)
     started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -255,6 +257,7 @@ def main(argv: list[str] | None = None) -> None:
         "machine": machine_info(),
         "foreign_cpu_share": window.foreign_share,
         "litellm": _gateway_litellm_version(),
+        "note": args.note,
         "runs": runs,
         "summary": summarise(runs),
     }

@@ -66,6 +66,11 @@ def _texts(value: Any) -> list[str]:
     empty = [i for i, t in enumerate(texts) if not t]
     if empty:
         raise CustomLLMError(400, f"input[{empty[0]}] is an empty string")
+    images = [i for i, t in enumerate(texts) if t[:11].lower() == "data:image/"]
+    if images:
+        raise CustomLLMError(
+            400, f"input[{images[0]}] is an image data URI: the gateway embeds text only"
+        )
     return texts
 
 
@@ -155,6 +160,8 @@ class TritonEmbeddings(CustomLLM):
     ) -> EmbeddingResponse:
         """Embed ``input`` with the ensemble ``model`` at ``api_base`` (Triton's HTTP URL)."""
         info = {"name": model, **((litellm_params or {}).get("model_info") or {})}
+        if optional_params.get("modality") not in (None, "text"):
+            raise CustomLLMError(400, "modality: the gateway embeds text only")
         texts = _texts(input)
         dimensions = _dimensions(optional_params.get(CARRIED["dimensions"]), info)
         encoding = _encoding(optional_params.get(CARRIED["encoding_format"]))
@@ -218,6 +225,9 @@ class CarryOpenAIParams(CustomLogger):
         for name, carried in CARRIED.items():
             if name in data:
                 data[carried] = data.pop(name)
+        # OpenAI's end-user id (abuse monitoring): no effect on the vector, and LiteLLM
+        # would refuse it for a custom provider.
+        data.pop("user", None)
         return data
 
 

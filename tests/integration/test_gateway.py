@@ -159,7 +159,7 @@ def test_clip_text_tower_equals_triton_and_refuses_dimensions(server, openai_cli
 
 
 def test_int8_model_is_served_as_triton_answers_it(server, openai_client) -> None:
-    response = openai_client.embeddings.create(model=INT8_MODEL, input=TEXTS[:3])
+    response = openai_client.embeddings.create(model=INT8_MODEL, input=TEXTS[:3], user="u-1")
     with server.client() as c:
         direct = c.embed_texts(INT8_MODEL, TEXTS[:3])
     assert np.array_equal(_rows(response), direct)
@@ -235,6 +235,11 @@ def test_unknown_model_empty_and_too_many_inputs_are_openai_errors(gateway) -> N
         assert status == 400, (empty, status, message)
     status, message = _error(gateway.post({"model": TEXT_MODEL, "input": ["x"] * 2049}, key))
     assert status == 400 and "2048" in message, (status, message)
+    image = {"model": f"{CLIP_MODEL}_text", "input": ["data:image/png;base64,iVBORw0KGgo="]}
+    status, message = _error(gateway.post(image, key))
+    assert status == 400 and "text only" in message, (status, message)
+    status, message = _error(gateway.post({**image, "input": "x", "modality": "image"}, key))
+    assert status == 400 and "text only" in message, (status, message)
     too_wide = {"model": TEXT_MODEL, "input": "x", "dimensions": 385}
     status, message = _error(gateway.post(too_wide, key))
     assert status == 400 and "dimensions" in message, (status, message)
