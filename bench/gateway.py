@@ -45,6 +45,7 @@ BEGIN, END = "<!-- gateway:begin -->", "<!-- gateway:end -->"
 ANALYSIS_END = "<!-- analysis:end -->"
 LOADS = (("1x1", 1), ("16x1", 16))
 WARMUP = 10
+KEYS = ("req_per_s", "p50_ms", "p99_ms", "triton_cpu_ms_per_req", "gateway_cpu_ms_per_req")
 
 
 class Way:
@@ -77,8 +78,13 @@ def _client(way: Way, texts: list[str], latencies: list[float], errors: list[str
         connection.close()
 
 
-def run_load(way: Way, clients: int, per_client: int, pool: list[str]) -> dict:
-    """``clients`` threads, ``per_client`` timed requests each after :data:`WARMUP`."""
+def run_load(
+    way: Way, clients: int, per_client: int, pool: list[str], pids: dict[str, int]
+) -> dict:
+    """``clients`` threads, ``per_client`` timed requests each after :data:`WARMUP`.
+
+    ``pids``: the servers' processes, whose CPU time (process tree) per request is reported.
+    """
     warm: list[float] = []
     _client(way, pool[:WARMUP], warm, [])
     latencies: list[float] = []
@@ -91,12 +97,16 @@ def run_load(way: Way, clients: int, per_client: int, pool: list[str]) -> dict:
         )
         for c in range(clients)
     ]
+    monitors = {name: CpuMonitor(pid) for name, pid in pids.items()}
+    for monitor in monitors.values():
+        monitor.start()
     start = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - start
+    cpu = {name: monitor.stop().own_busy_s for name, monitor in monitors.items()}
     ordered = sorted(latencies)
     return {
         "requests": len(latencies),
@@ -105,10 +115,11 @@ def run_load(way: Way, clients: int, per_client: int, pool: list[str]) -> dict:
         "req_per_s": len(latencies) / wall,
         "p50_ms": 1000 * ordered[len(ordered) // 2],
         "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+        **{f"{name}_cpu_ms_per_req": 1000 * s / len(latencies) for name, s in cpu.items()},
     }
 
 
-def start_servers(stack: ExitStack) -> tuple[int, GatewayProcess]:
+def start_servers(stack: ExitStack) -> tuple[int, int, GatewayProcess]:
     """Triton with the bench text model, and the gateway in front of it."""
     manifest = bench_manifest("cpu", with_clip=False)
     repo = BUILD / "bench-repo-gateway"
@@ -132,7 +143,7 @@ def start_servers(stack: ExitStack) -> tuple[int, GatewayProcess]:
     gateway.start()
     stack.callback(gateway.stop)
     gateway.wait_ready(180)
-    return ports.http, gateway
+    return ports.http, triton.process.pid, gateway
 
 
 def ways(triton_port: int, gateway: GatewayProcess) -> list[Way]:
@@ -158,7 +169,7 @@ def summarise(runs: dict[str, dict[str, list[dict]]]) -> dict[str, dict]:
     out = {}
     for load, by_way in runs.items():
         row = {
-            way: {k: median(r[k] for r in results) for k in ("req_per_s", "p50_ms", "p99_ms")}
+            way: {k: median(r[k] for r in results) for k in KEYS}
             for way, results in by_way.items()
         }
         row["errors"] = sum(r["errors"] for results in by_way.values() for r in results)
@@ -190,8 +201,12 @@ def section(results: dict) -> str:
         "keep-alive connection per client thread; every answer checked (200, 384 floats)."
         + (f" {results['note']}" if results.get("note") else ""),
         "",
-        "| Load | Way | req/s | p50 ms | p99 ms | gateway ÷ triton req/s | p50 added ms |",
-        "|---|---|---|---|---|---|---|",
+        "CPU ms / request: CPU time of that server's process tree (Triton with its stubs; "
+        "the gateway) during the run, per request.",
+        "",
+        "| Load | Way | req/s | p50 ms | p99 ms | gateway ÷ triton req/s | p50 added ms "
+        "| Triton CPU ms / req | gateway CPU ms / req |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for load, row in results["summary"].items():
         for way in ("triton", "gateway"):
@@ -203,7 +218,8 @@ def section(results: dict) -> str:
             )
             lines.append(
                 f"| {load} | {way} | {r['req_per_s']:.1f} | {r['p50_ms']:.1f} | "
-                f"{r['p99_ms']:.1f} | {extra} |"
+                f"{r['p99_ms']:.1f} | {extra} | {r['triton_cpu_ms_per_req']:.1f} | "
+                f"{r['gateway_cpu_ms_per_req']:.1f} |"
             )
     errors = sum(row["errors"] for row in results["summary"].values())
     lines += ["", f"Errors: {errors}.", "", END]
@@ -235,18 +251,22 @@ def main(argv: list[str] | None = None) -> None:
         load: {"triton": [], "gateway": []} for load, _ in LOADS
     }
     with ExitStack() as stack:
-        triton_port, gateway = start_servers(stack)
+        triton_port, triton_pid, gateway = start_servers(stack)
+        pids = {"triton": triton_pid, "gateway": gateway.process.pid}
         monitor = CpuMonitor()
         monitor.start()
         for repeat in range(args.repeats):
             for load, clients in LOADS:
                 for way in ways(triton_port, gateway):
-                    result = run_load(way, clients, max(1, args.requests // clients), pool)
+                    per_client = max(1, args.requests // clients)
+                    result = run_load(way, clients, per_client, pool, pids)
                     runs[load][way.name].append(result)
                     log(
                         f"repeat {repeat + 1} {load:5s} {way.name:8s} "
                         f"{result['req_per_s']:7.1f} req/s  p50 {result['p50_ms']:6.1f} ms  "
-                        f"p99 {result['p99_ms']:6.1f} ms  errors {result['errors']}"
+                        f"p99 {result['p99_ms']:6.1f} ms  errors {result['errors']}  CPU ms/req "
+                        f"triton {result['triton_cpu_ms_per_req']:.1f} "
+                        f"gateway {result['gateway_cpu_ms_per_req']:.1f}"
                     )
         window = monitor.stop()
     results = {
@@ -262,7 +282,9 @@ def main(argv: list[str] | None = None) -> None:
         "summary": summarise(runs),
     }
     results["command"] = results["command"].strip()
-    results["source"] = save_results(results, "gateway")
+    stamp = started.replace(":", "").replace("-", "")
+    results["source"] = f"bench/results/gateway-{stamp}.json"
+    save_results(results, "gateway")
     text = section(results)
     print(text)
     if not args.no_write:
