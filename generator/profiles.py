@@ -19,13 +19,16 @@ Where each figure comes from (docs/benchmarks.md):
   QPS for an e5-small-sized model; the CLIP text tower 9,270 QPS with 4 encoder instances;
   image decode + resize on the CPU bounds images (12 preprocessing instances).
 
-Every profile bounds each step's queue (``max_queue_size``): a request that finds it full
-is refused at once, HTTP 503 / gRPC UNAVAILABLE with Triton's "Exceeds maximum queue size",
-instead of waiting behind seconds of work. No profile bounds the wait in time
-(``queue_timeout_us``): Triton refuses an expired request only when its batcher next looks
-at the queue, up to its 0.5 s poll, and with 250 ms perf_analyzer's closed loop of 4
-clients of image URLs was refused on 2 cores (docs/operations.md, "When the server is
-full").
+Every profile bounds the work waiting for an encoder: the step in front of it (tokenize)
+refuses a request at once, HTTP 503 / gRPC UNAVAILABLE "server overloaded", while the
+encoder's queue holds more than ``admission_wait_us`` of work, so ``fused_tokenize`` is
+off (one more Python step, 1-4 % of throughput). Triton's queue policy is left off the
+steps it admits to, because any policy turns off the batcher's prefetching (a queued
+request then waits up to 0.5 s beside an idle instance; docs/architecture.md, "Under
+load"). Steps with no admitting step in front (image preprocessing, single-step
+encoders) keep Triton's ``max_queue_size``. No profile bounds the wait in time
+(``queue_timeout_us``): with 250 ms perf_analyzer's closed loop of 4 clients of image
+URLs was refused on 2 cores (docs/operations.md, "When the server is full").
 """
 
 from __future__ import annotations
@@ -38,10 +41,15 @@ from types import MappingProxyType
 # of a second of them on the 16-core GPU host (~11,000/s).
 CPU_QUEUE = 64
 GPU_QUEUE = 4096
+# The most work (estimated wait) an encoder's queue may hold before the step in front of
+# it refuses newcomers: what keeps an overloaded server's answers prompt.
+CPU_ADMISSION_WAIT_US = 100_000
+GPU_ADMISSION_WAIT_US = 50_000
 
 _CPU_COMMON = {
     "max_queue_delay_us": 0,
     "max_queue_size": CPU_QUEUE,
+    "admission_wait_us": CPU_ADMISSION_WAIT_US,
     "encoder_instances": 2,
     "ort_threads_shared": -1,
     "ort_spin_us": 20,
@@ -49,6 +57,7 @@ _CPU_COMMON = {
 _GPU_COMMON = {
     "max_queue_delay_us": 1000,
     "max_queue_size": GPU_QUEUE,
+    "admission_wait_us": GPU_ADMISSION_WAIT_US,
 }
 
 # Profiles by device, then by the kind of input the family's encoder takes.
@@ -59,7 +68,7 @@ PROFILES: Mapping[str, Mapping[str, Mapping[str, object]]] = MappingProxyType({
             "max_batch_size": 64,
             "max_rows_per_run": 64,
             "max_padding_share": 0.1,
-            "fused_tokenize": True,
+            "fused_tokenize": False,
         }),
         "image": MappingProxyType({**_CPU_COMMON, "max_batch_size": 32}),
     }),

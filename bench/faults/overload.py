@@ -179,7 +179,11 @@ def run_config(
             if args.pin:
                 os.sched_setaffinity(0, args.pin["load_generator"])
         served = {
-            m.name: {"max_queue_size": m.max_queue_size, "queue_timeout_us": m.queue_timeout_us}
+            m.name: {
+                "max_queue_size": m.max_queue_size,
+                "queue_timeout_us": m.queue_timeout_us,
+                "admission_wait_us": m.admission_wait_us,
+            }
             for m in manifest.models
         }
         url = f"127.0.0.1:{ports.grpc}"

@@ -20,9 +20,17 @@ CLIPS = ("tiny", "vit-b-32")
 
 
 def parse_queue(value: str) -> dict[str, int]:
-    """``N`` or ``N:T``: ``max_queue_size`` N, ``queue_timeout_us`` T."""
+    """``N`` or ``N:T``: Triton's queue policy, ``max_queue_size`` N, ``queue_timeout_us`` T.
+
+    The steps' own admission (``admission_wait_us``) is off in these configurations: the
+    steps in front of the encoders drop Triton's policy where they admit.
+    """
     size, _, timeout = value.partition(":")
-    return {"max_queue_size": int(size), "queue_timeout_us": int(timeout or 0)}
+    return {
+        "max_queue_size": int(size),
+        "queue_timeout_us": int(timeout or 0),
+        "admission_wait_us": 0,
+    }
 
 
 def config_name(knobs: dict[str, int]) -> str:

@@ -60,7 +60,9 @@ TUNED: dict[str, Any] = {
     "encoder_instances": 2,
     "ort_threads_shared": -1,
     "ort_spin_us": 20,
-    "fused_tokenize": True,
+    # the tokenize step admits requests to the encoder (issue 46); fused, nothing would
+    "fused_tokenize": False,
+    "admission_wait_us": 100_000,
 }
 _GENERIC = {f.name: f.default for f in dataclasses.fields(ModelEntry)}
 

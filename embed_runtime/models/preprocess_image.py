@@ -27,7 +27,9 @@ from embed_runtime.image.preprocess import (
     preprocess_opened,
 )
 from embed_runtime.image.gpu import cuda_preprocessor
+from embed_runtime.ops.priority import lower_priority
 from embed_runtime.ops.server_exit import exit_with_server
+from embed_runtime.serving.admission import AdmissionGate
 
 
 class TritonPythonModel:
@@ -36,6 +38,7 @@ class TritonPythonModel:
     def initialize(self, args):
         """Read the preprocessing parameters and start the decode pool."""
         exit_with_server()
+        lower_priority()  # before the decode pool starts (embed_runtime.ops.priority)
         self.logger = pb_utils.Logger
         params = config_parameters(args["model_config"])
         self.params = PreprocessParams.from_parameters(params)
@@ -47,6 +50,7 @@ class TritonPythonModel:
             self.gpu = cuda_preprocessor(self.params, device_id, self.pool.map)
             name = args["model_name"]
             self.logger.log_info(f"{name}: JPEG decode and resize on cuda:{device_id}")
+        self.gate = AdmissionGate.from_parameters(params, args["model_version"])
 
     def _guarded(self, step, item):
         """``step(item, params)``, or the exception it raised (unexpected ones logged)."""
@@ -115,7 +119,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         """Read headers, admit within budget, decode the admitted images; slice back."""
-        batch = gather_rows(pb_utils, requests, self._rows)
+        batch = gather_rows(pb_utils, requests, self._rows, self.gate)
         opened = [self._guarded(open_image, data) for data in batch.items]
         admitted = self._admit(batch, opened)
         images = [image for _, mine, _ in admitted for image in mine]
@@ -128,8 +132,12 @@ class TritonPythonModel:
         for i, mine, _ in admitted:
             self._respond(batch, i, results[start : start + len(mine)])
             start += len(mine)
+        if self.gate is not None:
+            self.gate.passed(sum(1 for r in batch.responses if not r.has_error()))
         return batch.responses
 
     def finalize(self):
-        """Stop the decode pool."""
+        """Stop the decode pool; free this instance's admission slot."""
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.gate is not None:
+            self.gate.close()

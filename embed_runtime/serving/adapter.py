@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import INVALID_ARG, UNAVAILABLE, RequestError
 from ..text.request_options import request_parameters
 from ..text.tokenizer import split_rows
-from .admission import gone_reason
+from .admission import AdmissionGate, gone_reason
 
 
 def config_parameters(model_config: str | dict[str, Any]) -> dict[str, str]:
@@ -84,15 +84,25 @@ def _parameters(request: Any) -> dict[str, Any]:
         return {}
 
 
-def gather_rows(pb_utils: Any, requests: Sequence[Any], read: Callable[[Any], Sequence]):
+def gather_rows(
+    pb_utils: Any,
+    requests: Sequence[Any],
+    read: Callable[[Any], Sequence],
+    gate: AdmissionGate | None = None,
+):
     """Read each request's rows with ``read``; a :class:`RequestError` fails that one alone.
 
     A request whose client has gone or whose deadline has passed is answered at once,
-    unread (:mod:`.admission`): no step works for an answer nobody can use.
+    unread (:mod:`.admission`): no step works for an answer nobody can use. So is one
+    the ``gate`` refuses because the encoder after this step is full.
     """
     gathered = Gathered(responses=[None] * len(requests))
+    if gate is not None:
+        gate.begin()
     for i, request in enumerate(requests):
         gone = gone_reason(request, _parameters)
+        if gone is None and gate is not None:
+            gone = gate.refusal()
         if gone is not None:
             gathered.responses[i] = error_response(pb_utils, gone)
             continue
@@ -136,19 +146,21 @@ def tokenize_requests(
     encode: Callable[[list], dict],
     output_names: Sequence[str],
     log: Callable[[str], None],
+    gate: AdmissionGate | None = None,
 ) -> list:
     """One response per request: ``read`` each, ``encode`` all valid rows at once, slice back.
 
     ``read(request)`` returns the request's rows (texts or pairs) or raises
     :class:`RequestError`; ``encode(rows)`` returns ``{name: [rows, width]}`` arrays. A
-    failing encode is retried request by request (:func:`run_or_isolate`).
+    failing encode is retried request by request (:func:`run_or_isolate`). ``gate``
+    admits requests against the encoder's backlog and counts those answered.
     """
 
     def tokenize(groups: list) -> list:
         rows = [row for group in groups for row in group]
         return split_rows(encode(rows), [len(g) for g in groups])
 
-    batch = gather_rows(pb_utils, requests, read)
+    batch = gather_rows(pb_utils, requests, read, gate)
     if not batch.items:
         return batch.responses
     groups = [batch.items[start:stop] for _, start, stop in batch.slices()]
@@ -158,6 +170,8 @@ def tokenize_requests(
             continue
         tensors = [pb_utils.Tensor(n, arrays[n]) for n in output_names]
         batch.responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
+    if gate is not None:
+        gate.passed(sum(1 for r in batch.responses if not r.has_error()))
     return batch.responses
 
 

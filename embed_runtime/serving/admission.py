@@ -20,11 +20,13 @@ retries them only while its own deadline allows.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import UnavailableError
+from ..ops.backlog_board import Admission, Backlog, board_path
 
 DEADLINE_PARAMETER = "deadline_unix_us"
 
@@ -78,3 +80,72 @@ def gone_reason(
                 f"(request parameter {DEADLINE_PARAMETER})"
             )
     return None
+
+
+ADMISSION_ENCODER = "admission_encoder"
+ADMISSION_WAIT = "admission_wait_us"
+
+
+class OverloadedError(UnavailableError):
+    """The encoder's queue already holds more work than the model admits; none was done."""
+
+
+class AdmissionGate:
+    """Admits the requests of one execution while the encoder's queue has room for them.
+
+    Built by the step in front of an encoder from its config parameters
+    (:data:`ADMISSION_ENCODER`, :data:`ADMISSION_WAIT`); :meth:`begin` reads the
+    encoder's backlog board once per execution, :meth:`refusal` is asked for each request
+    in order, and :meth:`passed` counts what went on to the encoder.
+    """
+
+    def __init__(self, board: Admission, encoder: str, wait_us: int):
+        self.board, self.encoder, self.wait_us = board, encoder, wait_us
+        self._room = 0.0
+        self._read = Backlog(0, 0.0)
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, str], version: str) -> AdmissionGate | None:
+        """The gate a step's config asks for, or ``None`` where it admits everything."""
+        encoder = params.get(ADMISSION_ENCODER, "")
+        wait_us = int(params.get(ADMISSION_WAIT, "0") or 0)
+        if not encoder or wait_us <= 0:
+            return None
+        return cls(Admission(board_path(encoder, version)), encoder, wait_us)
+
+    def begin(self) -> None:
+        """Read the backlog: how many requests this execution may pass on."""
+        budget = self.wait_us * 1000
+        self._read = backlog = self.board.read()
+        if backlog.per_request_ns <= 0:  # the encoder has not run yet: nothing to go by
+            self._room = math.inf
+            return
+        room = (budget - backlog.wait_ns) // backlog.per_request_ns
+        if room < 1 and self.board.idle():  # idle encoders: nothing can be queued
+            self.board.resync(backlog.queued)
+            backlog = Backlog(0, backlog.per_request_ns, backlog.encoders)
+            room = budget // backlog.per_request_ns
+        # Never fewer queued than instances, whatever one request costs: each instance
+        # finds its next request waiting when it ends a run.
+        self._room = max(room, backlog.encoders - backlog.queued, 1 - backlog.queued)
+
+    def refusal(self) -> OverloadedError | None:
+        """``None`` to admit the next request, else the error that refuses it."""
+        if self._room >= 1:
+            self._room -= 1
+            return None
+        backlog = self._read
+        return OverloadedError(
+            f"server overloaded: {backlog.queued} request(s) (about "
+            f"{backlog.wait_ns / 1e6:.0f} ms of work) already wait for {self.encoder}, over "
+            f"its admission bound of {self.wait_us / 1000:g} ms ({ADMISSION_WAIT}); "
+            "retry later with backoff"
+        )
+
+    def passed(self, requests: int) -> None:
+        """Count ``requests`` sent on to the encoder."""
+        self.board.passed(requests)
+
+    def close(self) -> None:
+        """Free this instance's slot on the board."""
+        self.board.close()

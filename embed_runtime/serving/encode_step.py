@@ -25,6 +25,9 @@ from ..engines.output_precision import OutputForms
 from ..engines.sparse_router import QueryRouteParams, SparseRouter, query_tokenizer
 from ..engines.tensor import FixedEngine, SparseEngine, TokenEngine
 from ..engines.text_encoder import TextEncoder
+from ..ops.backlog_board import EncoderSlot
+from ..ops.backlog_board import board_path as backlog_path
+from ..ops.priority import lower_priority
 from ..ops.server_exit import exit_with_server
 from ..ops.step_times import StepTimes
 from ..text.request_options import request_parameters
@@ -119,6 +122,7 @@ class EncodeStep:
     def initialize(self, args: Mapping[str, str]) -> None:
         """Open the graph and the engine once; log where the session runs."""
         exit_with_server()
+        lower_priority()  # before ONNX Runtime starts its threads (embed_runtime.ops.priority)
         self.logger = self.pb_utils.Logger
         opened = type(self).opener(args, json.loads(args["model_config"]))
         self.engine, self.forms = opened.engine, opened.forms
@@ -138,6 +142,8 @@ class EncodeStep:
         if self.encoder.cache_error:  # served all the same, each session with its own weights
             self.logger.log_warn(f"{name}: weight cache not used: {self.encoder.cache_error}")
         self.times = StepTimes.from_env(name)
+        # What the step in front reads to admit requests (embed_runtime.ops.backlog_board).
+        self.backlog = EncoderSlot(backlog_path(name, args["model_version"]))
         if self.times is not None:
             self.logger.log_info(f"{name}: timing each execution into {self.times.path}")
 
@@ -159,6 +165,10 @@ class EncodeStep:
 
     def execute(self, requests: list) -> list:
         """Embed all valid requests in one call; each bad one fails alone."""
+        with self.backlog.executing(len(requests)):
+            return self._timed_execute(requests)
+
+    def _timed_execute(self, requests: list) -> list:
         if self.times is None:
             return self._execute(requests, self._read, self._run)
         start, ort_before = self.times.clock(), self.encoder.run_ns
@@ -174,7 +184,8 @@ class EncodeStep:
         )
 
     def finalize(self) -> None:
-        """Release the engine, its session(s) and this instance's busy-board slot."""
+        """Release the engine, its session(s) and this instance's board slots."""
         if self.encoder is not None and self.encoder.board is not None:
             self.encoder.board.close()
+        self.backlog.close()
         self.engine = self.encoder = None

@@ -15,6 +15,7 @@ from ..ops.integrity import verify_digests
 from ..ops.server_exit import exit_with_server
 from ..text.tokenizer import TokenizerParams
 from .adapter import config_parameters, tokenize_requests
+from .admission import AdmissionGate
 
 
 class TokenizeStep:
@@ -46,12 +47,17 @@ class TokenizeStep:
         verify_digests(model_dir)  # a corrupt tokenizer file fails the load
         path = os.path.join(model_dir, params["tokenizer_file"])
         self.tokenizer = self.open_tokenizer(path, params)
+        self.gate = AdmissionGate.from_parameters(params, args["model_version"])
 
     def execute(self, requests: list) -> list:
-        """Validate every request, tokenize all valid rows at once, slice back."""
+        """Admit, validate every request, tokenize all valid rows at once, slice back."""
         names, log = self.params.output_names, self.logger.log_error
-        return tokenize_requests(self.pb_utils, requests, self._read, self._encode, names, log)
+        return tokenize_requests(
+            self.pb_utils, requests, self._read, self._encode, names, log, self.gate
+        )
 
     def finalize(self) -> None:
-        """Drop the tokenizer."""
+        """Drop the tokenizer and free this instance's admission slot."""
         self.tokenizer = None
+        if self.gate is not None:
+            self.gate.close()

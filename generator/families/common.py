@@ -61,19 +61,26 @@ def tokenize_dir(
     params: TokenizerParams,
     dims: int,
     float32_only: bool = False,
+    *,
+    encoder: str,
 ) -> ModelDir:
     """A ``tokenize`` Python model: ``TEXT`` -> token tensors of width ``dims`` (-1: ragged).
 
     ``float32_only``: the encoder after it answers ``EMBEDDING`` alone (Triton's native
     backend), so this step refuses a request ``precision`` other than float32 itself.
+    ``encoder`` is the model after it, which it admits requests to
+    (:func:`admission_parameters`).
     """
     config = python_model(
         name,
         entry.max_batch_size,
         [TEXT],
         [IOSpec(n, "TYPE_INT64", (dims,)) for n in params.output_names],
-        tokenizer_parameters(entry, dataclasses.replace(params, float32_only=float32_only)),
-        step_batching(entry, entry.max_queue_delay_us // 2),
+        {
+            **tokenizer_parameters(entry, dataclasses.replace(params, float32_only=float32_only)),
+            **admission_parameters(entry, encoder),
+        },
+        step_batching(entry, entry.max_queue_delay_us // 2, admitted=admits(entry)),
         Instances(entry.preprocess_instances),
     )
     return ModelDir(name, config, Adapter.TOKENIZE, {"tokenizer.json": tokenizer_json})
@@ -118,8 +125,37 @@ def gpu_accelerator(entry: ModelEntry, inputs: Sequence[IOSpec]) -> Accelerator 
     return Accelerator("tensorrt", tuple(parameters.items()))
 
 
-def step_batching(entry: ModelEntry, max_queue_delay_us: int) -> Batching:
-    """Dynamic batching of one step of ``entry``, its queue bounded as the manifest says."""
+def admits(entry: ModelEntry) -> bool:
+    """Whether the steps in front of ``entry``'s encoders admit requests to them.
+
+    They do for a Python encoder (its executions fill the backlog board the step in front
+    reads) with ``admission_wait_us`` set; Triton's native backend fills no board.
+    """
+    return entry.admission_wait_us > 0 and entry.encoder_backend == "python-ort"
+
+
+def admission_parameters(entry: ModelEntry, encoder: str) -> dict[str, str]:
+    """Config parameters of a step that admits requests to the model ``encoder``.
+
+    Read by ``embed_runtime.serving.admission.AdmissionGate``; none where
+    :func:`admits` is false.
+    """
+    if not admits(entry):
+        return {}
+    return {"admission_encoder": encoder, "admission_wait_us": str(entry.admission_wait_us)}
+
+
+def step_batching(
+    entry: ModelEntry, max_queue_delay_us: int, *, admitted: bool = False
+) -> Batching:
+    """Dynamic batching of one step of ``entry``, its queue bounded as the manifest says.
+
+    ``admitted``: the step admits requests itself, or sits behind one that does; its
+    queue then carries no Triton policy, which would turn the batcher's prefetching off
+    (``embed_runtime/ops/backlog_board.py``).
+    """
+    if admitted:
+        return Batching(True, max_queue_delay_us)
     return Batching(
         True,
         max_queue_delay_us,
@@ -128,10 +164,16 @@ def step_batching(entry: ModelEntry, max_queue_delay_us: int) -> Batching:
     )
 
 
-def _encoder_scheduling(entry: ModelEntry) -> tuple[Batching, Instances]:
-    """Dynamic batching and instance group of an encoder (either kind, fused or not)."""
+def _encoder_scheduling(
+    entry: ModelEntry, admitted: bool = False
+) -> tuple[Batching, Instances]:
+    """Dynamic batching and instance group of an encoder (either kind, fused or not).
+
+    ``admitted``: a step in front admits its requests (:func:`admits`).
+    """
     kind = "KIND_GPU" if entry.device == "gpu" else "KIND_CPU"
-    return step_batching(entry, entry.max_queue_delay_us), Instances(entry.encoder_instances, kind)
+    batching = step_batching(entry, entry.max_queue_delay_us, admitted=admitted)
+    return batching, Instances(entry.encoder_instances, kind)
 
 
 @dataclass(frozen=True)
@@ -183,7 +225,7 @@ def encoder_dir(
     ``limits`` (``vocab_size``, ``type_vocab_size``, ``max_width``) bound what a direct
     call may send the Python runner's token inputs; ``extras`` what else it answers.
     """
-    batching, instances = _encoder_scheduling(entry)
+    batching, instances = _encoder_scheduling(entry, admitted=admits(entry))
     outputs = [IOSpec.from_tensor(t) for t in spec.outputs]
     if entry.encoder_backend == "onnxruntime":
         inputs = [IOSpec.from_tensor(t) for t in spec.inputs]
@@ -236,7 +278,13 @@ def split_encoder_dirs(
     """
     native = entry.encoder_backend != "python-ort"
     tokenize = tokenize_dir(
-        entry, f"{entry.name}_tokenize", graph.tokenizer_json, graph.tok_params, -1, native
+        entry,
+        f"{entry.name}_tokenize",
+        graph.tokenizer_json,
+        graph.tok_params,
+        -1,
+        native,
+        encoder=f"{entry.name}_encode",
     )
     encode = encoder_dir(
         entry,

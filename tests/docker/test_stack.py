@@ -43,7 +43,7 @@ METRICS = f"http://127.0.0.1:{os.environ['EMBED_DOCKER_METRICS_PORT']}/metrics"
 ADMIN_KEY = Path(os.environ["EMBED_ADMIN_KEY_FILE"]).read_text().strip()
 TEXT_MODEL = "all-MiniLM-L6-v2"
 CLIP = "clip-tiny"
-MODEL_DIRS = {"all-MiniLM-L6-v2_encode", "clip-tiny_encode_image"}  # fused_tokenize: no _tokenize
+MODEL_DIRS = {"all-MiniLM-L6-v2_tokenize", "all-MiniLM-L6-v2_encode", "clip-tiny_encode_image"}
 # The brief's gates for the stack (the integration gates are tighter; both hold).
 MIN_COS = 0.999999
 MAX_ABS = 1e-5

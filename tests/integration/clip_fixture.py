@@ -28,6 +28,7 @@ def tiny_clip_entry(directory: Path) -> dict:
         "max_queue_delay_us": 5000,
         "max_rows_per_run": 8,
         "queue_timeout_us": 0,  # functional tests: no wait bound (conftest.QUEUE_TIMEOUT_US)
+        "admission_wait_us": 60_000_000,  # nor an admission refusal (conftest.ADMISSION_WAIT_US)
     }
 
 

@@ -31,6 +31,9 @@ ADMIN_KEY = "it-" + secrets.token_urlsafe(24)
 # no wait bound, whatever a profile sets (a short one would refuse some); test_overload and
 # test_client_overload serve their own bounded models, test_shipped_manifest the profile.
 QUEUE_TIMEOUT_US = 0
+# Nor a refusal by the tokenize step's admission (its 100 ms profile bound would refuse
+# some of the floods that test batching); test_admission serves the bound itself.
+ADMISSION_WAIT_US = 60_000_000
 
 
 def test_manifest_data(
@@ -53,6 +56,7 @@ def test_manifest_data(
                 "max_rows_per_run": 8,
                 "max_padding_share": 0.1,
                 "queue_timeout_us": QUEUE_TIMEOUT_US,
+                "admission_wait_us": ADMISSION_WAIT_US,
                 # 16 rows of the default 16 KiB cap could never pass the default
                 # 256 KiB per request: a lower cap makes that refusal testable.
                 "max_request_text_bytes": 131072,
@@ -68,6 +72,7 @@ def test_manifest_data(
                 "max_rows_per_run": 1,
                 "encoder_instances": 1,
                 "queue_timeout_us": QUEUE_TIMEOUT_US,
+                "admission_wait_us": ADMISSION_WAIT_US,
                 "precision": "int8",
             },
             *(extra_models or []),

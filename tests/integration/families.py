@@ -12,7 +12,7 @@ import numpy as np
 from tritonclient.utils import InferenceServerException
 
 from generator.manifest import parse_manifest
-from tests.integration.conftest import QUEUE_TIMEOUT_US, Server, serve
+from tests.integration.conftest import ADMISSION_WAIT_US, QUEUE_TIMEOUT_US, Server, serve
 from tests.integration.text_helpers import PROTOCOLS, concurrently, model_stats, wait_stats
 
 MAX_BATCH = 8
@@ -31,6 +31,7 @@ def entry(name: str, family: str, source: str | Path, **fields: object) -> dict:
         "max_rows_per_run": 4,
         "encoder_instances": 1,
         "queue_timeout_us": QUEUE_TIMEOUT_US,
+        "admission_wait_us": ADMISSION_WAIT_US,
         **fields,
     }
 

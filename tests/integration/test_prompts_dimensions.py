@@ -25,7 +25,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from generator.manifest import parse_manifest
-from tests.integration.conftest import ADMIN_KEY, QUEUE_TIMEOUT_US, serve
+from tests.integration.conftest import ADMIN_KEY, ADMISSION_WAIT_US, QUEUE_TIMEOUT_US, serve
 from tests.integration.test_perf_analyzer import KEY_HEADER, perf_analyzer
 from tests.integration.text_helpers import (
     INVALID,
@@ -70,6 +70,7 @@ def setup(tmp_path_factory):
     common = {"family": "sentence-transformers", "max_batch_size": 16, "fused_tokenize": False}
     common["max_queue_delay_us"] = 100_000
     common["queue_timeout_us"] = QUEUE_TIMEOUT_US
+    common["admission_wait_us"] = ADMISSION_WAIT_US
     entries = [
         {"name": "pm", "source": str(source), **common},
         {

@@ -23,7 +23,13 @@ from ...model_dir import ModelDir
 from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 from ...precision import apply_precision
 from ...render import Instances, IOSpec, Step, ensemble, python_model
-from ..common import encoder_dir, step_batching, tokenizer_parameters
+from ..common import (
+    admission_parameters,
+    admits,
+    encoder_dir,
+    step_batching,
+    tokenizer_parameters,
+)
 from ..text_export import (
     load_checked,
     pipeline_module,
@@ -132,8 +138,12 @@ def _tokenize_dir(
         entry.max_batch_size,
         [IOSpec("QUERY", "TYPE_STRING", (1,)), IOSpec("TEXT", "TYPE_STRING", (1,))],
         [IOSpec(n, "TYPE_INT64", (-1,)) for n in params.output_names],
-        {**tokenizer_parameters(entry, params), **(extra or {})},
-        step_batching(entry, entry.max_queue_delay_us // 2),
+        {
+            **tokenizer_parameters(entry, params),
+            **(extra or {}),
+            **admission_parameters(entry, f"{entry.name}_encode"),
+        },
+        step_batching(entry, entry.max_queue_delay_us // 2, admitted=admits(entry)),
         Instances(entry.preprocess_instances),
     )
     return ModelDir(name, config, Adapter.TOKENIZE_PAIRS, {"tokenizer.json": tokenizer_json})

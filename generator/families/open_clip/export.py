@@ -19,7 +19,13 @@ from embed_runtime.image.gpu import require_cuda_device
 from ...manifest import Manifest, ModelEntry, resolve_path
 from ...model_dir import ModelDir
 from ...render import Instances, IOSpec, python_model
-from ..common import chain_dir, encoder_dir, step_batching, tokenize_dir
+from ..common import (
+    admission_parameters,
+    chain_dir,
+    encoder_dir,
+    step_batching,
+    tokenize_dir,
+)
 from . import FETCH_IMAGE
 from .assets import (
     embedding_dim,
@@ -67,7 +73,9 @@ def _vocab_size(model) -> int:
     raise ValueError(f"cannot find the token embedding of {type(model).__name__}'s text tower")
 
 
-def _preprocess_dir(entry: ModelEntry, name: str, parameters: dict[str, str], size) -> ModelDir:
+def _preprocess_dir(
+    entry: ModelEntry, name: str, parameters: dict[str, str], size, encoder: str
+) -> ModelDir:
     # GPU decode: each instance is placed on a GPU (Triton passes its device id).
     kind = "KIND_GPU" if entry.image_decode == "gpu" else "KIND_CPU"
     config = python_model(
@@ -75,7 +83,9 @@ def _preprocess_dir(entry: ModelEntry, name: str, parameters: dict[str, str], si
         entry.max_batch_size,
         [IOSpec("IMAGE", "TYPE_STRING", (1,))],
         [IOSpec("pixel_values", "TYPE_FP32", (3, *size))],
-        {**parameters, "decode_threads": "2"},
+        {**parameters, "decode_threads": "2", **admission_parameters(entry, encoder)},
+        # Decoding is the work to refuse before, and it happens in this first step: its
+        # own queue keeps Triton's bound (max_queue_size), which a step cannot see itself.
         step_batching(entry, entry.max_queue_delay_us // 2),
         Instances(entry.preprocess_instances, kind),
     )
@@ -143,7 +153,9 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
         ),
     ]
     return [
-        tokenize_dir(entry, f"{n}_tokenize", tokenizer_json, tok_params, context),
+        tokenize_dir(
+            entry, f"{n}_tokenize", tokenizer_json, tok_params, context, encoder=f"{n}_encode_text"
+        ),
         encoder_dir(
             entry,
             f"{n}_encode_text",
@@ -152,7 +164,9 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
             False,
             limits={"vocab_size": _vocab_size(model), "max_width": context},
         ),
-        _preprocess_dir(entry, f"{n}_preprocess_image", pre.to_parameters(), pre.size),
+        _preprocess_dir(
+            entry, f"{n}_preprocess_image", pre.to_parameters(), pre.size, f"{n}_encode_image"
+        ),
         encoder_dir(entry, f"{n}_encode_image", work / "image_encoder.onnx", image_spec, False),
         *(_with_parameters(d, scores) for d in ensembles),
     ]

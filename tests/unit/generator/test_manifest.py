@@ -455,9 +455,11 @@ def test_model_manager_table_is_closed_by_default_and_validated(tmp_path: Path) 
 # --- fused_tokenize --------------------------------------------------------------------
 
 
-def test_fused_tokenize_is_on_by_cpu_default_and_off_keeps_the_tokenize_dir() -> None:
-    split, fused = _parse({**ST, "fused_tokenize": False}, {**ST, "name": "fused"}).models
-    assert fused.fused_tokenize is True
+def test_fused_tokenize_is_off_by_default_and_on_drops_the_tokenize_dir() -> None:
+    # Off on every device: the tokenize step admits requests to the encoder (admission_wait_us)
+    split, fused = _parse({**ST}, {**ST, "name": "fused", "fused_tokenize": True}).models
+    assert split.fused_tokenize is False
+    assert split.admission_wait_us > 0
     assert _parse({**ST, "device": "gpu"}).models[0].fused_tokenize is False
     assert split.model_dirs == ("mini", "mini_tokenize", "mini_encode")
     assert fused.model_dirs == ("fused", "fused_encode")

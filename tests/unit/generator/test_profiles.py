@@ -30,18 +30,19 @@ def test_a_bare_cpu_text_entry_gets_the_measured_cpu_settings() -> None:
         64,
         0.1,
     )
-    assert (entry.encoder_instances, entry.fused_tokenize, entry.ort_spin_us) == (2, True, 20)
+    assert (entry.encoder_instances, entry.fused_tokenize, entry.ort_spin_us) == (2, False, 20)
     assert (entry.max_queue_size, entry.queue_timeout_us) == (64, 0)
+    assert entry.admission_wait_us == 100_000
     # The dataclass's own defaults are not what a bare entry is served with any more.
     assert ModelEntry(**ST).max_queue_delay_us == 2000
 
 
 def test_a_key_the_entry_sets_wins_over_its_profile() -> None:
-    entry = _entry(max_queue_delay_us=3000, encoder_instances=1, fused_tokenize=False)
+    entry = _entry(max_queue_delay_us=3000, encoder_instances=1, fused_tokenize=True)
     assert (entry.max_queue_delay_us, entry.encoder_instances, entry.fused_tokenize) == (
         3000,
         1,
-        False,
+        True,
     )
     assert entry.max_rows_per_run == 64  # the keys it left out still come from the profile
 

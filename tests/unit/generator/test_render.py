@@ -157,7 +157,9 @@ def test_sentence_transformers_model_dirs_match_golden(tmp_path: Path) -> None:
         default_prompt_name="query",
         max_dimensions=384,
     )
-    tok = tokenize_dir(ENTRY, "mini_tokenize", tmp_path / "tokenizer.json", params, -1)
+    tok = tokenize_dir(
+        ENTRY, "mini_tokenize", tmp_path / "tokenizer.json", params, -1, encoder="mini_encode"
+    )
     calibration = tmp_path / "calibration_embeddings.npy"
     enc = encoder_dir(
         ENTRY,
@@ -414,7 +416,10 @@ def test_a_bounded_queue_renders_triton_s_queue_policy_on_every_step(tmp_path, b
     entry = dataclasses.replace(ENTRY, encoder_backend=backend, max_queue_size=64,
                                 queue_timeout_us=250_000)
     params = TokenizerParams(256, False, TOKEN_NAMES, pad_id=0)
-    for model in (tokenize_dir(entry, "mini_tokenize", tmp_path / "t.json", params, -1),
+    tokenize = tokenize_dir(
+        entry, "mini_tokenize", tmp_path / "t.json", params, -1, encoder="mini_encode"
+    )
+    for model in (tokenize,
                   encoder_dir(entry, "mini_encode", tmp_path / "m.onnx", TOKEN_SPEC, True)):
         policy = parse_config(model.config).dynamic_batching.default_queue_policy
         assert policy.max_queue_size == 64

