@@ -203,3 +203,9 @@ gateway-lint: $(STAMP)
 
 lint: gateway-lint
 integration test: gateway
+
+# The gateway's image built and run hardened in front of a real local Triton
+# (deploy/gateway/test_image.sh, tests/docker/test_gateway_image.py; needs root and Docker).
+.PHONY: test-gateway-image
+test-gateway-image: $(STAMP)
+	PYTHON=$(PY) deploy/gateway/test_image.sh

@@ -23,6 +23,15 @@ if os.environ.get("EMBED_DOCKER_K8S") != "1":
     collect_ignore_glob = [*globals().get("collect_ignore_glob", []), "test_k8s_*.py"]
 
 
+# The gateway's image (test_gateway_image.py) runs in its own step, `make test-gateway-image`
+# (deploy/gateway/test_image.sh, EMBED_DOCKER_GATEWAY=1), which builds that image.
+if os.environ.get("EMBED_DOCKER_GATEWAY") != "1":
+    collect_ignore_glob = [*globals().get("collect_ignore_glob", []), "test_gateway_image.py"]
+elif os.environ.get("EMBED_DOCKER_STACK") != "1":
+    collect_ignore_glob = [g for g in globals().get("collect_ignore_glob", []) if g != "test_*.py"]
+    collect_ignore_glob += ["test_stack.py", "test_k8s_*.py"]
+
+
 # --- the Kubernetes pods (test_k8s_*.py): one rendered overlay, one built repository ------
 
 
