@@ -82,11 +82,14 @@ def _open(path: str) -> tuple[int, mmap.mmap]:
 _FLOCK = "hh4xqqi4x"
 
 
-def _lock(fd: int, offset: int, kind: int = fcntl.F_WRLCK, wait: bool = False) -> bool:
-    """Set (or with ``F_UNLCK`` clear) the lock on byte ``offset``; whether it was set."""
+def _lock(
+    fd: int, offset: int, kind: int = fcntl.F_WRLCK, wait: bool = False, length: int = 1
+) -> bool:
+    """Set (or with ``F_UNLCK`` clear) the lock on ``length`` bytes at ``offset`` (0: to
+    the end); whether it was set."""
     command = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
     try:
-        fcntl.fcntl(fd, command, struct.pack(_FLOCK, kind, os.SEEK_SET, offset, 1, 0))
+        fcntl.fcntl(fd, command, struct.pack(_FLOCK, kind, os.SEEK_SET, offset, length, 0))
     except OSError:
         return False
     return True
@@ -123,10 +126,18 @@ class _Slot:
         struct.pack_into("<Q", self._map, self.at + 8 * field, value)
 
     def close(self) -> None:
-        """Free the slot; its counts stay for the next process that claims it."""
+        """Free the slot; its counts stay for the next process that claims it.
+
+        The last one out (no slot of the file held any more: the model and the steps in
+        front of it unloaded) removes the file.
+        """
         if self._fd < 0:
             return
         self._map.close()
+        _lock(self._fd, self.at, fcntl.F_UNLCK)
+        if _lock(self._fd, 0, length=0):
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
         os.close(self._fd)
         self._fd = -1
 

@@ -7,6 +7,7 @@ as each stub is); the clock is injected, so no test waits on time.
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -161,6 +162,15 @@ def test_each_instance_has_a_request_waiting_however_costly_one_is(board) -> Non
         gate.begin()
         assert gate.refusal() is None  # the second instance's next request
         assert gate.refusal() is not None
+
+
+def test_the_last_slot_closed_removes_the_file(board) -> None:
+    clock = Clock()
+    admission, encoder = Admission(board, clock), EncoderSlot(board, clock)
+    encoder.close()  # an encoder restarting: the admitting step still holds the board
+    assert os.path.exists(board)
+    admission.close()
+    assert not os.path.exists(board)
 
 
 def test_no_gate_without_an_encoder_or_a_bound(tmp_path) -> None:
