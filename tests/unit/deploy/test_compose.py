@@ -420,7 +420,11 @@ def test_cpu_compose_file_validates_and_keeps_every_security_default() -> None:
         for key in ("cap_drop", "security_opt", "read_only", "command", "user", "depends_on"):
             assert service.get(key) == gpu[name].get(key), (name, key)
         assert set(service["tmpfs"]) == set(gpu[name]["tmpfs"]), name
-        assert service["build"]["target"] == gpu[name]["build"]["target"] + "-cpu", name
+        if "target" in gpu[name]["build"]:
+            assert service["build"]["target"] == gpu[name]["build"]["target"] + "-cpu", name
+        else:  # the gateway's own image, built from the CPU base
+            assert service["build"]["dockerfile"] == gpu[name]["build"]["dockerfile"], name
+            assert service["build"]["args"] == {"GATEWAY_BASE": "debian:bookworm-slim"}
         assert "deploy" not in service, name
     for key in ("shm_size", "init", "healthcheck", "restart"):
         assert cpu["triton"][key] == gpu["triton"][key], key
