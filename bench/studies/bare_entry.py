@@ -62,7 +62,7 @@ TUNED: dict[str, Any] = {
     "ort_spin_us": 20,
     # the tokenize step admits requests to the encoder (issue 46); fused, nothing would
     "fused_tokenize": False,
-    "admission_wait_us": 100_000,
+    "admission_wait_us": 250_000,
 }
 _GENERIC = {f.name: f.default for f in dataclasses.fields(ModelEntry)}
 

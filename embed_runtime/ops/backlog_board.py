@@ -149,10 +149,16 @@ class EncoderSlot(_Slot):
         super().__init__(path, _ENCODERS, _ENCODER_SIZE)
         self._clock = clock
         self._set(2, 0)  # a process that died running left its flag set
+        self._time_ns = self._requests = 0.0
 
     @contextlib.contextmanager
     def executing(self, requests: int) -> Iterator[None]:
-        """Count ``requests`` as taken from the queue; time their execution."""
+        """Count ``requests`` as taken from the queue; time their execution.
+
+        The cost of a request is the moving time of an execution over its moving request
+        count, so an execution of one request (its fixed cost all its own) weighs as
+        little as it is worth against the batches a queue makes.
+        """
         self._set(0, self._get(0) + requests)
         self._set(2, 1)
         start = self._clock()
@@ -161,9 +167,11 @@ class EncoderSlot(_Slot):
         finally:
             end = self._clock()
             if requests:
-                cost = (end - start) / requests
-                old = self._get(1)
-                self._set(1, int(cost if not old else old + COST_WEIGHT * (cost - old)))
+                first = not self._requests
+                weight = 1.0 if first else COST_WEIGHT
+                self._time_ns += weight * ((end - start) - self._time_ns)
+                self._requests += weight * (requests - self._requests)
+                self._set(1, max(1, int(self._time_ns / self._requests)))
             self._set(3, end)
             self._set(2, 0)
 

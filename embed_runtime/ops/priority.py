@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-WORK_NICE = 10
+WORK_NICE = 5
 
 
 def lower_priority(nice: int = WORK_NICE) -> int:

@@ -86,6 +86,10 @@ ADMISSION_ENCODER = "admission_encoder"
 ADMISSION_WAIT = "admission_wait_us"
 
 
+# Requests per encoder instance always admitted, whatever one costs (AdmissionGate.begin).
+PER_INSTANCE = 2
+
+
 class OverloadedError(UnavailableError):
     """The encoder's queue already holds more work than the model admits; none was done."""
 
@@ -125,9 +129,12 @@ class AdmissionGate:
             self.board.resync(backlog.queued)
             backlog = Backlog(0, backlog.per_request_ns, backlog.encoders)
             room = budget // backlog.per_request_ns
-        # Never fewer queued than instances, whatever one request costs: each instance
-        # finds its next request waiting when it ends a run.
-        self._room = max(room, backlog.encoders - backlog.queued, 1 - backlog.queued)
+        # Never fewer than two queued per instance, whatever one request costs: each
+        # instance finds its next request waiting when it ends a run, and a closed loop of
+        # two clients per instance is never refused (an answer can reach its client before
+        # the instance has counted the next request as taken).
+        floor = max(PER_INSTANCE * backlog.encoders, 1) - backlog.queued
+        self._room = max(room, floor)
 
     def refusal(self) -> OverloadedError | None:
         """``None`` to admit the next request, else the error that refuses it."""

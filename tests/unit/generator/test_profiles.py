@@ -32,7 +32,7 @@ def test_a_bare_cpu_text_entry_gets_the_measured_cpu_settings() -> None:
     )
     assert (entry.encoder_instances, entry.fused_tokenize, entry.ort_spin_us) == (2, False, 20)
     assert (entry.max_queue_size, entry.queue_timeout_us) == (64, 0)
-    assert entry.admission_wait_us == 100_000
+    assert entry.admission_wait_us == 250_000
     # The dataclass's own defaults are not what a bare entry is served with any more.
     assert ModelEntry(**ST).max_queue_delay_us == 2000
 

@@ -53,6 +53,15 @@ def test_the_backlog_is_what_was_passed_on_minus_what_the_encoders_took(board) -
     assert backlog.wait_ns == pytest.approx(9 * 7.5 * MS)
 
 
+def test_a_request_costs_what_the_executions_take_over_the_requests_they_ran(board) -> None:
+    clock = Clock()
+    admission, encoder = Admission(board, clock), EncoderSlot(board, clock)
+    _run(encoder, clock, 1, 10)  # alone: its fixed cost all its own
+    _run(encoder, clock, 16, 40)  # a batch
+    # moving time (10 + 0.25 * 30 = 17.5 ms) over moving requests (1 + 0.25 * 15 = 4.75)
+    assert admission.read().per_request_ns == pytest.approx(17.5 / 4.75 * MS, rel=1e-6)
+
+
 def test_counts_survive_a_process_that_leaves_and_one_that_takes_its_slot(board) -> None:
     clock = Clock()
     admission = Admission(board, clock)
@@ -147,20 +156,21 @@ def test_an_empty_queue_admits_one_request_costlier_than_the_whole_bound(board) 
     _run(encoder, clock, 1, 500)  # one request costs 500 ms, the bound is 10 ms
     with encoder.executing(0):
         gate.begin()
+        assert gate.refusal() is None  # two waiting for the one instance
         assert gate.refusal() is None
         assert gate.refusal() is not None
 
 
-def test_each_instance_has_a_request_waiting_however_costly_one_is(board) -> None:
+def test_each_instance_has_two_requests_waiting_however_costly_one_is(board) -> None:
     clock = Clock()
     gate = _gate(board, clock, 10)
     e1, e2 = EncoderSlot(board, clock), EncoderSlot(board, clock)
     _run(e1, clock, 1, 400)  # a 32-sentence request: 400 ms, 40 x the bound
     _run(e2, clock, 1, 400)
-    gate.board.passed(2 + 1)  # one already waits
+    gate.board.passed(2 + 3)  # three already wait
     with e1.executing(0), e2.executing(0):
         gate.begin()
-        assert gate.refusal() is None  # the second instance's next request
+        assert gate.refusal() is None  # two waiting for each of the two instances
         assert gate.refusal() is not None
 
 
