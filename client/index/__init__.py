@@ -9,7 +9,7 @@ folders), :mod:`.mapper` (the model's plan; batches to vectors, bad rows isolate
 
 from .mapper import IndexAbortedError, ModelKindError, ModelPlan, resolve_model
 from .runner import IndexJob, IndexSummary, run_index
-from .sources import ImageFolderSource, Row, SourceError, TableSource
+from .sources import ImageFolderSource, Row, SourceError, TableSource, WebDatasetSource
 from .store import OutputFolder, OutputMismatchError
 from .worker import index_partition
 
@@ -25,6 +25,7 @@ __all__ = [
     "Row",
     "SourceError",
     "TableSource",
+    "WebDatasetSource",
     "index_partition",
     "resolve_model",
     "run_index",

@@ -227,6 +227,10 @@ class Mapper:
             return row.item
         if not row.item:
             return RowFailure("no image path or URL")
+        if isinstance(row.item, bytes):
+            if len(row.item) > self.max_image_bytes:
+                return RowFailure(f"image of {len(row.item)} bytes exceeds {self.max_image_bytes}")
+            return row.item
         if is_url(row.item):
             return row.item
         path = Path(row.item)

@@ -21,7 +21,7 @@ from ..retry import DEFAULT_RETRY, RetryBudget
 from .mapper import Mapper, ModelPlan, resolve_model
 from .progress import Progress
 from .qdrant import QdrantSink, open_qdrant
-from .sources import ImageFolderSource, TableSource
+from .sources import ImageFolderSource, TableSource, WebDatasetSource
 from .store import FORMAT_VERSION, OutputFolder, check_resumable
 from .worker import ShardDone, index_partition
 
@@ -87,9 +87,11 @@ class IndexSummary:
         )
 
 
-def make_source(job: IndexJob) -> TableSource | ImageFolderSource:
-    """The job's source: an image folder, a table of image paths / URLs, or text tables."""
+def make_source(job: IndexJob) -> TableSource | ImageFolderSource | WebDatasetSource:
+    """The job's source: image folders or tars, tables of image paths / URLs, or texts."""
     if job.images and not job.image_column:
+        if all(p.endswith(".tar") for p in job.inputs):  # files or globs of webdataset tars
+            return WebDatasetSource(job.inputs, job.keep_columns)
         return ImageFolderSource(job.inputs)
     column = job.image_column or job.text_column
     return TableSource(

@@ -10,6 +10,8 @@ resumed run skips the rows of finished shards without embedding them.
   further columns carried through.
 - :class:`ImageFolderSource`: every image file under a folder (recursive); the id is
   the path relative to the folder.
+- :class:`WebDatasetSource`: webdataset tars (samples ``<key>.<ext>`` in a row); the id
+  is the key, the image its first image member, kept columns other members by extension.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import glob
 import hashlib
 import json
 import os
+import tarfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,15 +40,17 @@ class Row:
     """One item of the corpus.
 
     ``index``: its number in the source's order; ``id``: its id (a string); ``item``:
-    the text, or the image's path or URL; ``extra``: the kept columns; ``error``: why
-    the row cannot be embedded (found while reading), or None.
+    the text, the image's path or URL, or its bytes; ``extra``: the kept columns;
+    ``error``: why the row cannot be embedded (found while reading), or None;
+    ``origin``: where bytes came from (the error table's input).
     """
 
     index: int
     id: str
-    item: str | None
+    item: str | bytes | None
     extra: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    origin: str | None = None
 
 
 def expand_inputs(inputs: Sequence[str], suffixes: frozenset[str] | set[str]) -> list[Path]:
@@ -135,12 +140,15 @@ class TableSource:
         return types
 
     def count(self) -> int:
-        """How many rows the tables hold (Parquet from its footer; JSONL / CSV read)."""
+        """How many rows the tables hold (Parquet: its footer; JSONL: non-blank lines; CSV read)."""
         total = 0
         for path in self.files:
             kind = TABLE_SUFFIXES[path.suffix.lower()]
             if kind == "parquet":
                 total += _parquet_file(path).metadata.num_rows
+            elif kind == "jsonl":
+                with path.open("rb") as handle:
+                    total += sum(1 for line in handle if line.strip())
             else:
                 total += sum(1 for _ in self._records(path, kind))
         return total
@@ -246,6 +254,67 @@ class ImageFolderSource:
         """One row per image file: id its relative path, item its absolute path."""
         for index, (base, path) in enumerate(self.roots):
             yield Row(index, path.relative_to(base).as_posix(), str(path))
+
+
+class WebDatasetSource:
+    """Samples of webdataset tars: members ``<key>.<ext>`` grouped by key, in tar order.
+
+    The image is the sample's first member with an image suffix (a sample without one
+    is a row with its error); ``keep`` names other members by extension (``txt``,
+    ``json``), carried as text.
+    """
+
+    def __init__(self, inputs: Sequence[str], keep: Sequence[str] = ()):
+        self.files = expand_inputs(inputs, {".tar"})
+        self.keep = list(keep)
+
+    @property
+    def fingerprint(self) -> str:
+        """What was read, as a digest (tars and their sizes / times, the kept members)."""
+        return files_fingerprint(self.files, {"webdataset": True, "keep": self.keep})
+
+    def kept_types(self) -> dict[str, Any]:
+        """Kept members are text."""
+        import pyarrow as pa  # noqa: PLC0415 - the index extra
+
+        return {name: pa.string() for name in self.keep}
+
+    def count(self) -> int:
+        """How many samples (the tars' member lists are read)."""
+        return sum(1 for _ in self._samples(read=False))
+
+    def _samples(self, read: bool = True) -> Iterator[tuple[str, str, dict[str, bytes]]]:
+        for path in self.files:
+            with tarfile.open(path) as tar:
+                key, members = None, {}
+                for member in tar:
+                    if not member.isfile():
+                        continue
+                    folder, _, name = member.name.rpartition("/")
+                    stem, _, ext = name.partition(".")
+                    sample = f"{folder}/{stem}" if folder else stem
+                    if sample != key and key is not None:
+                        yield path.name, key, members
+                        members = {}
+                    key = sample
+                    handle = tar.extractfile(member) if read else None
+                    members[ext.lower()] = handle.read() if handle else b""
+                if key is not None:
+                    yield path.name, key, members
+
+    def rows(self) -> Iterator[Row]:
+        """One row per sample: id its key, item its image bytes."""
+        for index, (tar, key, members) in enumerate(self._samples()):
+            extra = {
+                name: members[name].decode("utf-8", "replace") if name in members else None
+                for name in self.keep
+            }
+            image = next((ext for ext in members if f".{ext}" in IMAGE_SUFFIXES), None)
+            origin = f"{tar}:{key}.{image or '?'}"
+            if image is None:
+                yield Row(index, key, None, extra, "no image member in the sample", origin)
+            else:
+                yield Row(index, key, members[image], extra, origin=origin)
 
 
 def _parquet_file(path: Path) -> Any:

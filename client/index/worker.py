@@ -54,7 +54,10 @@ class PartitionResult:
 
 
 def _input_text(row: Row) -> str:
-    return (row.item or "")[:MAX_INPUT_CHARS]
+    """The error table's input: the text, path or URL (its start), or where bytes came from."""
+    if row.origin is not None or not isinstance(row.item, str):
+        return row.origin or ""
+    return row.item[:MAX_INPUT_CHARS]
 
 
 def shard_tables(done: ShardDone, kind: str, kept_types: dict[str, Any], dtype: Any) -> tuple:
@@ -191,8 +194,27 @@ def index_partition(
     kill_after = int(os.environ.get(KILL_AFTER_ENV, "0") or 0)
     written = 0
 
-    def drain(block: bool) -> None:
+    def write_ready() -> None:
+        """Write every shard whose rows are all read and all answered."""
         nonlocal written
+        for number, answers in assembler.complete():
+            finished = _finish(out, part, number, answers, mapper.plan.kind, kept_types, dtype)
+            written += 1
+            if kill_after and written >= kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+            result.rows += len(finished.rows)
+            result.errors += len(finished.errors)
+            result.shards.append(number)
+            if on_shard:
+                on_shard(finished)
+
+    def close(shard: int) -> None:
+        """All of ``shard``'s rows are read: it may already be complete."""
+        if shard >= 0 and shard not in done:
+            assembler.close(shard)
+            write_ready()
+
+    def drain(block: bool) -> None:
         while True:
             try:
                 status, payload = pool.results.get(block=block, timeout=0.5 if block else None)
@@ -202,16 +224,7 @@ def index_partition(
                 raise payload
             shard, batch, values = payload
             assembler.answer(shard, batch, values)
-            for number, answers in assembler.complete():
-                finished = _finish(out, part, number, answers, mapper.plan.kind, kept_types, dtype)
-                written += 1
-                if kill_after and written >= kill_after:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                result.rows += len(finished.rows)
-                result.errors += len(finished.errors)
-                result.shards.append(number)
-                if on_shard:
-                    on_shard(finished)
+            write_ready()
             block = False
 
     def submit(shard: int, batch: list[Row]) -> None:
@@ -232,8 +245,7 @@ def index_partition(
                 if batch:
                     submit(current, batch)
                     batch = []
-                if current >= 0 and current not in done:
-                    assembler.close(current)
+                close(current)
                 current = shard
             if shard in done:
                 result.skipped += 1
@@ -247,8 +259,7 @@ def index_partition(
                 batch = []
         if batch:
             submit(current, batch)
-        if current >= 0 and current not in done:
-            assembler.close(current)
+        close(current)
         while assembler.expected or assembler.closed:
             drain(block=True)
     finally:

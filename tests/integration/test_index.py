@@ -8,11 +8,13 @@ output with an uninterrupted run. Images come from a real local HTTP server.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -64,7 +66,11 @@ def _read(out: Path) -> pd.DataFrame:
 def corpus_file(tmp_path_factory) -> tuple[Path, list[str]]:
     """A JSONL corpus: ids, distinct texts and a column to keep."""
     folder = tmp_path_factory.mktemp("index-corpus")
-    texts = list(dict.fromkeys(varied_sentences(3 * ROWS, seed=47)))[:ROWS]  # no ties
+    # distinct texts, case aside (the model is uncased): no two rows tie in a search
+    seen: dict[str, str] = {}
+    for text in varied_sentences(3 * ROWS, seed=47):
+        seen.setdefault(text.lower(), text)
+    texts = list(seen.values())[:ROWS]
     path = folder / "docs.jsonl"
     with path.open("w", encoding="utf-8") as handle:
         for i, text in enumerate(texts):
@@ -224,6 +230,20 @@ def test_index_images_from_a_folder_and_urls_with_bad_ones_recorded(server, tmp_
     np.testing.assert_allclose(np.stack(frame["embedding"]), want, atol=1e-5)
     errors = pd.read_parquet(out / "errors").set_index("id")["reason"]
     assert sorted(errors.index) == ["bomb.png", "text.png", "truncated.jpg"]
+
+    tar_path = tmp_path / "shard-000.tar"  # the same images as a webdataset tar
+    with tarfile.open(tar_path, "w") as tar:
+        for key, name in enumerate([*sorted(good), "truncated.jpg"]):
+            data = (folder / "nested" / name if name in good else folder / name).read_bytes()
+            info = tarfile.TarInfo(f"{key:03d}.{name.rpartition('.')[2]}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    out = tmp_path / "tar"
+    done = _run(server, "--model", CLIP_MODEL, "--images", str(tar_path), "--out", str(out))
+    assert done.returncode == 1, done.stderr
+    np.testing.assert_allclose(np.stack(_read(out)["embedding"]), want, atol=1e-5)
+    errors = pd.read_parquet(out / "errors")
+    assert list(errors["id"]) == ["005"] and list(errors["input"]) == ["shard-000.tar:005.jpg"]
 
     with ImageServer(images) as site:
         table = pd.DataFrame(

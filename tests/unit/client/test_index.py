@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
+import tarfile
 import threading
 
 import numpy as np
@@ -29,12 +31,14 @@ from client.index import (
     Row,
     SourceError,
     TableSource,
+    WebDatasetSource,
     index_partition,
 )
 from client.index.mapper import Mapper, RowFailure
 from client.index.progress import Progress
-from client.index.qdrant import point_id
+from client.index.qdrant import QdrantSink, open_qdrant, point_id
 from client.index.store import atomic_write_bytes, check_resumable
+from client.index.worker import ShardDone, shard_tables
 
 DIM = 8
 
@@ -242,3 +246,56 @@ def test_progress_line_and_stable_point_ids():
     assert progress.line() == "index: 50/100 rows (50.0%), 3.0 rows/s, ETA 0:00:16, 2 errors"
     assert point_id("doc-1") == point_id("doc-1") != point_id("doc-2")
     assert json.loads(json.dumps(point_id("doc-1")))
+
+
+def _done(values: list) -> ShardDone:
+    rows = [Row(i, f"r{i}", f"t{i}", {"lang": "en"}) for i in range(len(values))]
+    return ShardDone(0, "part-00000.parquet", rows, values, [(Row(9, "bad", "x"), "why")])
+
+
+def test_sparse_and_multivector_shards_and_their_qdrant_points():
+    sparse = [
+        (np.array([3, 7], np.int32), np.array([0.5, 0.25], np.float32)),
+        (np.array([1], np.int32), np.array([2.0], np.float32)),
+    ]
+    table, errors = shard_tables(_done(sparse), "sparse", {"lang": pa.string()}, np.float32)
+    assert table.column_names == ["id", "indices", "values", "lang"]
+    assert table.column("indices").to_pylist() == [[3, 7], [1]]
+    assert errors.to_pylist() == [{"id": "bad", "input": "x", "reason": "why"}]
+    tokens = [np.ones((3, 4), np.float32), np.full((1, 4), 2.0, np.float32)]
+    multi, _ = shard_tables(_done(tokens), "multivector", {}, np.float32)
+    assert [len(r) for r in multi.column("embedding").to_pylist()] == [3, 1]
+    empty, _ = shard_tables(_done([]), "sparse", {}, np.float32)
+    assert empty.num_rows == 0 and empty.schema.field("indices").type == pa.list_(pa.int32())
+
+    for kind, values, table_ in (("sparse", sparse, table), ("multivector", tokens, multi)):
+        sink = QdrantSink(open_qdrant(":memory:"), "c", kind)
+        sink.upsert_table(table_)
+        sink.upsert(["r0"], values[:1], [{"lang": "fr"}])  # the same point again
+        points, _ = sink.client.scroll("c", with_vectors=True)
+        assert sorted(p.payload["id"] for p in points) == ["r0", "r1"]
+        assert {p.id for p in points} == {point_id("r0"), point_id("r1")}
+
+
+def _tar(path, members: list[tuple[str, bytes]]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_webdataset_samples_are_grouped_by_key_in_tar_order(tmp_path):
+    _tar(
+        tmp_path / "a.tar",
+        [("s/001.jpg", b"J1"), ("s/001.txt", b"one"), ("s/002.txt", b"no image"),
+         ("s/003.PNG", b"P3")],
+    )  # fmt: skip
+    source = WebDatasetSource([str(tmp_path / "*.tar")], keep=["txt"])
+    rows = list(source.rows())
+    assert [(r.id, r.item, r.extra["txt"], r.error) for r in rows] == [
+        ("s/001", b"J1", "one", None),
+        ("s/002", None, "no image", "no image member in the sample"),
+        ("s/003", b"P3", None, None),
+    ]
+    assert rows[1].origin == "a.tar:s/002.?" and source.count() == 3
