@@ -115,6 +115,8 @@ clean:
 
 # Benchmark suite: Triton vs the raw ONNX Runtime ceiling and peer services, written to
 # docs/benchmarks.md (BENCH_ARGS="--quick" for a smoke test, "--device gpu" on a GPU),
+# the corpus indexer (python -m client index) against the best of those loads on one server,
+# side by side (bench.index_rate, about 3 min; INDEX_RATE_ARGS="--quick"),
 # a bare manifest entry against the tuned one and the generic one, side by side
 # (bench.studies.bare_entry, gate >= 0.95x at every load; BARE_ARGS="--quick"), the
 # rerank load (bench.rerank, RERANK_ARGS="--quick"),
@@ -137,6 +139,7 @@ CLIP_CLEAN_ARGS ?= --replica-commit 9ab1dac
 bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)
 	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[bench]"
 	$(PY) -m bench.run $(BENCH_ARGS)
+	$(PY) -m bench.index_rate $(INDEX_RATE_ARGS)
 	$(PY) -m bench.studies.bare_entry $(BARE_ARGS)
 	$(PY) -m bench.rerank $(RERANK_ARGS)
 	$(PY) -m bench.studies.precision $(PRECISION_ARGS)
