@@ -113,6 +113,8 @@ def _flood(url: str, model: str, http_port: int | None = None):
                     http.append((answer.status, ""))
             except urllib.error.HTTPError as refused:
                 http.append((refused.code, json.loads(refused.read())["error"]))
+            except OSError as exc:  # a reset connection: recorded, and the loop goes on
+                http.append((0, str(exc)))
 
     threads = [threading.Thread(target=grpc_client) for _ in range(CLIENTS)]
     if http_port is not None:
@@ -143,8 +145,9 @@ def test_admission_refuses_the_excess_serves_the_rest_and_never_stalls(ports, re
         assert "StatusCode.UNAVAILABLE" in error
         assert "server overloaded" in error and "admitted_encode" in error
         assert "admission_wait_us" in error
-    assert {status for status, _ in http} <= {200, 503}
-    assert any(status == 503 and "server overloaded" in e for status, e in http)
+    statuses = sorted({(status, e[:80]) for status, e in http})
+    assert {status for status, _ in http} <= {200, 503}, statuses
+    assert any(status == 503 and "server overloaded" in e for status, e in http), statuses
     assert admitted_share >= BUSY_SHARE
 
     _, policy_errors, _, policy_share = _flood(url, POLICY)
