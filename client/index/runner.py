@@ -77,13 +77,17 @@ class IndexSummary:
     out: str
     concurrency: int
     batch_rows: int
+    retries: int = 0
+    resent: int = 0
 
     def line(self) -> str:
         """The summary as one line."""
         return (
             f"indexed {self.rows} rows ({self.errors} failed) in {self.seconds:.1f} s, "
             f"{self.rows_per_s:.1f} rows/s; {self.skipped} rows already done; "
-            f"{self.total_errors} failed rows in {self.out}/errors"
+            f"{self.total_errors} failed rows in {self.out}/errors; "
+            f"{self.retries} requests retried, {self.resent} batches resent after the "
+            "server refused or went away"
         )
 
 
@@ -193,6 +197,8 @@ def run_index(job: IndexJob) -> IndexSummary:
         str(out.root),
         concurrency,
         batch_rows,
+        budget.retries,
+        mapper.server_faults,
     )
 
 
