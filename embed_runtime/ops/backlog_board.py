@@ -85,8 +85,10 @@ _FLOCK = "hh4xqqi4x"
 def _lock(
     fd: int, offset: int, kind: int = fcntl.F_WRLCK, wait: bool = False, length: int = 1
 ) -> bool:
-    """Set (or with ``F_UNLCK`` clear) the lock on ``length`` bytes at ``offset`` (0: to
-    the end); whether it was set."""
+    """Set (or with ``F_UNLCK`` clear) a lock on bytes of the file; whether it was set.
+
+    ``length`` bytes from ``offset``; 0: to the end of the file.
+    """
     command = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
     try:
         fcntl.fcntl(fd, command, struct.pack(_FLOCK, kind, os.SEEK_SET, offset, length, 0))
