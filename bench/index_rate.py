@@ -115,13 +115,16 @@ def index_once(url: str, protocol: str, corpus: Path, out: Path, concurrency: in
     if summary.total_errors:
         raise RuntimeError(f"{summary.total_errors} rows failed")
     log(f"  index    {summary.rows_per_s:8.1f} rows/s ({summary.rows} rows, "
-        f"{summary.concurrency} in flight x {summary.batch_rows} rows)")  # fmt: skip
+        f"{summary.concurrency} in flight x {summary.batch_rows} rows, "
+        f"{summary.retries} requests retried, {summary.resent} batches resent)")  # fmt: skip
     return {
         "rows_per_s": summary.rows_per_s,
         "rows": summary.rows,
         "seconds": summary.seconds,
         "concurrency": summary.concurrency,
         "batch_rows": summary.batch_rows,
+        "retries": summary.retries,
+        "resent": summary.resent,
     }
 
 

@@ -79,6 +79,7 @@ class IndexSummary:
     batch_rows: int
     retries: int = 0
     resent: int = 0
+    lowest_in_flight: int = 0
 
     def line(self) -> str:
         """The summary as one line."""
@@ -87,7 +88,12 @@ class IndexSummary:
             f"{self.rows_per_s:.1f} rows/s; {self.skipped} rows already done; "
             f"{self.total_errors} failed rows in {self.out}/errors; "
             f"{self.retries} requests retried, {self.resent} batches resent after the "
-            "server refused or went away"
+            f"server refused or went away; {self.concurrency} requests in flight"
+            + (
+                f" (lowered to {self.lowest_in_flight} on refusals)"
+                if self.lowest_in_flight < self.concurrency
+                else ""
+            )
         )
 
 
@@ -199,6 +205,7 @@ def run_index(job: IndexJob) -> IndexSummary:
         batch_rows,
         budget.retries,
         mapper.server_faults,
+        result.lowest_in_flight,
     )
 
 

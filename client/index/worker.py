@@ -51,6 +51,7 @@ class PartitionResult:
     errors: int = 0
     skipped: int = 0
     shards: list[int] = field(default_factory=list)
+    lowest_in_flight: int = 0
 
 
 def _input_text(row: Row) -> str:
@@ -87,14 +88,61 @@ def shard_tables(done: ShardDone, kind: str, kept_types: dict[str, Any], dtype: 
     return pa.table(columns), errors
 
 
+class InFlightGate:
+    """How many batches may be out at once, from the server's refusals.
+
+    Halved when the server refuses, regrown by one after as many refusal-free batches as
+    the current limit (additive increase, multiplicative decrease), never above the
+    configured ``limit`` or below 1.
+    """
+
+    def __init__(self, limit: int):
+        self.ceiling = self.limit = self.lowest = max(1, limit)
+        self.active = 0
+        self._clean = 0
+        self._cond = threading.Condition()
+
+    def acquire(self) -> None:
+        """Wait for a free slot."""
+        with self._cond:
+            while self.active >= self.limit:
+                self._cond.wait(0.1)
+            self.active += 1
+
+    def release(self, refused: bool) -> None:
+        """A batch came back; ``refused``: the server refused a request meanwhile."""
+        with self._cond:
+            self.active -= 1
+            if refused:
+                self.limit = max(1, self.limit // 2)
+                self.lowest = min(self.lowest, self.limit)
+                self._clean = 0
+            else:
+                self._clean += 1
+                if self._clean >= self.limit and self.limit < self.ceiling:
+                    self.limit += 1
+                    self._clean = 0
+            self._cond.notify_all()
+
+
+def _refusals(client: Any, mapper: Mapper) -> int:
+    """Refusals seen so far: the client's retries (its budget's count) and resent batches."""
+    budget = getattr(client, "retry_budget", None)
+    return (budget.retries if budget is not None else 0) + mapper.server_faults
+
+
 class _Pool:
-    """``count`` threads, each with its own client, embedding the batches put to it."""
+    """``count`` threads, each with its own client, embedding the batches put to it.
+
+    At most ``gate.limit`` batches are out at once.
+    """
 
     def __init__(self, count: int, mapper: Mapper, client_factory: Callable[[], Any]):
         self.jobs: queue.Queue = queue.Queue(maxsize=max(2, count * 2))
         self.results: queue.Queue = queue.Queue()
         self.mapper = mapper
         self.factory = client_factory
+        self.gate = InFlightGate(count)
         self.stop = threading.Event()
         self.threads = [
             threading.Thread(target=self._run, name=f"index-{i}", daemon=True) for i in range(count)
@@ -114,11 +162,16 @@ class _Pool:
                 if job is None or self.stop.is_set():
                     return
                 shard, rows = job
+                self.gate.acquire()
+                before = _refusals(client, self.mapper)
                 try:
-                    self.results.put(("ok", (shard, rows, self.mapper.embed(client, rows))))
+                    values = self.mapper.embed(client, rows)
                 except Exception as exc:  # noqa: BLE001 - reported to the main thread
                     self.results.put(("error", exc))
                     return
+                finally:
+                    self.gate.release(_refusals(client, self.mapper) > before)
+                self.results.put(("ok", (shard, rows, values)))
         finally:
             client.close()
 
@@ -264,6 +317,7 @@ def index_partition(
             drain(block=True)
     finally:
         pool.close()
+        result.lowest_in_flight = pool.gate.lowest
     return result
 
 

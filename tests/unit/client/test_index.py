@@ -38,7 +38,7 @@ from client.index.mapper import Mapper, RowFailure
 from client.index.progress import Progress
 from client.index.qdrant import QdrantSink, open_qdrant, point_id
 from client.index.store import atomic_write_bytes, check_resumable
-from client.index.worker import ShardDone, shard_tables
+from client.index.worker import InFlightGate, ShardDone, shard_tables
 
 DIM = 8
 
@@ -299,3 +299,38 @@ def test_webdataset_samples_are_grouped_by_key_in_tar_order(tmp_path):
         ("s/003", b"P3", None, None),
     ]
     assert rows[1].origin == "a.tar:s/002.?" and source.count() == 3
+
+
+def test_in_flight_gate_halves_on_refusals_and_regrows_one_at_a_time():
+    gate = InFlightGate(8)
+    for refused in (True, True):
+        gate.acquire()
+        gate.release(refused)
+    assert (gate.limit, gate.lowest) == (2, 2)
+    for _ in range(2):
+        gate.acquire()
+        gate.release(False)
+    assert gate.limit == 3
+    for _ in range(100):
+        gate.acquire()
+        gate.release(False)
+    assert gate.limit == 8 and gate.lowest == 2
+
+
+def test_refused_batches_lower_the_runs_requests_in_flight(tmp_path):
+    refused = threading.Event()
+
+    class RefusesOnce(FakeEmbedder):
+        def embed_texts(self, model, texts, **options):
+            if not refused.is_set():
+                refused.set()
+                raise ServerOverloadedError("server overloaded: queue full", "503", model)
+            return super().embed_texts(model, texts, **options)
+
+    out = OutputFolder(tmp_path)
+    out.prepare()
+    mapper = Mapper(PLAN, server_retries=1, sleep=lambda _s: None)
+    texts = [f"t{i}" for i in range(40)]
+    result = _partition(out, texts, RefusesOnce, concurrency=4, mapper=mapper)
+    assert result.rows == 40 and result.lowest_in_flight == 2
+    assert mapper.server_faults == 1
