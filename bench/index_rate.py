@@ -1,16 +1,19 @@
 """The corpus indexer's rate against the best load, side by side (part of ``make bench``).
 
-    python -m bench.index_rate [--quick] [--rows 4000] [--repeats 3] [--protocol grpc]
+    python -m bench.index_rate [--quick] [--rows 4000] [--image-rows 600] [--repeats 3]
 
 One Triton serving all-MiniLM-L6-v2 with the project's settings (``bench.run``'s text
-entry, in a repository of its own: ``.build/bench-repo-index``). Each repeat runs, in an
-order rotated per repeat:
+entry) and ``models.toml``'s clip-tiny, in a repository of its own
+(``.build/bench-repo-index``). Each repeat runs, in an order rotated per repeat:
 
 - every text load of ``bench.run`` (``bench.loads.text_loads``: 1 x 1, 4 x 1, 16 x 1,
   4 x 32) with the load generator; the best of them is "the best load";
 - ``python -m client index``'s Python API (:func:`client.index.run_index`) over a JSONL
   corpus of ``--rows`` sentences from the same pool into a fresh folder: rows / wall
-  time of the whole run (reading, requests, Parquet writes, manifest).
+  time of the whole run (reading, requests, Parquet writes, manifest);
+- the image loads of ``bench.run`` (8 x 1 by URL, 8 x 1 bytes) on clip-tiny, and the
+  indexer over a table of ``--image-rows`` images, even rows a local file and odd rows a
+  URL of a local HTTP server (the same generated photos) (``--skip-images``: none).
 
 Prints and records index / best per repeat, pooled (the mean index rate over the mean
 best-load rate) and the median of the per-repeat ratios, with the CPU share other
@@ -28,22 +31,31 @@ import shutil
 import statistics
 import sys
 import time
+import tomllib
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
 from bench.common import logger
-from bench.loads import text_loads
+from bench.loads import IMAGE_URL, image_loads, text_loads
 from bench.machine import CpuMonitor, machine_info
-from bench.manifest import BUILD, ROOT, TEXT_MODEL, bench_manifest
+from bench.manifest import BUILD, ROOT, TEXT_MODEL, bench_manifest_data
 from client.index import IndexJob, run_index
 from client.load.loadgen import run_triton_load
-from client.load.workload import text_pool, text_requests
+from client.load.workload import (
+    ImageServer,
+    generated_images,
+    image_requests,
+    text_pool,
+    text_requests,
+)
 from generator.admin import KEY_ENV
 from generator.build import build_repository
+from generator.manifest import parse_manifest
 from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 
 log = logger("bench.index_rate")
+IMAGE_MODEL = "clip-tiny"  # models.toml's tiny CLIP (make bench writes its checkpoint)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -55,20 +67,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     parser.add_argument("--pool", type=int, default=512, help="distinct sentences")
     parser.add_argument("--concurrency", type=int, help="the indexer's (default: its own)")
+    parser.add_argument("--image-rows", type=int, help="image rows (default 600, quick 96)")
+    parser.add_argument("--skip-images", action="store_true", help="texts only")
     args = parser.parse_args(argv)
     args.rows = args.rows or (600 if args.quick else 4000)
+    args.image_rows = args.image_rows or (96 if args.quick else 600)
     args.repeats = args.repeats or (1 if args.quick else 3)
     return args
 
 
-def start_triton(stack: ExitStack) -> TritonPorts:
-    """The bench repository's text model on free ports (stopped by ``stack``)."""
-    manifest = bench_manifest("cpu", with_clip=False)
+def start_triton(stack: ExitStack, images: bool) -> TritonPorts:
+    """The bench's text model (and clip-tiny, from models.toml) on free ports."""
+    data = bench_manifest_data("cpu")
+    data["models"] = data["models"][:1]
+    if images:
+        project = tomllib.loads((ROOT / "models.toml").read_text())
+        data["models"].append(next(m for m in project["models"] if m["name"] == IMAGE_MODEL))
+    manifest = parse_manifest(data, ROOT, "index bench manifest")
     repo = BUILD / "bench-repo-index"  # its own: a build drops the models it does not list
     build_repository(manifest, repo, log=log)
     ports = TritonPorts(*free_ports(3))
     key = os.environ.setdefault(KEY_ENV, secrets.token_urlsafe(32))
-    launch = TritonLaunch(repo, ports, load_models=manifest.models[0].ensembles, admin_key=key)
+    names = tuple(n for entry in manifest.models for n in entry.ensembles)
+    launch = TritonLaunch(repo, ports, load_models=names, admin_key=key)
     process = TritonProcess(launch, BUILD / "bench-work-index")
     process.start()
     stack.callback(process.stop)
@@ -97,16 +118,58 @@ def best_load(url: str, protocol: str, pool: list[str], quick: bool) -> dict:
     return {"best": best, "best_rows_per_s": rates[best], "loads": rates}
 
 
-def index_once(url: str, protocol: str, corpus: Path, out: Path, concurrency: int | None) -> dict:
+def write_image_table(folder: Path, photos: dict[str, bytes], urls: list[str], rows: int) -> Path:
+    """A JSONL table of ``rows`` images: even rows a file of ``folder``, odd rows a URL."""
+    names = sorted(photos)
+    for name in names:
+        (folder / name).write_bytes(photos[name])
+    table = folder / "images.jsonl"
+    with table.open("w", encoding="utf-8") as handle:
+        for i in range(rows):
+            image = names[i % len(names)] if i % 2 == 0 else urls[i % len(urls)]
+            handle.write(json.dumps({"id": f"i{i}", "image": image}) + "\n")
+    return table
+
+
+def best_image_load(url: str, protocol: str, photos: dict, urls: list[str], quick: bool) -> dict:
+    """The image loads of ``bench.run`` (8 x 1 by URL, 8 x 1 bytes) on clip-tiny."""
+    rates = {}
+    for load in image_loads(quick):
+        spec = load.spec
+        count = spec.clients * (spec.warmup_requests + spec.requests_per_client)
+        if load.kind == IMAGE_URL:
+            items = [u.encode() for u in urls]
+            model, name = f"{IMAGE_MODEL}_image_url", "IMAGE_URL"
+        else:
+            items = [photos[n] for n in sorted(photos)]
+            model, name = f"{IMAGE_MODEL}_image", "IMAGE"
+        requests = image_requests(items, spec.items_per_request, count)
+        result = run_triton_load(url, protocol, model, name, requests, spec, load.key)
+        rates[load.key] = result.items_per_s
+        log(f"  load {load.key:12s} {result.items_per_s:8.1f} images/s")
+    best = max(rates, key=rates.get)
+    return {"best": best, "best_rows_per_s": rates[best], "loads": rates}
+
+
+def index_once(
+    url: str,
+    protocol: str,
+    corpus: Path,
+    out: Path,
+    concurrency: int | None,
+    images: bool = False,
+) -> dict:
     """One indexer run into a fresh ``out``; its rate over the whole run."""
     shutil.rmtree(out, ignore_errors=True)
     job = IndexJob(
-        model=TEXT_MODEL,
+        model=IMAGE_MODEL if images else TEXT_MODEL,
         inputs=[str(corpus)],
         out=str(out),
         url=url,
         protocol=protocol,
         admin_key=os.environ[KEY_ENV],
+        images=images,
+        image_column="image" if images else None,
         shard_rows=1000,
         concurrency=concurrency,
         progress="quiet",
@@ -128,51 +191,72 @@ def index_once(url: str, protocol: str, corpus: Path, out: Path, concurrency: in
     }
 
 
+def _ratios(repeats: list[dict], index: str, load: str) -> dict:
+    """Per repeat, pooled and median ratios of ``index`` over ``load``."""
+    ratios = [r[index]["rows_per_s"] / r[load]["best_rows_per_s"] for r in repeats]
+    pooled = statistics.mean(r[index]["rows_per_s"] for r in repeats) / statistics.mean(
+        r[load]["best_rows_per_s"] for r in repeats
+    )
+    per_repeat = ", ".join(f"{x:.2f}" for x in ratios)
+    log(f"{index} / best {load}: pooled {pooled:.2f}x, median "
+        f"{statistics.median(ratios):.2f}x; per repeat {per_repeat}")  # fmt: skip
+    return {"per_repeat": ratios, "pooled": pooled, "median": statistics.median(ratios)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison; write the results file."""
     args = parse_args(argv)
     pool = text_pool(args.pool)
     work = BUILD / "bench-index"
-    work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "images").mkdir(parents=True)
     corpus = work / "corpus.jsonl"
     write_corpus(corpus, pool, args.rows)
+    photos = generated_images()
     repeats = []
     monitor = CpuMonitor()
     with ExitStack() as stack:
-        ports = start_triton(stack)
+        ports = start_triton(stack, not args.skip_images)
         url = f"127.0.0.1:{ports.http if args.protocol == 'http' else ports.grpc}"
+        urls = stack.enter_context(ImageServer(photos)).urls()
+        table = write_image_table(work / "images", photos, urls, args.image_rows)
+        steps = ["load", "index"] + ([] if args.skip_images else ["image_load", "image_index"])
         index_once(url, args.protocol, corpus, work / "warmup", args.concurrency)
+        if not args.skip_images:
+            index_once(url, args.protocol, table, work / "warmup", args.concurrency, images=True)
         for repeat in range(args.repeats):
             log(f"repeat {repeat + 1}/{args.repeats}")
-            steps = ["load", "index"] if repeat % 2 == 0 else ["index", "load"]
             record: dict = {}
-            for step in steps:
+            shift = repeat % len(steps)
+            for step in steps[shift:] + steps[:shift]:
                 monitor.start()
+                out = work / "out"
                 if step == "load":
-                    record["load"] = best_load(url, args.protocol, pool, args.quick)
+                    record[step] = best_load(url, args.protocol, pool, args.quick)
+                elif step == "index":
+                    record[step] = index_once(url, args.protocol, corpus, out, args.concurrency)
+                elif step == "image_load":
+                    record[step] = best_image_load(url, args.protocol, photos, urls, args.quick)
                 else:
-                    out = work / "out"
-                    record["index"] = index_once(url, args.protocol, corpus, out, args.concurrency)
+                    record[step] = index_once(
+                        url, args.protocol, table, out, args.concurrency, images=True
+                    )
                 record[step]["foreign_cpu"] = monitor.stop().foreign_share
-                log(f"  {step:8s} foreign cpu {record[step]['foreign_cpu']:.0%}")
-            record["ratio"] = record["index"]["rows_per_s"] / record["load"]["best_rows_per_s"]
-            log(f"  ratio    {record['ratio']:.2f}x")
+                log(f"  {step:12s} foreign cpu {record[step]['foreign_cpu']:.0%}")
             repeats.append(record)
-    pooled = statistics.mean(r["index"]["rows_per_s"] for r in repeats) / statistics.mean(
-        r["load"]["best_rows_per_s"] for r in repeats
-    )
-    median = statistics.median(r["ratio"] for r in repeats)
-    per_repeat = ", ".join(f"{r['ratio']:.2f}" for r in repeats)
-    log(f"index / best load: pooled {pooled:.2f}x, median {median:.2f}x; per repeat {per_repeat}")
+    text = _ratios(repeats, "index", "load")
+    images = None if args.skip_images else _ratios(repeats, "image_index", "image_load")
     results = {
         "command": "python -m bench.index_rate " + " ".join(argv or sys.argv[1:]),
         "machine": machine_info(),
         "model": TEXT_MODEL,
+        "image_model": None if args.skip_images else IMAGE_MODEL,
         "protocol": args.protocol,
         "rows": args.rows,
+        "image_rows": args.image_rows,
         "repeats": repeats,
-        "pooled_ratio": pooled,
-        "median_ratio": median,
+        "text": text,
+        "images": images,
     }
     folder = BUILD / "bench-results" if args.quick else ROOT / "bench" / "results"
     folder.mkdir(parents=True, exist_ok=True)
