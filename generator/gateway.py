@@ -2,12 +2,15 @@
 
 Every dense text model the manifest serves gets a route ``/v1/embeddings`` with
 ``model`` = its Triton ensemble's name (``<name>`` for a sentence-transformers entry,
-``<name>_text`` for an OpenCLIP entry's text tower). The gateway calls the ensemble
-through the provider in ``deploy/gateway/triton_embeddings.py``; each route's
-``model_info`` tells it what the model takes: rows per request (``max_batch_size``),
-whether ``dimensions`` may be asked (python-ort sentence-transformers models), whether the
-model answers ``TOKEN_COUNT`` (usage). The default prompt is the ensemble's own: a request
-without ``prompt_name`` gets it.
+``<name>_text`` for an OpenCLIP entry's text tower). The gateway calls an ensemble
+through the provider in ``deploy/gateway/triton_embeddings.py``: ``<name>_openai``
+(``EMBEDDING`` and ``TOKEN_COUNT``) where the entry builds it (``litellm = true``,
+python-ort), else the public ensemble itself. Each route's ``model_info`` tells the
+provider what the model takes: rows per request (``max_batch_size``), whether
+``dimensions`` may be asked (python-ort sentence-transformers models), whether the
+ensemble answers ``TOKEN_COUNT`` (usage; 0 where it does not), the name to answer with
+(``public_name``). The default prompt is the ensemble's own: a request without
+``prompt_name`` gets it.
 
 Nothing here is written by hand beside ``models.toml``; secrets and Triton's address are
 read by the gateway from its environment (``os.environ/...``), never written here.
@@ -24,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from .families.spec import OPENAI_SUFFIX, serves_openai
 from .manifest import Manifest, ModelEntry
 
 PROVIDER = "triton-embeddings"
@@ -46,19 +50,23 @@ def gateway_routes(manifest: Manifest) -> list[dict[str, Any]]:
 
 def _route(entry: ModelEntry) -> dict[str, Any]:
     clip = entry.family == "open-clip"
-    ensemble = f"{entry.name}_text" if clip else entry.name
+    public = f"{entry.name}_text" if clip else entry.name
     python_ort = entry.encoder_backend == "python-ort"
+    # <name>_openai answers TOKEN_COUNT beside EMBEDDING (litellm = true); else the plain
+    # ensemble, which answers it only where the entry asks (token_count).
+    ensemble = f"{entry.name}{OPENAI_SUFFIX}" if serves_openai(entry) else public
     return {
-        "model_name": ensemble,
+        "model_name": public,
         "litellm_params": {
             "model": f"{PROVIDER}/{ensemble}",
             "api_base": f"os.environ/{TRITON_URL_ENV}",
         },
         "model_info": {
             "mode": "embedding",
+            "public_name": public,
             "max_batch_size": entry.max_batch_size,
             "dimensions": not clip and python_ort,
-            "token_count": not clip and python_ort and entry.token_count,
+            "token_count": ensemble != public or (not clip and python_ort and entry.token_count),
         },
     }
 

@@ -5,7 +5,8 @@ Loaded by the gateway (LiteLLM's proxy, ``custom_provider_map`` in the config th
 never inside Triton. LiteLLM's built-in ``triton/`` provider sends one request of
 ``input_text`` [N] and supports no OpenAI parameter (``dimensions`` and
 ``encoding_format`` are refused or dropped, usage is its own tiktoken count), so this
-provider calls the model's plain ensemble instead, as any Triton client does:
+provider calls the route's ensemble instead (``<name>_openai`` where the entry builds it,
+else ``<name>``; never a step), as any Triton client does:
 
 - ``TEXT`` [n, 1] in requests of at most the model's ``max_batch_size`` rows, sent
   concurrently, rows answered in input order; the model's default prompt applies
@@ -13,8 +14,9 @@ provider calls the model's plain ensemble instead, as any Triton client does:
 - ``dimensions`` -> the request parameter ``dimensions`` (Matryoshka: the first k values,
   normalised again) where the model takes it; refused (400) where it does not, and an
   answer of another width is an error, never a vector;
-- ``usage.prompt_tokens`` = the sum of the model's ``TOKEN_COUNT`` (entries with
-  ``token_count = true``); 0 where the model does not count;
+- ``usage.prompt_tokens`` = the sum of the model's ``TOKEN_COUNT`` where the route's
+  ensemble answers it (``model_info.token_count``: ``<name>_openai`` of a
+  ``litellm = true`` entry, or a plain ensemble with ``token_count = true``); 0 elsewhere;
 - ``encoding_format: "base64"``: the float32 rows, little-endian, base64 (OpenAI's form).
 
 Per-model settings come from the deployment's ``model_info`` (written by the generator).

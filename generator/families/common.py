@@ -31,7 +31,7 @@ from ..render import (
     onnxruntime_model,
     python_model,
 )
-from .spec import LITELLM_SUFFIX
+from .spec import LITELLM_SUFFIX, OPENAI_SUFFIX, serves_openai
 
 # The optional per-row token count of text ensembles (python-ort encoders that take an
 # attention mask): the tokens the encoder saw, prompt and special tokens included.
@@ -360,13 +360,14 @@ def fused_encoder_dir(
     It reads the tokenizer's parameters beside its own and tokenizes each execution's
     rows in its own stub, so a request crosses one Python model instead of two.
     ``TEXT`` is a fixed [1] input: requests batch without ragged inputs. It also answers
-    ``TOKEN_COUNT`` when ``entry.token_count`` asks for it, and ``forms`` (with
-    ``calibration`` for int8 / uint8) as :func:`encoder_dir` does.
+    ``TOKEN_COUNT`` when ``entry.token_count`` asks for it or ``<name>_openai`` needs it
+    (:func:`serves_openai`), and ``forms`` (with ``calibration`` for int8 / uint8) as
+    :func:`encoder_dir` does.
     """
     dims = graph.tok_params.max_dimensions
     output = graph.spec.outputs[0]
     outputs = [IOSpec(output.name, output.triton_dtype, (-1,) if dims else output.dims)]
-    if entry.token_count:
+    if entry.token_count or serves_openai(entry):
         outputs.append(TOKEN_COUNT)
     outputs.extend(forms)
     return text_encoder_dir(
@@ -488,3 +489,16 @@ def litellm_dir(
         ],
     )
     return ModelDir(name, config, None, {})
+
+
+def openai_dir(
+    entry: ModelEntry, dim: int, steps: Sequence[tuple[str, Sequence[str], Sequence[str]]]
+) -> ModelDir:
+    """``<name>_openai``: the plain ensemble's ``steps`` answering ``TOKEN_COUNT`` too.
+
+    What the OpenAI gateway's provider (``deploy/gateway/triton_embeddings.py``) calls, so
+    ``usage.prompt_tokens`` counts the model's tokens while ``<name>`` keeps ``EMBEDDING``
+    alone (its default outputs are its contract). Input, batching and request parameters
+    as ``<name>``; the last step must answer ``EMBEDDING`` and ``TOKEN_COUNT``.
+    """
+    return chain_dir(entry, f"{entry.name}{OPENAI_SUFFIX}", TEXT, dim, steps, [TOKEN_COUNT])

@@ -15,6 +15,14 @@ if TYPE_CHECKING:
 Errors = list[str]
 # The ensemble LiteLLM's triton/ embedding provider calls (manifest ``litellm = true``).
 LITELLM_SUFFIX = "_litellm"
+# The ensemble the OpenAI gateway's provider calls (``litellm = true``, python-ort):
+# ``TEXT`` in, ``EMBEDDING`` and ``TOKEN_COUNT`` out, so ``usage`` counts the model's tokens.
+OPENAI_SUFFIX = "_openai"
+
+
+def serves_openai(entry: ModelEntry) -> bool:
+    """Whether ``entry`` builds ``<name>_openai`` (and its encoder declares ``TOKEN_COUNT``)."""
+    return entry.litellm and entry.encoder_backend == "python-ort"
 
 
 @dataclass(frozen=True)
@@ -48,8 +56,16 @@ class Family:
         return (*self.ensemble_names(entry), *(f"{entry.name}_{s}" for s in self.steps(entry)))
 
     def ensemble_names(self, entry: ModelEntry) -> tuple[str, ...]:
-        """The ensembles a user calls for ``entry`` (``<name>_litellm`` where it opts in)."""
-        suffixes = (*self.ensembles, *((LITELLM_SUFFIX,) if entry.litellm else ()))
+        """The ensembles a user calls for ``entry``.
+
+        ``<name>_litellm`` where it opts in (``litellm = true``), and ``<name>_openai``
+        beside it where the encoder can count tokens (python-ort).
+        """
+        suffixes = (
+            *self.ensembles,
+            *((LITELLM_SUFFIX,) if entry.litellm else ()),
+            *((OPENAI_SUFFIX,) if serves_openai(entry) else ()),
+        )
         return tuple(f"{entry.name}{suffix}" for suffix in suffixes)
 
     def builder(self) -> Callable:

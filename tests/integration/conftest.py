@@ -74,6 +74,10 @@ def test_manifest_data(
                 "queue_timeout_us": QUEUE_TIMEOUT_US,
                 "admission_wait_us": ADMISSION_WAIT_US,
                 "precision": "int8",
+                # As the shipped all-MiniLM-L6-v2: <name>_litellm and <name>_openai beside a
+                # plain ensemble that answers EMBEDDING alone (test_default_outputs); the
+                # gateway's usage comes from <name>_openai (test_gateway).
+                "litellm": True,
             },
             *(extra_models or []),
         ],

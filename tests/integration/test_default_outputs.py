@@ -5,7 +5,9 @@ order, and the README's first curl (and most JSON clients, which read ``outputs[
 send exactly that. So an ensemble declares ``EMBEDDING`` alone unless its manifest entry
 opts into more (``token_count``, ``output_precisions``); those then come back too and are
 always available by name. Checked with raw JSON over HTTP and with gRPC on the session
-server: a text model with a bare entry, one that opted in, the CLIP ensembles. The
+server: a text model with a bare entry (``litellm = true`` only, as shipped: its encoder
+counts tokens for ``<name>_openai``, its plain ensemble still answers ``EMBEDDING``
+alone), one that opted in, the CLIP ensembles. The
 sparse, multi-vector and rerank families are checked beside their own servers.
 """
 
@@ -38,6 +40,12 @@ def _png_data_uri() -> str:
 def test_a_bare_text_entry_answers_its_embeddings_alone(server, protocol):
     got = plain_request_outputs(server, protocol, INT8_MODEL, {"TEXT": TEXTS})
     assert got == {"EMBEDDING": [2, 384]}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_openai_ensemble_answers_embedding_and_token_count(server, protocol):
+    got = plain_request_outputs(server, protocol, f"{INT8_MODEL}_openai", {"TEXT": TEXTS})
+    assert got == {"EMBEDDING": [2, 384], "TOKEN_COUNT": [2, 1]}
 
 
 def test_outputs_an_entry_opted_into_come_back_too(server):

@@ -1,12 +1,12 @@
 """The OpenAI-compatible gateway (LiteLLM's proxy, its own venv) in front of a real Triton.
 
 The session's Triton (conftest ``server``: all-MiniLM-L6-v2 with ``max_batch_size`` 16 and
-``token_count``, minilm-int8, clip-tiny) and one gateway process for the module, started
-from ``.build/gateway-venv`` (``make gateway``) by ``deploy/gateway/run_gateway.sh`` with
-the config ``python -m generator gateway-config`` writes for that manifest. The clients
-are the real ones a user runs: the ``openai`` SDK, LangChain's ``OpenAIEmbeddings`` and
-LlamaIndex's ``OpenAILikeEmbedding``, over real HTTP; vectors against sentence-transformers
-(max abs 1e-5) and against Triton's own answer.
+``token_count``, minilm-int8 with ``litellm = true`` as shipped, clip-tiny) and one
+gateway process for the module, started from ``.build/gateway-venv`` (``make gateway``) by
+``deploy/gateway/run_gateway.sh`` with the config ``python -m generator gateway-config``
+writes for that manifest. The clients are the real ones a user runs: the ``openai`` SDK,
+LangChain's ``OpenAIEmbeddings`` and LlamaIndex's ``OpenAILikeEmbedding``, over real HTTP;
+vectors against sentence-transformers (max abs 1e-5) and against Triton's own answer.
 """
 
 from __future__ import annotations
@@ -156,6 +156,23 @@ def test_clip_text_tower_equals_triton_and_refuses_dimensions(server, openai_cli
     assert np.array_equal(_rows(response), direct)
     with pytest.raises(openai.BadRequestError, match="does not take dimensions"):
         openai_client.embeddings.create(model=name, input=texts, dimensions=8)
+
+
+def test_usage_of_a_shipped_style_entry_is_the_models_token_count(
+    server, openai_client, reference
+) -> None:
+    """``litellm = true`` without ``token_count`` (as the shipped all-MiniLM-L6-v2): the
+    gateway calls ``<name>_openai``; usage equals the tokens sentence-transformers feeds
+    its model (special tokens in, the long text cut at 256)."""
+    response = openai_client.embeddings.create(model=INT8_MODEL, input=TEXTS)
+    want = int(reference.preprocess(TEXTS)["attention_mask"].sum())
+    print(f"\nusage of {INT8_MODEL} via gateway: {response.usage.prompt_tokens} (want {want})")
+    assert response.usage.prompt_tokens == want
+    assert response.usage.total_tokens == want
+    assert response.model == INT8_MODEL
+    with server.client() as c:
+        direct = c.embed_texts(INT8_MODEL, TEXTS)
+    assert np.array_equal(_rows(response), direct)
 
 
 def test_int8_model_is_served_as_triton_answers_it(server, openai_client) -> None:

