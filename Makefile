@@ -116,7 +116,7 @@ clean:
 # Benchmark suite: Triton vs the raw ONNX Runtime ceiling and peer services, written to
 # docs/benchmarks.md (BENCH_ARGS="--quick" for a smoke test, "--device gpu" on a GPU),
 # the corpus indexer (python -m client index) against the best of those loads on one server,
-# side by side (bench.index_rate, about 3 min; INDEX_RATE_ARGS="--quick"),
+# texts and clip-tiny images side by side (bench.index_rate, about 4 min; INDEX_RATE_ARGS="--quick"),
 # a bare manifest entry against the tuned one and the generic one, side by side
 # (bench.studies.bare_entry, gate >= 0.95x at every load; BARE_ARGS="--quick"), the
 # rerank load (bench.rerank, RERANK_ARGS="--quick"),

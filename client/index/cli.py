@@ -112,6 +112,13 @@ def run(args: argparse.Namespace, url: str) -> int:
 
     try:
         summary = run_index(job_from_args(args, url))
+    except ImportError as exc:
+        print(
+            f"error: {exc.name or exc}: install the 'index' extra "
+            "(pip install -c requirements/constraints.txt -e '.[client,index]')",
+            file=sys.stderr,
+        )
+        return EXIT_STOPPED
     except (
         ModelKindError,
         OutputMismatchError,
