@@ -334,3 +334,20 @@ def test_refused_batches_lower_the_runs_requests_in_flight(tmp_path):
     result = _partition(out, texts, RefusesOnce, concurrency=4, mapper=mapper)
     assert result.rows == 40 and result.lowest_in_flight == 2
     assert mapper.server_faults == 1
+
+
+def test_progress_bar_shows_rows_and_errors_and_lines_come_periodically():
+    stream = io.StringIO()
+    bar = Progress(50, "bar", stream=stream)
+    bar.skip(10)
+    bar.advance(20, 3)
+    bar.close()
+    assert "30/50" in stream.getvalue() and "errors=3" in stream.getvalue()
+    ticks = iter([0.0, 5.0, 12.0, 12.0, 12.0])
+    lines = io.StringIO()
+    plain = Progress(50, "lines", stream=lines, every_s=10.0, clock=lambda: next(ticks))
+    plain.advance(10, 0)  # 5 s: too soon
+    plain.advance(10, 1)  # 12 s: a line
+    assert lines.getvalue().splitlines() == [
+        "index: 20/50 rows (40.0%), 1.7 rows/s, ETA 0:00:18, 1 errors"
+    ]
