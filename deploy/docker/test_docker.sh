@@ -6,13 +6,17 @@
 #      dockerd if none answers (log: $WORK/dockerd.log);
 #   2. base image: pulls CPU_BASE (debian:bookworm-slim), or where no registry answers
 #      builds a stand-in with deploy/docker/make_base_image.sh (debootstrap) and says so;
-#   3. builds serving-cpu, generator-cpu and perf-cpu (timed; --network host); the NGC
-#      targets are tried only when nvcr.io answers;
+#   3. builds serving-cpu, generator-cpu and perf-cpu (timed; --network host), and the
+#      gateway's image (deploy/gateway/Dockerfile); the NGC targets are tried only when
+#      nvcr.io answers;
 #   4. brings docker-compose.cpu.yml + docker-compose.admin-key.yml up from nothing (a
 #      generated key under $WORK), waits for the health check, runs tests/docker (parity
 #      with sentence-transformers / open_clip over HTTP and gRPC through the published
 #      ports, bad input, security settings, metrics vs the dashboard), the perf profile
 #      (real perf_analyzer 2.51), promtool on the Prometheus config;
+#   4b. brings the `gateway` profile up beside the stack (a generated key) and calls OpenAI's
+#      /v1/embeddings through it with the openai SDK and LangChain
+#      (tests/docker/test_gateway_stack.py), then removes the gateway's containers;
 #   5. restarts the stack: nothing exported again, the same answers;
 #   5b. runs the rendered Kubernetes CPU Job and Deployment container specs with docker
 #      (tests/docker/test_k8s_container.py, docs/kubernetes.md), then a rolling update of
@@ -20,7 +24,8 @@
 #   6. tears everything down: containers, networks, volumes, the images it tagged (unless
 #      DOCKER_TEST_KEEP_IMAGES=1), and dockerd if it started it.
 #
-# Environment: DOCKER_TEST_PORT_BASE (18000: HTTP, +1 gRPC, +2 metrics on 127.0.0.1),
+# Environment: DOCKER_TEST_PORT_BASE (18000: HTTP, +1 gRPC, +2 metrics, +3 the gateway, on
+# 127.0.0.1),
 # DOCKER_TEST_KEEP_IMAGES (0), DOCKER_TEST_WORK (a fresh temp dir), PYTHON (.venv/bin/python),
 # CPU_BASE, TORCH_INDEX_URL (empty: PyPI's torch), PERF_CONCURRENCY ("1 4"),
 # PERF_REQUEST_COUNT (200 requests per point), PERF_MEASUREMENT_MS (2000).
@@ -37,7 +42,7 @@ export CPU_BASE=${CPU_BASE:-debian:bookworm-slim}
 export TORCH_INDEX_URL=${TORCH_INDEX_URL:-}
 project=triton-embeddings-test
 images=(triton-embeddings-serving-cpu:local triton-embeddings-generator-cpu:local
-    triton-embeddings-perf-cpu:local)
+    triton-embeddings-perf-cpu:local triton-embeddings-gateway:local)
 started_dockerd=""
 tagged=()
 timings="$work/timings.txt"
@@ -50,6 +55,8 @@ export TRITON_HTTP_PUBLISH_PORT=$port_base
 export TRITON_GRPC_PUBLISH_PORT=$((port_base + 1))
 export TRITON_METRICS_PUBLISH_PORT=$((port_base + 2))
 export TRITON_PUBLISH_ADDRESS=127.0.0.1
+export GATEWAY_PUBLISH_ADDRESS=127.0.0.1
+export GATEWAY_PUBLISH_PORT=$((port_base + 3))
 export EMBED_ADMIN_KEY_SECRET_FILE="$work/secrets/admin-key"
 export PERF_RESULTS_DIR="$work/perf-results"
 export PERF_UID=10001 PERF_GID=10001
@@ -89,9 +96,9 @@ cleanup() {
     local rc=$?
     set +e
     log "teardown"
-    compose --profile perf down -v --remove-orphans >/dev/null 2>&1
+    compose --profile perf --profile gateway down -v --remove-orphans >/dev/null 2>&1
     docker volume rm triton-embeddings-cpu_model-repository triton-embeddings-cpu_hf-cache \
-        triton-embeddings-cpu_trt-cache >/dev/null 2>&1
+        triton-embeddings-cpu_trt-cache triton-embeddings-cpu_gateway-config >/dev/null 2>&1
     if [[ $keep_images != 1 ]]; then
         for image in "${images[@]}" "${tagged[@]}"; do
             docker image rm "$image" >/dev/null 2>&1
@@ -156,6 +163,14 @@ log "rebuilding with the cache (warm)"
 build serving-cpu triton-embeddings-serving-cpu:local warm
 build generator-cpu triton-embeddings-generator-cpu:local warm
 build perf-cpu triton-embeddings-perf-cpu:local warm
+t=$(now)
+docker build --network host -f deploy/gateway/Dockerfile --build-arg GATEWAY_BASE="$CPU_BASE" \
+    -t triton-embeddings-gateway:local . >"$work/build-gateway.log" 2>&1 || {
+    tail -30 "$work/build-gateway.log" >&2
+    exit 1
+}
+echo "build gateway $(($(now) - t)) s, $(docker image inspect -f '{{.Size}}' \
+    triton-embeddings-gateway:local | awk '{printf "%.0f MB", $1 / 1e6}')" | tee -a "$timings"
 if timeout 20 docker pull nvcr.io/nvidia/tritonserver:26.05-py3-sdk >/dev/null 2>&1; then
     build serving triton-embeddings-serving:local ngc && images+=(triton-embeddings-serving:local)
     build generator triton-embeddings-generator:local ngc && images+=(triton-embeddings-generator:local)
@@ -223,6 +238,21 @@ run_tests first "perf"
 
 log "promtool on the Prometheus config"
 promtool check config deploy/prometheus/prometheus.yml
+
+log "gateway profile: OpenAI /v1/embeddings through the compose gateway (port $GATEWAY_PUBLISH_PORT)"
+t=$(now)
+gateway_key="sk-$("$python" -c 'import secrets; print(secrets.token_hex(24))')"
+GATEWAY_API_KEY=$gateway_key compose --profile gateway up -d --no-build gateway \
+    >"$work/up-gateway.log" 2>&1 || { cat "$work/up-gateway.log" >&2; exit 1; }
+gateway_rc=0
+EMBED_DOCKER_STACK=1 EMBED_DOCKER_WORK=$work \
+    EMBED_DOCKER_GATEWAY_URL="http://127.0.0.1:$GATEWAY_PUBLISH_PORT" \
+    EMBED_DOCKER_GATEWAY_KEY=$gateway_key \
+    "$python" -m pytest tests/docker/test_gateway_stack.py -q -s -p no:cacheprovider || gateway_rc=$?
+compose --profile gateway logs --no-color gateway-config gateway >"$work/gateway.log" 2>&1
+compose --profile gateway rm -fsv gateway gateway-config >/dev/null 2>&1
+echo "gateway profile up + tests $(($(now) - t)) s" | tee -a "$timings"
+((gateway_rc == 0)) || { tail -40 "$work/gateway.log" >&2; exit "$gateway_rc"; }
 
 log "restart: nothing is exported again, the same answers"
 compose down >/dev/null 2>&1   # containers and network; the volumes stay
