@@ -28,7 +28,7 @@ from ..engines.text_encoder import TextEncoder
 from ..ops.backlog_board import EncoderSlot
 from ..ops.backlog_board import board_path as backlog_path
 from ..ops.priority import lower_priority
-from ..ops.server_exit import exit_with_server
+from ..ops.server_exit import exit_with_server, is_stub
 from ..ops.step_times import StepTimes
 from ..text.request_options import request_parameters
 from ..text.tokenizer import TokenizerParams
@@ -142,8 +142,11 @@ class EncodeStep:
         if self.encoder.cache_error:  # served all the same, each session with its own weights
             self.logger.log_warn(f"{name}: weight cache not used: {self.encoder.cache_error}")
         self.times = StepTimes.from_env(name)
-        # What the step in front reads to admit requests (embed_runtime.ops.backlog_board).
-        self.backlog = EncoderSlot(backlog_path(name, args["model_version"]))
+        # What the step in front reads to admit requests (embed_runtime.ops.backlog_board);
+        # only inside Triton, whose server the board is named by.
+        self.backlog = (
+            EncoderSlot(backlog_path(name, args["model_version"])) if is_stub() else None
+        )
         if self.times is not None:
             self.logger.log_info(f"{name}: timing each execution into {self.times.path}")
 
@@ -165,6 +168,8 @@ class EncodeStep:
 
     def execute(self, requests: list) -> list:
         """Embed all valid requests in one call; each bad one fails alone."""
+        if self.backlog is None:
+            return self._timed_execute(requests)
         with self.backlog.executing(len(requests)):
             return self._timed_execute(requests)
 
@@ -187,5 +192,6 @@ class EncodeStep:
         """Release the engine, its session(s) and this instance's board slots."""
         if self.encoder is not None and self.encoder.board is not None:
             self.encoder.board.close()
-        self.backlog.close()
+        if self.backlog is not None:
+            self.backlog.close()
         self.engine = self.encoder = None
