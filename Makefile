@@ -15,13 +15,13 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 # Unset, torch installs exactly as before (PyPI and any local wheel cache).
 TORCH_INDEX_URL ?=
 
-.PHONY: serve test build stop lint unit integration clean perf perf-analyzer test-docker pylate-reference
+.PHONY: serve test build stop lint unit integration clean perf perf-analyzer test-docker pylate-reference java
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip==25.3
 	$(PY) -m pip install -q $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL) )$(TORCH_PINS)
-	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[runtime,server,generator,client,index,dev,frameworks]"
+	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[runtime,server,generator,client,index,spark,dev,frameworks]"
 	touch $@
 
 TINY_CLIP := .build/tiny-clip/open_clip_pytorch_model.bin
@@ -47,16 +47,21 @@ stop:
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check embed_runtime generator client tests bench deploy
-	$(VENV)/bin/shellcheck deploy/*.sh deploy/perf/*.sh deploy/gpu/*.sh
+	$(VENV)/bin/shellcheck deploy/*.sh deploy/perf/*.sh deploy/gpu/*.sh deploy/spark/*.sh
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q
 
-integration: $(STAMP) perf-analyzer $(PYLATE_REF)
+integration: $(STAMP) perf-analyzer java $(PYLATE_REF)
 	$(PY) -m pytest tests/integration -q
 
-test: $(STAMP) perf-analyzer lint $(PYLATE_REF)
+test: $(STAMP) perf-analyzer java lint $(PYLATE_REF)
 	$(PY) -m pytest tests -q
+
+# Java 17+ for PySpark (the indexer's Spark job and its local[2] test): Debian's
+# openjdk-17-jre-headless, apt-get installed when missing and root (deploy/spark/install_java.sh).
+java:
+	deploy/spark/install_java.sh
 
 # PyLate 1.6.0, pinned with the packages it needs beside the project's (sentence-
 # transformers 5.3 among them), in a folder of its own: the build's reference for PyLate

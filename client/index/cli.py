@@ -3,6 +3,8 @@
     python -m client index --model all-MiniLM-L6-v2 docs.jsonl --out out/
     python -m client index --model clip-vit-b-32 --images photos/ --out out/ --qdrant http://q:6333
     python -m client index --model clip-vit-b-32 --image-column url urls.parquet --out out/
+    python -m client index --model all-MiniLM-L6-v2 docs/ --out /mnt/out \
+        --url triton-a:8000,triton-b:8000 --spark local[4]
 
 Exit status: 0 when every row was embedded, 1 when some rows failed (counts printed; the
 rows are in OUT/errors), 2 when the run stopped (unknown model, changed output, server
@@ -62,6 +64,13 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     index.add_argument("--qdrant", help="Qdrant URL (http://...) or local folder to upsert into")
     index.add_argument("--collection", help="Qdrant collection (default: the model name)")
     index.add_argument("--quiet", action="store_true", help="no progress, summary only")
+    index.add_argument(
+        "--spark",
+        metavar="MASTER",
+        help="run as a PySpark job on MASTER (local[4], spark://host:7077; 'submit': the "
+        "master spark-submit set); inputs and --out must be paths every executor sees",
+    )
+    index.add_argument("--spark-tasks", type=int, help="Spark tasks (default: 2x parallelism)")
 
 
 def job_from_args(args: argparse.Namespace, url: str) -> Any:
@@ -111,11 +120,13 @@ def run(args: argparse.Namespace, url: str) -> int:
     )
 
     try:
-        summary = run_index(job_from_args(args, url))
+        job = job_from_args(args, url)
+        summary = _on_spark(job, args) if args.spark else run_index(job)
     except ImportError as exc:
+        extra = "spark" if exc.name in ("pyspark", "py4j") else "index"
         print(
-            f"error: {exc.name or exc}: install the 'index' extra "
-            "(pip install -c requirements/constraints.txt -e '.[client,index]')",
+            f"error: {exc.name or exc}: install the '{extra}' extra "
+            f"(pip install -c requirements/constraints.txt -e '.[client,index,{extra}]')",
             file=sys.stderr,
         )
         return EXIT_STOPPED
@@ -136,3 +147,15 @@ def run(args: argparse.Namespace, url: str) -> int:
         )
         return EXIT_ROWS_FAILED
     return 0
+
+
+def _on_spark(job: Any, args: argparse.Namespace) -> Any:
+    """Run ``job`` on Spark (a session of ``--spark``; stopped after, unless spark-submit's)."""
+    from .spark import index_on_spark, session  # noqa: PLC0415 - pyspark only on request
+
+    spark = session(args.spark)
+    try:
+        return index_on_spark(spark, job, args.spark_tasks)
+    finally:
+        if args.spark != "submit":
+            spark.stop()

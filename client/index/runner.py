@@ -11,17 +11,19 @@ Qdrant (a run killed in between) are sent first.
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from ..api import PRECISION_OUTPUTS, EmbeddingClient
 from ..retry import DEFAULT_RETRY, RetryBudget
-from .mapper import Mapper, ModelPlan, resolve_model
+from .mapper import Mapper, ModelKindError, ModelPlan, resolve_model
 from .progress import Progress
 from .qdrant import QdrantSink, open_qdrant
-from .sources import ImageFolderSource, TableSource, WebDatasetSource
+from .sources import ImageFolderSource, SourceError, TableSource, WebDatasetSource
 from .store import FORMAT_VERSION, OutputFolder, check_resumable
 from .worker import ShardDone, index_partition
 
@@ -33,8 +35,10 @@ MAX_CONCURRENCY = 32
 class IndexJob:
     """What to index, with what, and where (see ``python -m client index --help``).
 
-    ``images``: the inputs are image folders (``True``) or tables whose ``column`` holds
-    image paths / URLs (``image_column``); else tables of texts. ``options``: the text
+    ``url``: one server, or replicas of one deployment separated by commas (the
+    requests are spread across them). ``images``: the inputs are image folders
+    (``True``) or tables whose ``column`` holds image paths / URLs (``image_column``);
+    else tables of texts. ``options``: the text
     model's options as ``embed`` takes them (``prompt_name``, ``dimensions``,
     ``precision``, ``truncate``, ``task``). ``concurrency`` / ``batch_rows``: requests in
     flight and rows per request (default: from the model's config).
@@ -43,7 +47,7 @@ class IndexJob:
     model: str
     inputs: list[str]
     out: str
-    url: str = "localhost:8000"
+    url: str = "localhost:8000"  # several replicas: comma-separated
     protocol: str = "http"
     timeout_s: float = 120.0
     admin_key: str | None = None
@@ -109,30 +113,45 @@ def make_source(job: IndexJob) -> TableSource | ImageFolderSource | WebDatasetSo
     )
 
 
-def plan_sizes(plan: ModelPlan, job: IndexJob) -> tuple[int, int]:
+def plan_sizes(plan: ModelPlan, job: IndexJob, replicas: int = 1) -> tuple[int, int]:
     """Rows per request (the model's max batch) and requests in flight.
 
-    Two requests per instance of the ensemble's widest step, at least 4: one executes
-    while the next waits in the queue, and the round trips overlap.
+    Two requests per instance of the ensemble's widest step, at least 4, on each of
+    ``replicas`` servers: one executes while the next waits in the queue, and the round
+    trips overlap.
     """
     batch = job.batch_rows or plan.max_batch
-    concurrency = job.concurrency or min(MAX_CONCURRENCY, max(4, 2 * plan.instances))
-    return batch, concurrency
+    per_server = min(MAX_CONCURRENCY, max(4, 2 * plan.instances))
+    return batch, job.concurrency or per_server * replicas
 
 
 def _dtype(plan: ModelPlan) -> Any:
     return PRECISION_OUTPUTS[plan.options.get("precision", "float32")][1]
 
 
-def run_index(job: IndexJob) -> IndexSummary:
-    """Run ``job``; see the module. Raises what stops the run (clear messages)."""
-    started = time.monotonic()
-    source = make_source(job)
-    budget = RetryBudget()
+def job_urls(job: IndexJob) -> list[str]:
+    """The job's server addresses (``url`` split at commas)."""
+    urls = [u.strip() for u in job.url.split(",") if u.strip()]
+    if not urls:
+        raise SourceError("no server address (--url)")
+    for entry in [*job.inputs, job.out]:
+        if "://" in entry:
+            raise SourceError(
+                f"{entry}: object-store and remote URLs are not read or written here; "
+                "mount the bucket or share (a path every worker sees)"
+            )
+    return urls
 
-    def client_factory() -> EmbeddingClient:
+
+def client_factory_for(
+    job: IndexJob, urls: list[str], budget: RetryBudget, first: int = 0
+) -> Callable[[], EmbeddingClient]:
+    """A factory of clients, each on the next of ``urls`` in turn (from ``first``)."""
+    turn = itertools.count(first)
+
+    def factory() -> EmbeddingClient:
         return EmbeddingClient(
-            job.url,
+            urls[next(turn) % len(urls)],
             job.protocol,
             job.timeout_s,
             admin_key=job.admin_key,
@@ -140,9 +159,31 @@ def run_index(job: IndexJob) -> IndexSummary:
             retry_budget=budget,
         )
 
-    with client_factory() as probe:
-        plan = resolve_model(probe, job.model, "image" if job.images else "text", job.options)
-    batch_rows, concurrency = plan_sizes(plan, job)
+    return factory
+
+
+def resolve_on_replicas(job: IndexJob, urls: list[str]) -> ModelPlan:
+    """The model's plan, the same on every replica (else :class:`ModelKindError`)."""
+    plans = []
+    for url in urls:
+        with EmbeddingClient(
+            url, job.protocol, job.timeout_s, admin_key=job.admin_key, retry=DEFAULT_RETRY
+        ) as probe:
+            media = "image" if job.images else "text"
+            plans.append(resolve_model(probe, job.model, media, job.options))
+    for url, plan in zip(urls[1:], plans[1:], strict=True):
+        if plan.config_digest != plans[0].config_digest:
+            raise ModelKindError(
+                f"{url} serves {plan.target} with config {plan.config_digest}, {urls[0]} with "
+                f"{plans[0].config_digest}: index against replicas of one deployment"
+            )
+    return plans[0]
+
+
+def open_output(
+    job: IndexJob, plan: ModelPlan, source: Any
+) -> tuple[OutputFolder, dict[str, Any], QdrantSink | None]:
+    """The output folder, checked against the job (resume or refuse), its manifest and sink."""
     out = OutputFolder(Path(job.out))
     identity = {
         "format": FORMAT_VERSION,
@@ -160,8 +201,19 @@ def run_index(job: IndexJob) -> IndexSummary:
     manifest.update(identity, target=plan.target, inputs=list(job.inputs))
     _record_untracked(out, manifest)
     out.write_manifest(manifest)
+    return out, manifest, _sink(job, plan, out, manifest)
 
-    sink = _sink(job, plan, out, manifest)
+
+def run_index(job: IndexJob) -> IndexSummary:
+    """Run ``job``; see the module. Raises what stops the run (clear messages)."""
+    started = time.monotonic()
+    urls = job_urls(job)
+    source = make_source(job)
+    budget = RetryBudget()
+    client_factory = client_factory_for(job, urls, budget)
+    plan = resolve_on_replicas(job, urls)
+    batch_rows, concurrency = plan_sizes(plan, job, len(urls))
+    out, manifest, sink = open_output(job, plan, source)
     progress = Progress(source.count(), job.progress, job.stream, job.progress_every_s)
 
     def on_shard(done: ShardDone) -> None:
@@ -227,10 +279,17 @@ def _sink(
     """The Qdrant sink, after sending the shards a killed run wrote but did not send."""
     if not job.qdrant:
         return None
-    import pyarrow.parquet as pq  # noqa: PLC0415 - the index extra
-
     collection = job.collection or plan.name
     sink = QdrantSink(open_qdrant(job.qdrant), collection, plan.kind)
+    manifest["qdrant_collection"] = collection
+    send_unsent(sink, out, manifest)
+    return sink
+
+
+def send_unsent(sink: QdrantSink, out: OutputFolder, manifest: dict[str, Any]) -> None:
+    """Upsert every finished shard the manifest does not list as sent to Qdrant."""
+    import pyarrow.parquet as pq  # noqa: PLC0415 - the index extra
+
     sent = set(manifest.get("qdrant", []))
     for shard in sorted(out.done_shards(PART)):
         name = out.shard_name(PART, shard)
@@ -238,5 +297,3 @@ def _sink(
             sink.upsert_table(pq.read_table(out.embeddings / name))
             sent.add(name)
     manifest["qdrant"] = sorted(sent)
-    manifest["qdrant_collection"] = collection
-    return sink

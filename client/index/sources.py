@@ -141,17 +141,16 @@ class TableSource:
 
     def count(self) -> int:
         """How many rows the tables hold (Parquet: its footer; JSONL: non-blank lines; CSV read)."""
-        total = 0
-        for path in self.files:
-            kind = TABLE_SUFFIXES[path.suffix.lower()]
-            if kind == "parquet":
-                total += _parquet_file(path).metadata.num_rows
-            elif kind == "jsonl":
-                with path.open("rb") as handle:
-                    total += sum(1 for line in handle if line.strip())
-            else:
-                total += sum(1 for _ in self._records(path, kind))
-        return total
+        return sum(self._file_count(path) for path in self.files)
+
+    def _file_count(self, path: Path) -> int:
+        kind = TABLE_SUFFIXES[path.suffix.lower()]
+        if kind == "parquet":
+            return int(_parquet_file(path).metadata.num_rows)
+        if kind == "jsonl":
+            with path.open("rb") as handle:
+                return sum(1 for line in handle if line.strip())
+        return sum(1 for _ in self._records(path, kind))
 
     def _check_columns(self) -> None:
         """Refuse at once a text column, or a kept column, that no table has."""
@@ -195,13 +194,29 @@ class TableSource:
             for batch in parquet.iter_batches(batch_size=4096, columns=columns):
                 yield from batch.to_pylist()
 
-    def rows(self) -> Iterator[Row]:
-        """Every row, numbered in order; rows without a usable value carry their error."""
+    def rows(self, start: int = 0, stop: int | None = None) -> Iterator[Row]:
+        """Rows ``start`` to ``stop - 1`` (default: every row), numbered in order.
+
+        Rows without a usable value carry their error. Files wholly before ``start`` are
+        counted, not read (a Spark task reads only its slice's files).
+        """
         index = 0
         for path in self.files:
+            if stop is not None and index >= stop:
+                return
+            if start > index:
+                size = self._file_count(path)
+                if index + size <= start:
+                    index += size
+                    continue
             kind = TABLE_SUFFIXES[path.suffix.lower()]
             keep_text = kind != "parquet"
             for record in self._records(path, kind):
+                if stop is not None and index >= stop:
+                    return
+                if index < start:
+                    index += 1
+                    continue
                 raw_id = record.get(self.id_column)
                 row_id = str(index) if raw_id is None or raw_id == "" else str(raw_id)
                 extra = {
@@ -250,9 +265,12 @@ class ImageFolderSource:
         """How many images."""
         return len(self.roots)
 
-    def rows(self) -> Iterator[Row]:
-        """One row per image file: id its relative path, item its absolute path."""
-        for index, (base, path) in enumerate(self.roots):
+    def rows(self, start: int = 0, stop: int | None = None) -> Iterator[Row]:
+        """One row per image file (``start`` to ``stop - 1``).
+
+        Its id is the path relative to its folder, its item the absolute path.
+        """
+        for index, (base, path) in enumerate(self.roots[start:stop], start):
             yield Row(index, path.relative_to(base).as_posix(), str(path))
 
 
@@ -283,8 +301,10 @@ class WebDatasetSource:
         """How many samples (the tars' member lists are read)."""
         return sum(1 for _ in self._samples(read=False))
 
-    def _samples(self, read: bool = True) -> Iterator[tuple[str, str, dict[str, bytes]]]:
-        for path in self.files:
+    def _samples(
+        self, read: bool = True, files: Sequence[Path] | None = None
+    ) -> Iterator[tuple[str, str, dict[str, bytes]]]:
+        for path in self.files if files is None else files:
             with tarfile.open(path) as tar:
                 key, members = None, {}
                 for member in tar:
@@ -302,9 +322,24 @@ class WebDatasetSource:
                 if key is not None:
                     yield path.name, key, members
 
-    def rows(self) -> Iterator[Row]:
-        """One row per sample: id its key, item its image bytes."""
-        for index, (tar, key, members) in enumerate(self._samples()):
+    def _skip_tars(self, start: int) -> tuple[int, list[Path]]:
+        """The first row number and the tars left once whole tars before ``start`` go."""
+        index = 0
+        for number, path in enumerate(self.files):
+            size = sum(1 for _ in self._samples(read=False, files=[path]))
+            if index + size > start:
+                return index, self.files[number:]
+            index += size
+        return index, []
+
+    def rows(self, start: int = 0, stop: int | None = None) -> Iterator[Row]:
+        """One row per sample (``start`` to ``stop - 1``): id its key, item its image bytes."""
+        first, files = self._skip_tars(start) if start else (0, self.files)
+        for index, (tar, key, members) in enumerate(self._samples(files=files), first):
+            if stop is not None and index >= stop:
+                return
+            if index < start:
+                continue
             extra = {
                 name: members[name].decode("utf-8", "replace") if name in members else None
                 for name in self.keep

@@ -351,3 +351,50 @@ def test_progress_bar_shows_rows_and_errors_and_lines_come_periodically():
     assert lines.getvalue().splitlines() == [
         "index: 20/50 rows (40.0%), 1.7 rows/s, ETA 0:00:18, 1 errors"
     ]
+
+
+def test_every_source_reads_a_slice_as_the_same_rows_of_the_whole(tmp_path):
+    """A Spark task's slice ``rows(start, stop)`` equals that slice of ``rows()``."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "a.jsonl").write_text(
+        "".join(json.dumps({"text": f"a{i}"}) + "\n" for i in range(5)), encoding="utf-8"
+    )
+    pq.write_table(pa.table({"text": [f"b{i}" for i in range(4)]}), tmp_path / "t" / "b.parquet")
+    with (tmp_path / "t" / "c.csv").open("w", newline="", encoding="utf-8") as handle:
+        csv.writer(handle).writerows([["text"], *[[f"c{i}"] for i in range(3)]])
+    (tmp_path / "i" / "x").mkdir(parents=True)
+    for i in range(6):
+        (tmp_path / "i" / ("x" if i % 2 else "") / f"{i}.jpg").write_bytes(b"J")
+    (tmp_path / "w").mkdir()
+    for name, start in (("a", 0), ("b", 3)):
+        _tar(tmp_path / "w" / f"{name}.tar", [(f"s{start + i}.jpg", b"J") for i in range(3)])
+    sources = [
+        TableSource([str(tmp_path / "t")]),
+        ImageFolderSource([str(tmp_path / "i")]),
+        WebDatasetSource([str(tmp_path / "w" / "*.tar")]),
+    ]
+    for source in sources:
+        whole = [(r.index, r.id, r.item) for r in source.rows()]
+        assert len(whole) == source.count()
+        for start, stop in ((0, 2), (2, 5), (4, 9), (5, None), (7, 100), (50, 60)):
+            part = [(r.index, r.id, r.item) for r in source.rows(start, stop)]
+            assert part == whole[start:stop], (type(source).__name__, start, stop)
+
+
+def test_pending_shards_are_cut_into_even_runs_for_spark_tasks():
+    from client.index.spark import shard_slices
+
+    assert shard_slices([], 4) == []
+    assert shard_slices([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], 4) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert shard_slices([1, 2, 7], 8) == [(1, 2), (2, 3), (7, 8)]
+    assert shard_slices([0, 5, 9], 1) == [(0, 10)]  # a run may span finished shards
+
+
+def test_job_urls_split_replicas_and_refuse_object_store_paths():
+    from client.index.runner import IndexJob, job_urls
+
+    job = IndexJob(model="m", inputs=["docs/"], out="out/", url="a:8000, b:8000,")
+    assert job_urls(job) == ["a:8000", "b:8000"]
+    for inputs, out in ((["s3://bucket/docs/"], "out/"), (["docs/"], "gs://bucket/out")):
+        with pytest.raises(SourceError, match="mount the bucket"):
+            job_urls(IndexJob(model="m", inputs=inputs, out=out))
