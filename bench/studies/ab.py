@@ -22,7 +22,9 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from bench.ceiling import chunk_settings, make_session, served_tokenizer
 from bench.common import logger
+from bench.load_ceiling import load_ceiling, timed_rows
 from bench.loads import BenchLoad, text_loads
 from bench.machine import CpuMonitor
 from bench.manifest import BUILD, TEXT_MODEL, bench_manifest, parse_overrides
@@ -45,6 +47,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--pool", type=int, default=512)
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     parser.add_argument("--json", type=Path, help="save every figure here")
+    parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also run each load's in-process ceiling (bench.load_ceiling) in the rotation "
+        "and print every variant's ratio to it",
+    )
     return parser.parse_args(argv)
 
 
@@ -88,23 +96,58 @@ def run_order(servers: int, repeat: int) -> list[int]:
     return order[::-1] if repeat % 2 else order
 
 
+def ceiling_run(repo: Path, spec, requests: list) -> float:
+    """The load's in-process ceiling (best of bench.load_ceiling's ways), rows/s.
+
+    Sessions of its own, dropped before the servers run again, as ``bench.run`` does.
+    """
+    onnx_path = repo / f"{TEXT_MODEL}_encode" / "1" / "model.onnx"
+    tokenizer = served_tokenizer(repo, TEXT_MODEL)
+    max_rows, max_padding = chunk_settings(repo, TEXT_MODEL)
+    rows = [r.decode() for r in timed_rows(requests, spec.clients, spec.warmup_requests)]
+    session = make_session(onnx_path, "cpu")
+    cores = os.cpu_count() or 1
+    singles = [make_session(onnx_path, threads=1) for _ in range(cores)] if cores > 1 else []
+    best = load_ceiling(
+        session, tokenizer.encode, rows, spec.clients * spec.items_per_request,
+        max_rows, max_padding, singles,
+    )  # fmt: skip
+    return best.best_items_per_s
+
+
 def rotate(
-    servers: list[TritonPorts], loads: list[BenchLoad], repeats: int, pool: list[str],
+    servers: list[TritonPorts],
+    loads: list[BenchLoad],
+    repeats: int,
+    pool: list[str],
     protocol: str,
+    ceiling_repo: Path | None = None,
 ) -> list[dict]:
     """Every load on every server, ``repeats`` times, the server order rotated per repeat.
 
-    One row of figures per run (``variant`` is the server's index).
+    One row of figures per run (``variant`` is the server's index; ``-1`` the in-process
+    ceiling, run in the rotation when ``ceiling_repo`` is given).
     """
     monitor = CpuMonitor()
     rows: list[dict] = []
+    entries = len(servers) + (1 if ceiling_repo is not None else 0)
     for repeat in range(repeats):
         for load in loads:
             spec = load.spec
             count = spec.clients * (spec.warmup_requests + spec.requests_per_client)
             requests = text_requests(pool, spec.items_per_request, count)
-            for i in run_order(len(servers), repeat):
+            for i in run_order(entries, repeat):
                 time.sleep(SETTLE_S)  # the last server's threads and stubs go quiet first
+                if i == len(servers):
+                    monitor.start()
+                    rate = ceiling_run(ceiling_repo, spec, requests)
+                    foreign = monitor.stop().foreign_share
+                    rows.append(
+                        {"repeat": repeat, "load": load.key, "variant": -1,
+                         "items_per_s": rate, "foreign_cpu": foreign}
+                    )  # fmt: skip
+                    log(f"{load.key:7s} ceiling {rate:7.1f}/s foreign {foreign:.0%}")
+                    continue
                 ports = servers[i]
                 url = f"127.0.0.1:{ports.grpc if protocol == 'grpc' else ports.http}"
                 monitor.start()
@@ -131,6 +174,19 @@ def rotate(
     return rows
 
 
+def ceiling_ratios(rows: list[dict], load: str, variant: int) -> list[float]:
+    """Per repeat: the variant's rate over the ceiling's rate in that same repeat."""
+    ratios = []
+    for repeat in sorted({r["repeat"] for r in rows}):
+        mine = [
+            r for r in rows if (r["repeat"], r["load"], r["variant"]) == (repeat, load, variant)
+        ]
+        best = [r for r in rows if (r["repeat"], r["load"], r["variant"]) == (repeat, load, -1)]
+        if mine and best:
+            ratios.append(mine[0]["items_per_s"] / best[0]["items_per_s"])
+    return ratios
+
+
 def main(argv=None) -> int:
     """Start every variant, run the loads in rotation, print medians; returns 0."""
     args = parse_args(argv)
@@ -138,7 +194,8 @@ def main(argv=None) -> int:
     pool = text_pool(args.pool)
     with ExitStack() as stack:
         servers = [start(v, i, stack) for i, v in enumerate(args.variant)]
-        rows = rotate(servers, loads, args.repeats, pool, args.protocol)
+        repo = BUILD / "ab-0-repo" if args.ceiling else None
+        rows = rotate(servers, loads, args.repeats, pool, args.protocol, repo)
     print(f"\nmedians of {args.repeats} repeats ({args.protocol})")
     for i, variant in enumerate(args.variant):
         print(f"  v{i}: {variant or '(shipped models.toml)'}")
@@ -151,6 +208,15 @@ def main(argv=None) -> int:
             p50 = statistics.median(r["p50_ms"] for r in mine)
             line += f"  {rate:12.1f} {p50:8.2f}"
         print(line)
+    if args.ceiling:
+        print("\nserved / in-process ceiling, per repeat (median)")
+        for load in loads:
+            line = f"{load.key:8s}"
+            for i in range(len(servers)):
+                ratios = ceiling_ratios(rows, load.key, i)
+                each = ", ".join(f"{r:.2f}" for r in ratios)
+                line += f"  v{i} {statistics.median(ratios):.2f}x ({each})"
+            print(line)
     if args.json:
         args.json.write_text(json.dumps({"variants": args.variant, "rows": rows}, indent=1))
     return 0

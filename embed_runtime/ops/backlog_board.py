@@ -235,12 +235,18 @@ class Admission(_Slot):
             _lock(self._fd, _RESYNC_LOCK, fcntl.F_UNLCK)
 
     def read(self) -> Backlog:
-        """The encoder's backlog now; a count below zero is set to zero first."""
+        """The encoder's backlog now; a count below zero is set to zero first.
+
+        The encoders' counts are read before the admitters': a request is passed on before
+        it is taken, so a request taken while this reads is counted as passed too, and a
+        busy board never reads below zero (which the resync would turn into a count too
+        high for good; only an idle moment would reset it, and a busy closed loop has none).
+        """
+        encoders = self._encoders()
         passed = sum(
             struct.unpack_from("<Q", self._map, _ADMITTERS + i * _ADMITTER_SIZE)[0]
             for i in range(SLOTS)
         )
-        encoders = self._encoders()
         offset = struct.unpack_from("<q", self._map, _OFFSET)[0]
         queued = passed - sum(e[0] for e in encoders) - offset
         if queued < 0:

@@ -84,6 +84,32 @@ def test_a_count_below_zero_is_set_to_zero_at_once(board) -> None:
     assert admission.read().queued == 3
 
 
+def test_work_passed_and_taken_while_the_board_is_read_leaves_no_count_behind(
+    board, monkeypatch
+) -> None:
+    """A tokenize and an encoder instance at work during a read (a busy closed loop).
+
+    Read in the wrong order (admitters first), the encoder's take of a request passed
+    after the admitters were read makes the backlog -1; the resync then counts one request
+    too many for good, and a busy loop never idles long enough to reset it.
+    """
+    clock = Clock()
+    reader, tokenize = Admission(board, clock), Admission(board, clock)
+    encoder = EncoderSlot(board, clock)
+    encoders = Admission._encoders
+
+    def busy_read(self):  # a request passed on and taken in the middle of the read
+        tokenize.passed(1)
+        _run(encoder, clock, 1, 1)
+        return encoders(self)
+
+    monkeypatch.setattr(Admission, "_encoders", busy_read)
+    for _ in range(5):
+        assert reader.read().queued == 0
+    monkeypatch.setattr(Admission, "_encoders", encoders)
+    assert reader.read().queued == 0  # nothing waits: nothing may be counted
+
+
 def _gate(board: str, clock: Clock, wait_ms: int) -> AdmissionGate:
     return AdmissionGate(Admission(board, clock), "mini_encode", wait_ms * 1000)
 
