@@ -24,6 +24,7 @@ class Adapter(StrEnum):
     ENCODE_SPARSE_ROUTER = "encode_sparse_router"
     FETCH_IMAGE = "fetch_image"
     PREPROCESS_IMAGE = "preprocess_image"
+    ADMIT_IMAGE = "admit_image"
     MODEL_MANAGER = "model_manager"
 
 

@@ -27,9 +27,10 @@ from embed_runtime.image.preprocess import (
     preprocess_opened,
 )
 from embed_runtime.image.gpu import cuda_preprocessor
+from embed_runtime.ops.backlog_board import EncoderSlot, board_path
 from embed_runtime.ops.priority import lower_priority
-from embed_runtime.ops.server_exit import exit_with_server
-from embed_runtime.serving.admission import AdmissionGate
+from embed_runtime.ops.server_exit import exit_with_server, is_stub
+from embed_runtime.serving.admission import BACKLOG_PARAMETER, AdmissionGate
 
 
 class TritonPythonModel:
@@ -51,6 +52,13 @@ class TritonPythonModel:
             name = args["model_name"]
             self.logger.log_info(f"{name}: JPEG decode and resize on cuda:{device_id}")
         self.gate = AdmissionGate.from_parameters(params, args["model_version"])
+        # Counted by the admit step in front (embed_runtime/models/admit_image.py): the
+        # requests this instance takes and what one costs. Only inside Triton, whose
+        # server the board is named by.
+        self.backlog = None
+        if params.get(BACKLOG_PARAMETER) == "true" and is_stub():
+            version = args["model_version"]
+            self.backlog = EncoderSlot(board_path(args["model_name"], version))
 
     def _guarded(self, step, item):
         """``step(item, params)``, or the exception it raised (unexpected ones logged)."""
@@ -119,6 +127,12 @@ class TritonPythonModel:
 
     def execute(self, requests):
         """Read headers, admit within budget, decode the admitted images; slice back."""
+        if self.backlog is None:
+            return self._execute(requests)
+        with self.backlog.executing(len(requests)):
+            return self._execute(requests)
+
+    def _execute(self, requests):
         batch = gather_rows(pb_utils, requests, self._rows, self.gate)
         opened = [self._guarded(open_image, data) for data in batch.items]
         admitted = self._admit(batch, opened)
@@ -141,3 +155,5 @@ class TritonPythonModel:
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self.gate is not None:
             self.gate.close()
+        if self.backlog is not None:
+            self.backlog.close()

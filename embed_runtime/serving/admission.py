@@ -84,6 +84,9 @@ def gone_reason(
 
 ADMISSION_ENCODER = "admission_encoder"
 ADMISSION_WAIT = "admission_wait_us"
+# Set ("true") on a step that an admitting step in front counts for, other than an encoder
+# (which always counts): image preprocessing behind ``<name>_admit_image``.
+BACKLOG_PARAMETER = "admission_backlog"
 
 
 # Requests per encoder instance always admitted, whatever one costs (AdmissionGate.begin).

@@ -31,7 +31,7 @@ from ..render import (
     onnxruntime_model,
     python_model,
 )
-from .spec import LITELLM_SUFFIX, OPENAI_SUFFIX, serves_openai
+from .spec import LITELLM_SUFFIX, OPENAI_SUFFIX, admits, serves_openai
 
 # The optional per-row token count of text ensembles (python-ort encoders that take an
 # attention mask): the tokens the encoder saw, prompt and special tokens included.
@@ -125,15 +125,6 @@ def gpu_accelerator(entry: ModelEntry, inputs: Sequence[IOSpec]) -> Accelerator 
     return Accelerator("tensorrt", tuple(parameters.items()))
 
 
-def admits(entry: ModelEntry) -> bool:
-    """Whether the steps in front of ``entry``'s encoders admit requests to them.
-
-    They do for a Python encoder (its executions fill the backlog board the step in front
-    reads) with ``admission_wait_us`` set; Triton's native backend fills no board.
-    """
-    return entry.admission_wait_us > 0 and entry.encoder_backend == "python-ort"
-
-
 def admission_parameters(entry: ModelEntry, encoder: str) -> dict[str, str]:
     """Config parameters of a step that admits requests to the model ``encoder``.
 
@@ -164,9 +155,7 @@ def step_batching(
     )
 
 
-def _encoder_scheduling(
-    entry: ModelEntry, admitted: bool = False
-) -> tuple[Batching, Instances]:
+def _encoder_scheduling(entry: ModelEntry, admitted: bool = False) -> tuple[Batching, Instances]:
     """Dynamic batching and instance group of an encoder (either kind, fused or not).
 
     ``admitted``: a step in front admits its requests (:func:`admits`).
@@ -439,18 +428,24 @@ class QueryRoute:
         return route.to_parameters()
 
 
+def _mapped(name: str | tuple[str, str]) -> tuple[str, str]:
+    """``(model tensor, ensemble tensor)`` of a step's name in :func:`chain_dir`."""
+    return name if isinstance(name, tuple) else (name, name)
+
+
 def chain_dir(
     entry: ModelEntry,
     name: str,
     public_input: IOSpec,
     dim: int,
-    steps: Sequence[tuple[str, Sequence[str], Sequence[str]]],
+    steps: Sequence[tuple[str, Sequence[str | tuple[str, str]], Sequence[str | tuple[str, str]]]],
     extra_outputs: Sequence[IOSpec] = (),
 ) -> ModelDir:
     """An ensemble running ``steps`` (model, input names, output names) one after another.
 
     Tensor names are shared between steps: a step's outputs feed the next step's inputs
     of the same name; the last step must output ``EMBEDDING`` (and ``extra_outputs``).
+    A name may be a pair ``(the model's tensor, the ensemble's tensor)`` instead.
     """
     config = ensemble(
         name,
@@ -458,7 +453,7 @@ def chain_dir(
         [public_input],
         [IOSpec("EMBEDDING", "TYPE_FP32", (dim,)), *extra_outputs],
         [
-            Step(model, tuple((n, n) for n in ins), tuple((n, n) for n in outs))
+            Step(model, tuple(map(_mapped, ins)), tuple(map(_mapped, outs)))
             for model, ins, outs in steps
         ],
     )

@@ -25,6 +25,15 @@ def serves_openai(entry: ModelEntry) -> bool:
     return entry.litellm and entry.encoder_backend == "python-ort"
 
 
+def admits(entry: ModelEntry) -> bool:
+    """Whether the steps in front of ``entry``'s encoders admit requests to them.
+
+    They do for a Python encoder (its executions fill the backlog board the step in front
+    reads) with ``admission_wait_us`` set; Triton's native backend fills no board.
+    """
+    return entry.admission_wait_us > 0 and entry.encoder_backend == "python-ort"
+
+
 @dataclass(frozen=True)
 class Family:
     """What the rest of the generator knows of a family (declared in its package)."""

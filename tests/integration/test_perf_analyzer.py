@@ -65,8 +65,10 @@ def ensembles(server) -> dict[str, tuple[str, list[str]]]:
     return {
         TEXT_MODEL: ("TEXT", ["tokenize", "encode"]),
         f"{clip}_text": ("TEXT", ["tokenize", "encode_text"]),
-        f"{clip}_image": ("IMAGE", ["preprocess_image", "encode_image"]),
-        f"{clip}_image_url": ("IMAGE_URL", ["fetch_image", "preprocess_image", "encode_image"]),
+        f"{clip}_image": ("IMAGE", ["admit_image", "preprocess_image", "encode_image"]),
+        f"{clip}_image_url": (
+            "IMAGE_URL", ["fetch_image", "admit_image", "preprocess_image", "encode_image"]
+        ),
     }
 
 

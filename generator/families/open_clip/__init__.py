@@ -1,7 +1,8 @@
 """Family ``open-clip``: CLIP text and image towers (declaration; build: ``export``).
 
 An entry ``<name>`` builds ``<name>_tokenize``, ``<name>_encode_text``,
-``<name>_preprocess_image`` and ``<name>_encode_image``, and the ensembles
+``<name>_admit_image`` (where it admits requests), ``<name>_preprocess_image`` and
+``<name>_encode_image``, and the ensembles
 ``<name>_text``, ``<name>_image`` and ``<name>_image_url`` (the last one through the
 shared ``fetch_image``).
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from ..spec import Errors, Family
+from ..spec import Errors, Family, admits
 from . import preprocess_cfg
 
 if TYPE_CHECKING:
@@ -21,7 +22,9 @@ FETCH_IMAGE = "fetch_image"  # the shared model (shared_models.py) of the URL en
 
 
 def _steps(entry: ModelEntry) -> tuple[str, ...]:
-    return ("tokenize", "encode_text", "preprocess_image", "encode_image")
+    # admit_image: where the entry admits requests, the step in front of the decode
+    admit = ("admit_image",) if admits(entry) else ()
+    return ("tokenize", "encode_text", *admit, "preprocess_image", "encode_image")
 
 
 def _check_entry(where: str, entry: ModelEntry, errors: Errors) -> None:

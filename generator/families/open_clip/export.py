@@ -3,10 +3,11 @@
 Models dirs of one entry ``<name>``: ``<name>_tokenize`` (open_clip's text clean in
 Python, then an HF ``tokenizers`` JSON that reproduces open_clip's tokenizer, fixed
 context), ``<name>_encode_text``,
-``<name>_preprocess_image`` (Pillow + numpy, parameters from the model's own
-``PreprocessCfg``), ``<name>_encode_image``, and the ensembles ``<name>_text``,
-``<name>_image`` and ``<name>_image_url`` (the last one through the shared
-``fetch_image``).
+``<name>_admit_image`` (where the entry admits requests: refuses before the decode
+while the preprocessing queue is full), ``<name>_preprocess_image`` (Pillow + numpy,
+parameters from the model's own ``PreprocessCfg``), ``<name>_encode_image``, and the
+ensembles ``<name>_text``, ``<name>_image`` and ``<name>_image_url`` (the last one
+through the shared ``fetch_image``).
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import dataclasses
 from pathlib import Path
 
 from embed_runtime.image.gpu import require_cuda_device
+from embed_runtime.serving.admission import BACKLOG_PARAMETER
 
 from ...manifest import Manifest, ModelEntry, resolve_path
 from ...model_dir import ModelDir
 from ...render import Instances, IOSpec, python_model
 from ..common import (
     admission_parameters,
+    admits,
     chain_dir,
     encoder_dir,
     step_batching,
@@ -39,6 +42,8 @@ from .assets import (
 )
 from .hf_tokenizer import is_hf_tokenizer, write_hf_tokenizer_json
 from .preprocess_cfg import PreprocessChoice
+
+ADMITTED = "ADMITTED"  # the admit step's output: the image bytes it let through
 
 
 def _load(entry: ModelEntry, manifest: Manifest):
@@ -78,18 +83,44 @@ def _preprocess_dir(
 ) -> ModelDir:
     # GPU decode: each instance is placed on a GPU (Triton passes its device id).
     kind = "KIND_GPU" if entry.image_decode == "gpu" else "KIND_CPU"
+    admitted = admits(entry)
     config = python_model(
         name,
         entry.max_batch_size,
         [IOSpec("IMAGE", "TYPE_STRING", (1,))],
         [IOSpec("pixel_values", "TYPE_FP32", (3, *size))],
-        {**parameters, "decode_threads": "2", **admission_parameters(entry, encoder)},
-        # Decoding is the work to refuse before, and it happens in this first step: its
-        # own queue keeps Triton's bound (max_queue_size), which a step cannot see itself.
-        step_batching(entry, entry.max_queue_delay_us // 2),
+        {
+            **parameters,
+            "decode_threads": "2",
+            **admission_parameters(entry, encoder),
+            **({BACKLOG_PARAMETER: "true"} if admitted else {}),
+        },
+        # Decoding is the work to refuse before: ``<name>_admit_image`` in front admits to
+        # this step as this step admits to the encoder. Without admission, Triton's own
+        # bound (max_queue_size) keeps this queue short.
+        step_batching(entry, entry.max_queue_delay_us // 2, admitted=admitted),
         Instances(entry.preprocess_instances, kind),
     )
     return ModelDir(name, config, "preprocess_image", {})
+
+
+def _admit_dir(entry: ModelEntry, name: str, preprocess: str) -> ModelDir:
+    """``<name>_admit_image``: image bytes passed on, or refused while ``preprocess`` is full.
+
+    A step with no work of its own, in front of the decode, so the refusal comes before
+    it (``embed_runtime/models/admit_image.py``); a quarter as many instances as the
+    preprocessing step, at least one.
+    """
+    config = python_model(
+        name,
+        entry.max_batch_size,
+        [IOSpec("IMAGE", "TYPE_STRING", (1,))],
+        [IOSpec(ADMITTED, "TYPE_STRING", (1,))],
+        admission_parameters(entry, preprocess),
+        step_batching(entry, 0, admitted=True),
+        Instances(max(1, entry.preprocess_instances // 4)),
+    )
+    return ModelDir(name, config, "admit_image", {})
 
 
 def _with_parameters(model_dir: ModelDir, parameters: dict[str, str]) -> ModelDir:
@@ -130,6 +161,11 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
         (f"{n}_preprocess_image", ["IMAGE"], ["pixel_values"]),
         (f"{n}_encode_image", ["pixel_values"], ["EMBEDDING"]),
     ]
+    admit = []
+    if admits(entry):  # a step in front of the decode refuses while it is full
+        image_steps[0] = (f"{n}_preprocess_image", [("IMAGE", "admitted")], ["pixel_values"])
+        image_steps.insert(0, (f"{n}_admit_image", ["IMAGE"], [(ADMITTED, "admitted")]))
+        admit = [_admit_dir(entry, f"{n}_admit_image", f"{n}_preprocess_image")]
     string = "TYPE_STRING"
     scores = score_parameters(model)  # the ensembles tell clients how open_clip scores pairs
     ensembles = [
@@ -168,5 +204,6 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
             entry, f"{n}_preprocess_image", pre.to_parameters(), pre.size, f"{n}_encode_image"
         ),
         encoder_dir(entry, f"{n}_encode_image", work / "image_encoder.onnx", image_spec, False),
+        *admit,
         *(_with_parameters(d, scores) for d in ensembles),
     ]

@@ -1,0 +1,53 @@
+"""Triton Python model ``<name>_admit_image``: the first step of a CLIP model's image ensembles.
+
+It does no work on an image: it passes ``IMAGE`` (the bytes of each image) on unchanged
+as ``ADMITTED``, or refuses the request at once, HTTP 503 / gRPC ``UNAVAILABLE`` "server
+overloaded", while the preprocessing step after it (``<name>_preprocess_image``) has more
+than ``admission_wait_us`` of work queued (``embed_runtime.ops.backlog_board``). Image
+decode is the costly work to refuse before; it runs in the preprocessing step, which
+cannot see its own queue, so this cheap step in front counts what it passes on and the
+preprocessing instances count what they take. No Triton queue policy is needed on either
+step, so both keep the batcher's prefetching (docs/architecture.md, "Under load").
+"""
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from embed_runtime.errors import InvalidInputError
+from embed_runtime.ops.server_exit import exit_with_server
+from embed_runtime.serving.adapter import config_parameters, gather_rows, input_array
+from embed_runtime.serving.admission import AdmissionGate
+
+OUTPUT = "ADMITTED"
+
+
+def _images(request):
+    """The request's image column as one item ([N, 1] bytes objects)."""
+    images = input_array(pb_utils, request, "IMAGE")
+    if images.size == 0:
+        raise InvalidInputError("IMAGE has zero rows")
+    return [images.reshape(-1, 1)]
+
+
+class TritonPythonModel:
+    """Admits image requests to the preprocessing step, or refuses them before any work."""
+
+    def initialize(self, args):
+        """Open this instance's slot on the preprocessing step's backlog board."""
+        exit_with_server()
+        params = config_parameters(args["model_config"])
+        self.gate = AdmissionGate.from_parameters(params, args["model_version"])
+
+    def execute(self, requests):
+        """Each request's images passed on as they are, or its refusal."""
+        batch = gather_rows(pb_utils, requests, _images, self.gate)
+        for i, start, _ in batch.slices():
+            tensor = pb_utils.Tensor(OUTPUT, np.asarray(batch.items[start], dtype=np.object_))
+            batch.responses[i] = pb_utils.InferenceResponse([tensor])
+        if self.gate is not None:
+            self.gate.passed(len(batch.valid))
+        return batch.responses
+
+    def finalize(self):
+        """Free this instance's admission slot."""
+        if self.gate is not None:
+            self.gate.close()

@@ -1,0 +1,108 @@
+"""The admit_image adapter (``embed_runtime/models/admit_image.py``): image bytes passed on
+unchanged, or refused before the preprocessing step while its queue is full; and the
+preprocessing step counting, on that board, the requests it takes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embed_runtime.ops.backlog_board import Admission, EncoderSlot
+from embed_runtime.serving.admission import AdmissionGate
+from tests.unit import fake_pb_utils as pb
+from tests.unit.embed_runtime.models.helpers import _args, _error, load_adapter
+
+MS = 1_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ns = 10_000 * MS
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+def _request(*blobs: bytes) -> pb.InferenceRequest:
+    rows = np.empty((len(blobs), 1), dtype=object)
+    rows[:, 0] = blobs
+    return pb.InferenceRequest([pb.Tensor("IMAGE", rows)])
+
+
+@pytest.fixture
+def admit(backend, tmp_path: Path):
+    """The adapter with a gate on a board of its own (100 ms bound) and the clock."""
+    clock = Clock()
+    model = load_adapter("admit_image").TritonPythonModel()
+    model.initialize(_args(tmp_path / "m_admit_image", {}))
+    assert model.gate is None  # no admission parameters: everything passes
+    board = str(tmp_path / "board")
+    model.gate = AdmissionGate(Admission(board, clock), "m_preprocess_image", 100_000)
+    yield model, board, clock
+    model.finalize()
+
+
+def test_admitted_images_pass_on_unchanged_and_are_counted(admit) -> None:
+    model, board, clock = admit
+    requests = [_request(b"\xff\xd8jpeg", b"\x89PNG"), _request(b"GIF89a")]
+    responses = model.execute(requests)
+    for request, response in zip(requests, responses, strict=True):
+        got = response.output_tensors()[0]
+        assert got.name() == "ADMITTED" and got.as_numpy().shape[1] == 1
+        want = request.inputs()[0].as_numpy()
+        assert got.as_numpy().tolist() == want.tolist()
+    assert Admission(board, clock).read().queued == 2
+
+
+def test_a_zero_row_request_fails_alone(admit) -> None:
+    model, _, _ = admit
+    empty = pb.InferenceRequest([pb.Tensor("IMAGE", np.empty((0, 1), dtype=object))])
+    responses = model.execute([empty, _request(b"x")])
+    assert "zero rows" in _error(responses[0])[1]
+    assert not responses[1].has_error()
+
+
+def test_requests_past_the_preprocessing_queues_bound_are_refused_unread(admit) -> None:
+    model, board, clock = admit
+    preprocess = EncoderSlot(board, clock)
+    with preprocess.executing(4):  # 4 requests in 80 ms: 20 ms a request
+        clock.ns += 80 * MS
+    model.gate.board.passed(4 + 3)  # three wait: 60 ms of the 100 ms bound
+    with preprocess.executing(0):  # running: not idle
+        responses = model.execute([_request(b"a") for _ in range(5)])
+    assert [r.has_error() for r in responses] == [False, False, True, True, True]
+    code, message = _error(responses[2])
+    assert code == pb.TritonError.UNAVAILABLE
+    assert "server overloaded" in message and "m_preprocess_image" in message
+
+
+def test_the_preprocessing_step_counts_what_it_takes_on_its_own_board(
+    backend, tmp_path, monkeypatch
+) -> None:
+    """With ``admission_backlog`` set, preprocess_image takes a slot (inside a stub)."""
+    from tests.unit.embed_runtime.models.test_preprocess_image import IMAGE_PARAMS, _png
+
+    module = load_adapter("preprocess_image")
+    monkeypatch.setitem(module.TritonPythonModel.initialize.__globals__, "is_stub", lambda: True)
+    boards = {}
+    monkeypatch.setitem(
+        module.TritonPythonModel.initialize.__globals__,
+        "board_path",
+        lambda name, version: boards.setdefault(name, str(tmp_path / f"board-{name}")),
+    )
+    model = module.TritonPythonModel()
+    params = {**IMAGE_PARAMS.to_parameters(), "decode_threads": "1", "admission_backlog": "true"}
+    model.initialize(_args(tmp_path / "m_preprocess_image", params))
+    try:
+        reader = Admission(boards["m_preprocess_image"])
+        reader.passed(3)
+        image = _png(8, 8)
+        responses = model.execute([_request(image), _request(image)])
+        assert not any(r.has_error() for r in responses)
+        backlog = reader.read()
+        assert backlog.queued == 1 and backlog.per_request_ns > 0 and backlog.encoders == 1
+        reader.close()
+    finally:
+        model.finalize()
