@@ -25,8 +25,9 @@ encoder's queue holds more than ``admission_wait_us`` of work, so ``fused_tokeni
 off (one more Python step, 1-4 % of throughput). Triton's queue policy is left off the
 steps it admits to, because any policy turns off the batcher's prefetching (a queued
 request then waits up to 0.5 s beside an idle instance; docs/architecture.md, "Under
-load"). Steps with no admitting step in front (image preprocessing, single-step
-encoders) keep Triton's ``max_queue_size``. No profile bounds the wait in time
+load"). Image ensembles start with ``<name>_admit_image``, which admits to image
+preprocessing the same way. Steps with no admitting step in front (single-step encoders)
+keep Triton's ``max_queue_size``. No profile bounds the wait in time
 (``queue_timeout_us``): with 250 ms perf_analyzer's closed loop of 4 clients of image
 URLs was refused on 2 cores (docs/operations.md, "When the server is full").
 """
