@@ -110,6 +110,7 @@ class AdmissionGate:
         self.board, self.encoder, self.wait_us = board, encoder, wait_us
         self._room = 0.0
         self._read = Backlog(0, 0.0)
+        self._admitted = 0  # by this execution so far: they wait too
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str], version: str) -> AdmissionGate | None:
@@ -123,6 +124,7 @@ class AdmissionGate:
     def begin(self) -> None:
         """Read the backlog: how many requests this execution may pass on."""
         budget = self.wait_us * 1000
+        self._admitted = 0
         self._read = backlog = self.board.read()
         if backlog.per_request_ns <= 0:  # the encoder has not run yet: nothing to go by
             self._room = math.inf
@@ -143,11 +145,14 @@ class AdmissionGate:
         """``None`` to admit the next request, else the error that refuses it."""
         if self._room >= 1:
             self._room -= 1
+            self._admitted += 1
             return None
-        backlog = self._read
+        waiting = Backlog(
+            self._read.queued + self._admitted, self._read.per_request_ns, self._read.encoders
+        )
         return OverloadedError(
-            f"server overloaded: {backlog.queued} request(s) (about "
-            f"{backlog.wait_ns / 1e6:.0f} ms of work) already wait for {self.encoder}, over "
+            f"server overloaded: {waiting.queued} request(s) (about "
+            f"{waiting.wait_ns / 1e6:.0f} ms of work) already wait for {self.encoder}, over "
             f"its admission bound of {self.wait_us / 1000:g} ms ({ADMISSION_WAIT}); "
             "retry later with backoff"
         )

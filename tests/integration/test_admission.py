@@ -20,6 +20,7 @@ on one timing, and a busy machine only makes executions longer (a higher share).
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
@@ -29,16 +30,19 @@ import urllib.request
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from PIL import Image
 
 from generator.admin import KEY_ENV
 from generator.build import build_repository
 from generator.manifest import parse_manifest
 from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
+from tests.integration.clip_fixture import ClipReference, tiny_clip_entry
 from tests.integration.conftest import ADMIN_KEY
 
 pytestmark = pytest.mark.integration
 
 ADMITTED, POLICY = "admitted", "policy"
+CLIP = "clip-admitted"
 CLIENTS = 12
 FLOOD_S = 4.0
 LONG = "A server that admits only what it can answer in time stays prompt. " * 30
@@ -52,15 +56,26 @@ COMMON = {
 
 
 @pytest.fixture(scope="module")
-def ports(tmp_path_factory):
+def clip_entry(tmp_path_factory) -> dict:
+    """The tiny CLIP model, admitted at 20 ms, one preprocessing instance of one batch."""
+    entry = tiny_clip_entry(tmp_path_factory.mktemp("admission-clip"))
+    return {**entry, "name": CLIP, "admission_wait_us": 20_000, "preprocess_instances": 1}
+
+
+@pytest.fixture(scope="module")
+def ports(tmp_path_factory, clip_entry):
     base = tmp_path_factory.mktemp("admission")
     manifest = parse_manifest({"models": [
         {**COMMON, "name": ADMITTED, "admission_wait_us": 50_000},
         {**COMMON, "name": POLICY, "admission_wait_us": 0, "max_queue_size": 2},
+        clip_entry,
     ]}, base)
     build_repository(manifest, base / "repo", log=lambda _m: None)
     ports = TritonPorts(*free_ports(3))
-    launch = TritonLaunch(base / "repo", ports, load_models=(ADMITTED, POLICY), admin_key=ADMIN_KEY)
+    launch = TritonLaunch(
+        base / "repo", ports, load_models=(ADMITTED, POLICY, f"{CLIP}_image"),
+        admin_key=ADMIN_KEY,
+    )
     process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY}).start()
     try:
         process.wait_ready(timeout_s=240)
@@ -154,3 +169,51 @@ def test_admission_refuses_the_excess_serves_the_rest_and_never_stalls(ports, re
     assert any("Exceeds maximum queue size" in e for e in policy_errors)
     # Triton's bound turns prefetching off: its one instance idles beside a full queue.
     assert policy_share < admitted_share
+
+
+def _large_jpeg() -> bytes:
+    """A 1600 x 1200 photo-sized JPEG of noise: its decode is the costly work."""
+    pixels = np.random.default_rng(46).integers(0, 256, (1200, 1600, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def test_image_requests_are_refused_before_the_decode_and_the_rest_served(ports, clip_entry):
+    """The admit step in front of preprocessing refuses while its queue is full."""
+    blob = _large_jpeg()
+    reference = ClipReference(clip_entry["arch"], clip_entry["checkpoint"])
+    want = reference.encode_pixels(reference.pixels([blob]))[0]
+    url = f"127.0.0.1:{ports.grpc}"
+    stop = time.monotonic() + FLOOD_S
+    vectors: list[np.ndarray] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def client() -> None:
+        triton = grpcclient.InferenceServerClient(url)
+        item = grpcclient.InferInput("IMAGE", [1, 1], "BYTES")
+        item.set_data_from_numpy(np.array([[blob]], dtype=object))
+        while time.monotonic() < stop:
+            try:
+                out = triton.infer(f"{CLIP}_image", [item]).as_numpy("EMBEDDING")[0]
+                with lock:
+                    vectors.append(out)
+            except Exception as exc:
+                with lock:
+                    errors.append(str(exc))
+
+    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    print(f"\n{CLIP}_image: {len(vectors)} served, {len(errors)} refused; "
+          f"{sorted({e[:140] for e in errors})}")
+    assert vectors and errors
+    for out in vectors:
+        assert np.abs(out - want).max() <= 5e-6
+    for error in errors:
+        assert "StatusCode.UNAVAILABLE" in error and "server overloaded" in error, error
+    # the admit step's refusals, before the decode: they name the preprocessing queue
+    assert any(f"wait for {CLIP}_preprocess_image" in e for e in errors), errors[:3]

@@ -126,7 +126,8 @@ def test_the_gate_admits_until_the_estimated_wait_passes_its_bound(board) -> Non
     for response in batch.responses[4:]:
         code, message = _error(response)
         assert code == pb.TritonError.UNAVAILABLE
-        assert "server overloaded: 6 request(s) (about 60 ms of work) already wait" in message
+        # the 6 queued and the 4 this execution admitted before it
+        assert "server overloaded: 10 request(s) (about 100 ms of work) already wait" in message
         assert "mini_encode" in message and "admission_wait_us" in message
 
 
