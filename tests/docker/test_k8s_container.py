@@ -158,14 +158,28 @@ def _query(base: str, promql: str) -> list[dict]:
     return body["data"]["result"]
 
 
+# Traffic goes on in rounds until Prometheus has scraped the encoder's counter rising, at
+# most this long: on a loaded host a 1 s scrape can time out, and one sample is no rate.
+SCRAPE_WAIT_S = 90
+
+
 def test_autoscaling_queries_read_a_real_scrape(server, prometheus, objects) -> None:
     texts = varied_sentences(32)
+    rate_query = (
+        f'sum(rate(nv_inference_request_success{{namespace="{NAMESPACE}",'
+        f'model="{TEXT_MODEL}_encode"}}[1m]))'
+    )
+    deadline = time.monotonic() + SCRAPE_WAIT_S
     with EmbeddingClient(f"127.0.0.1:{server.ports[8000]}", "http") as client:
-        for _ in range(3):
+        while True:
             for _ in range(10):
                 client.embed_texts(TEXT_MODEL, texts)
             time.sleep(2)
-    time.sleep(3)
+            rate = _query(prometheus, rate_query)
+            if (rate and float(rate[0]["value"][1]) > 0) or time.monotonic() > deadline:
+                break
+    scrapes = _query(prometheus, 'up{job="triton-embeddings"}')
+    assert rate, f"no encoder series scraped; up: {scrapes}"
     (rule,) = k8s.adapter_rules()
     series = _query(prometheus, rule["seriesQuery"])
     assert series and all({"namespace", "pod", "model"} <= s["metric"].keys() for s in series)
@@ -175,11 +189,6 @@ def test_autoscaling_queries_read_a_real_scrape(server, prometheus, objects) -> 
     assert per_pod["metric"] == {"pod": POD}
     scaled = k8s.find(k8s.render("autoscaling/keda"), "ScaledObject")
     (keda,) = _query(prometheus, scaled["spec"]["triggers"][0]["metadata"]["query"])
-    rate = _query(
-        prometheus,
-        f'sum(rate(nv_inference_request_success{{namespace="{NAMESPACE}",'
-        f'model="{TEXT_MODEL}_encode"}}[1m]))',
-    )
     values = [float(per_pod["value"][1]), float(keda["value"][1]), float(rate[0]["value"][1])]
     assert all(math.isfinite(v) and v >= 0 for v in values) and values[2] > 0
     record(

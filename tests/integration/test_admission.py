@@ -32,12 +32,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 from PIL import Image
 
-from generator.admin import KEY_ENV
-from generator.build import build_repository
 from generator.manifest import parse_manifest
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 from tests.integration.clip_fixture import ClipReference, tiny_clip_entry
-from tests.integration.conftest import ADMIN_KEY
+from tests.integration.conftest import serve
 
 pytestmark = pytest.mark.integration
 
@@ -70,18 +67,8 @@ def ports(tmp_path_factory, clip_entry):
         {**COMMON, "name": POLICY, "admission_wait_us": 0, "max_queue_size": 2},
         clip_entry,
     ]}, base)
-    build_repository(manifest, base / "repo", log=lambda _m: None)
-    ports = TritonPorts(*free_ports(3))
-    launch = TritonLaunch(
-        base / "repo", ports, load_models=(ADMITTED, POLICY, f"{CLIP}_image"),
-        admin_key=ADMIN_KEY,
-    )
-    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY}).start()
-    try:
-        process.wait_ready(timeout_s=240)
-        yield ports
-    finally:
-        process.stop()
+    with serve(manifest, base) as server:
+        yield server.ports
 
 
 def _encoder_busy_ns(url: str, model: str) -> tuple[int, int]:

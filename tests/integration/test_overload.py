@@ -24,11 +24,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from generator.admin import KEY_ENV
-from generator.build import build_repository
 from generator.manifest import parse_manifest
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
-from tests.integration.conftest import ADMIN_KEY
+from tests.integration.conftest import serve
 
 MODEL = "bounded"
 CLIENTS = 24
@@ -46,15 +43,8 @@ def bounded_ports(tmp_path_factory):
         "queue_timeout_us": 5_000,
         "admission_wait_us": 0,  # Triton's queue policy, not the steps' own admission
     }]}, base)
-    build_repository(manifest, base / "repo", log=lambda _m: None)
-    ports = TritonPorts(*free_ports(3))
-    launch = TritonLaunch(base / "repo", ports, load_models=(MODEL,), admin_key=ADMIN_KEY)
-    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: ADMIN_KEY}).start()
-    try:
-        process.wait_ready(timeout_s=240)
-        yield ports
-    finally:
-        process.stop()
+    with serve(manifest, base) as server:
+        yield server.ports
 
 
 @pytest.fixture(scope="module")
