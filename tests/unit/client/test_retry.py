@@ -469,6 +469,9 @@ def hung_server():
     listener.close()
 
 
+HUNG_MARGIN_S = 2.5
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_hung_server_gets_no_more_time_than_the_deadline(hung_server, protocol) -> None:
     url, closed = hung_server
@@ -481,13 +484,15 @@ def test_a_hung_server_gets_no_more_time_than_the_deadline(hung_server, protocol
             client.embed_texts("m", ["x"])
         took = time.monotonic() - start
         print(f"\n{protocol}: {type(info.value).__name__} after {took:.3f} s: {info.value}")
-    assert took <= 0.5 + 0.3
+    # A hung server would hold the call for good; seconds of margin for a loaded machine
+    # (a clean-clone CI saw gRPC report its 0.5 s deadline after 1.07 s).
+    assert took <= 0.5 + HUNG_MARGIN_S
     if protocol == "http":  # the client closed its connection: Triton cancels the request
         assert isinstance(info.value, DeadlineExceededError) and took >= 0.45
-        deadline = time.monotonic() + 2
+        deadline = time.monotonic() + 2 * HUNG_MARGIN_S
         while not closed and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert closed and closed[0] - start <= 1.0
+        assert closed and closed[0] - start <= 0.5 + HUNG_MARGIN_S
 
 
 # --- integrations and the CLI --------------------------------------------------------------
