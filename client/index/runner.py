@@ -226,20 +226,10 @@ def run_index(job: IndexJob) -> IndexSummary:
 
     mapper = Mapper(plan)
     try:
-        result = index_partition(
-            source.rows(),
-            out,
-            PART,
-            mapper,
-            client_factory,
-            shard_rows=job.shard_rows,
-            batch_rows=batch_rows,
-            concurrency=concurrency,
-            kept_types=source.kept_types(),
-            dtype=_dtype(plan),
-            on_shard=on_shard,
-            on_skip=progress.skip,
-        )
+        result = index_rows(
+            job, plan, source, out, source.rows(), mapper, client_factory,
+            (batch_rows, concurrency), on_shard, progress.skip,
+        )  # fmt: skip
     finally:
         progress.close()
     seconds = time.monotonic() - started
@@ -258,6 +248,39 @@ def run_index(job: IndexJob) -> IndexSummary:
         budget.retries,
         mapper.server_faults,
         result.lowest_in_flight,
+    )
+
+
+def index_rows(
+    job: IndexJob,
+    plan: ModelPlan,
+    source: Any,
+    out: OutputFolder,
+    rows: Any,
+    mapper: Mapper,
+    client_factory: Callable[[], EmbeddingClient],
+    sizes: tuple[int, int],
+    on_shard: Callable[[ShardDone], None],
+    on_skip: Callable[[int], None] | None = None,
+) -> Any:
+    """:func:`index_partition` of ``rows`` into the job's shards.
+
+    ``sizes``: rows per request, requests in flight. A local run and each Spark task call it.
+    """
+    batch_rows, concurrency = sizes
+    return index_partition(
+        rows,
+        out,
+        PART,
+        mapper,
+        client_factory,
+        shard_rows=job.shard_rows,
+        batch_rows=batch_rows,
+        concurrency=concurrency,
+        kept_types=source.kept_types(),
+        dtype=_dtype(plan),
+        on_shard=on_shard,
+        on_skip=on_skip,
     )
 
 

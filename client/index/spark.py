@@ -43,9 +43,9 @@ from .runner import (
     PART,
     IndexJob,
     IndexSummary,
-    _dtype,
     _record_untracked,
     client_factory_for,
+    index_rows,
     job_urls,
     make_source,
     open_output,
@@ -54,7 +54,7 @@ from .runner import (
     send_unsent,
 )
 from .store import OutputFolder
-from .worker import ShardDone, index_partition
+from .worker import ShardDone
 
 # Spark settings of a session this module makes itself (``session``): loopback only, no UI.
 LOCAL_SETTINGS = {
@@ -140,18 +140,10 @@ def _index_slice(
         written[done.name] = {"rows": len(done.rows), "errors": len(done.errors)}
 
     first, stop = shards
-    result = index_partition(
-        source.rows(first * job.shard_rows, stop * job.shard_rows),
-        out,
-        PART,
-        mapper,
-        client_factory_for(job, urls, budget, first=task),
-        shard_rows=job.shard_rows,
-        batch_rows=batch_rows,
-        concurrency=concurrency,
-        kept_types=source.kept_types(),
-        dtype=_dtype(plan),
-        on_shard=on_shard,
+    rows = source.rows(first * job.shard_rows, stop * job.shard_rows)
+    factory = client_factory_for(job, urls, budget, first=task)
+    result = index_rows(
+        job, plan, source, out, rows, mapper, factory, (batch_rows, concurrency), on_shard
     )
     return {
         "task": task,

@@ -13,16 +13,7 @@ from embed_runtime.ops.backlog_board import Admission, EncoderSlot
 from embed_runtime.serving.admission import AdmissionGate
 from tests.unit import fake_pb_utils as pb
 from tests.unit.embed_runtime.models.helpers import _args, _error, load_adapter
-
-MS = 1_000_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.ns = 10_000 * MS
-
-    def __call__(self) -> int:
-        return self.ns
+from tests.unit.embed_runtime.ops.test_backlog_board import MS, Clock
 
 
 def _request(*blobs: bytes) -> pb.InferenceRequest:
