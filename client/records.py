@@ -47,6 +47,7 @@ class ModelStats:
     avg_compute_infer_ms: float
     avg_compute_output_ms: float
     batch_sizes: dict[int, int] = field(default_factory=dict)
+    avg_fail_ms: float = 0.0  # server-side time of a failed request (a refusal, say)
 
     @property
     def avg_batch_size(self) -> float:
@@ -88,6 +89,7 @@ def summarize_model_stat(stat: Mapping[str, Any]) -> ModelStats:
         avg_compute_infer_ms=_avg_ms(infer, "compute_infer"),
         avg_compute_output_ms=_avg_ms(infer, "compute_output"),
         batch_sizes=dict(sorted(batches.items())),
+        avg_fail_ms=_avg_ms(infer, "fail"),
     )
 
 

@@ -19,12 +19,16 @@ AUTO_PIN_CORES = 4
 CLIPS = ("tiny", "vit-b-32")
 
 
-def parse_queue(value: str) -> dict[str, int]:
+def parse_queue(value: str) -> dict[str, int] | None:
     """``N`` or ``N:T``: Triton's queue policy, ``max_queue_size`` N, ``queue_timeout_us`` T.
+
+    ``none``: no configuration beside the default (``None``).
 
     The steps' own admission (``admission_wait_us``) is off in these configurations: the
     steps in front of the encoders drop Triton's policy where they admit.
     """
+    if value == "none":
+        return None
     size, _, timeout = value.partition(":")
     return {
         "max_queue_size": int(size),
@@ -106,6 +110,13 @@ def parse_args(argv: Sequence[str] | None, description: str | None = None) -> ar
         "--pin", default="auto", help="auto, none, or SERVER_CPUS/CLIENT_CPUS like 0-2/3"
     )
     parser.add_argument(
+        "--generator-nice",
+        type=int,
+        default=0,
+        help="the load generator's nice value during the open loops (negative: ahead of "
+        "the server, as a client on its own machine is; default 0)",
+    )
+    parser.add_argument(
         "--rate",
         type=parse_rates,
         default={},
@@ -117,8 +128,8 @@ def parse_args(argv: Sequence[str] | None, description: str | None = None) -> ar
         action="append",
         type=parse_queue,
         metavar="N[:TIMEOUT_US]",
-        help="a configuration beside the default (repeatable; 0: unbounded; "
-        "default 1, 4, 16, 0, 4:10000)",
+        help="a configuration beside the default (repeatable; 0: unbounded; none: the "
+        "default alone; default 1, 4, 16, 0, 4:10000)",
     )
     parser.add_argument(
         "--set",
@@ -137,6 +148,7 @@ def parse_args(argv: Sequence[str] | None, description: str | None = None) -> ar
     args.reference_s = args.reference_s or (4.0 if quick else 20.0)
     args.unloaded_s = args.unloaded_s if args.unloaded_s is not None else (0.0 if quick else 10.0)
     args.queue = args.queue or [parse_queue(q) for q in DEFAULT_QUEUES]
+    args.queue = [q for q in args.queue if q is not None]
     args.clients = [int(c) for c in args.clients.split(",")]
     args.factor = [float(f) for f in str(args.factor).split(",")]
     args.pin = cpu_split(args.pin, sorted(os.sched_getaffinity(0)))

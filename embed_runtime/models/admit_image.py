@@ -35,7 +35,9 @@ class TritonPythonModel:
         """Open this instance's slot on the preprocessing step's backlog board."""
         exit_with_server()
         params = config_parameters(args["model_config"])
-        self.gate = AdmissionGate.from_parameters(params, args["model_version"])
+        self.gate = AdmissionGate.from_parameters(
+            params, args["model_version"], pb_utils, args["model_name"]
+        )
 
     def execute(self, requests):
         """Each request's images passed on as they are, or its refusal."""

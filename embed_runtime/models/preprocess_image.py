@@ -51,7 +51,9 @@ class TritonPythonModel:
             self.gpu = cuda_preprocessor(self.params, device_id, self.pool.map)
             name = args["model_name"]
             self.logger.log_info(f"{name}: JPEG decode and resize on cuda:{device_id}")
-        self.gate = AdmissionGate.from_parameters(params, args["model_version"])
+        self.gate = AdmissionGate.from_parameters(
+            params, args["model_version"], pb_utils, args["model_name"]
+        )
         # Counted by the admit step in front (embed_runtime/models/admit_image.py): the
         # requests this instance takes and what one costs. Only inside Triton, whose
         # server the board is named by.

@@ -47,7 +47,9 @@ class TokenizeStep:
         verify_digests(model_dir)  # a corrupt tokenizer file fails the load
         path = os.path.join(model_dir, params["tokenizer_file"])
         self.tokenizer = self.open_tokenizer(path, params)
-        self.gate = AdmissionGate.from_parameters(params, args["model_version"])
+        self.gate = AdmissionGate.from_parameters(
+            params, args["model_version"], self.pb_utils, args["model_name"]
+        )
 
     def execute(self, requests: list) -> list:
         """Admit, validate every request, tokenize all valid rows at once, slice back."""

@@ -82,6 +82,17 @@ def _encoder_busy_ns(url: str, model: str) -> tuple[int, int]:
     return int(entry.get("execution_count", 0)), busy
 
 
+def _refused(metrics_port: int, model: str) -> float:
+    """The refusals of step ``model`` so far: its embed_requests_refused_total, scraped."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("embed_requests_refused_total{") and f'model="{model}"' in line
+    )
+
+
 def _flood(url: str, model: str, http_port: int | None = None):
     """Clients sending back to back for FLOOD_S; (vectors, gRPC errors, HTTP answers, share)."""
     stop = time.monotonic() + FLOOD_S
@@ -132,15 +143,19 @@ def _flood(url: str, model: str, http_port: int | None = None):
     share = (busy_after - busy_before) / wall_ns
     print(f"\n{model}: {len(vectors)} served, {len(errors)} refused over gRPC, "
           f"{runs_after - runs_before} encoder executions, busy {share:.2f} of the flood; "
-          f"errors {sorted({e[:120] for e in errors})}")
+          f"errors {sorted({e[:200] for e in errors})}")
     return vectors, errors, http, share
 
 
 def test_admission_refuses_the_excess_serves_the_rest_and_never_stalls(ports, reference):
     url = f"127.0.0.1:{ports.grpc}"
     want = reference.encode([LONG], normalize_embeddings=True)[0]
+    counted = _refused(ports.metrics, f"{ADMITTED}_tokenize")
     vectors, errors, http, admitted_share = _flood(url, ADMITTED, ports.http)
     assert vectors and errors
+    # every refusal is counted on the metrics port, by the step that refused it
+    refused = len(errors) + sum(1 for status, _ in http if status == 503)
+    assert _refused(ports.metrics, f"{ADMITTED}_tokenize") - counted == refused
     for out in vectors:
         assert np.abs(out - want).max() <= 1e-5
     for error in errors:
@@ -172,6 +187,7 @@ def test_image_requests_are_refused_before_the_decode_and_the_rest_served(ports,
     reference = ClipReference(clip_entry["arch"], clip_entry["checkpoint"])
     want = reference.encode_pixels(reference.pixels([blob]))[0]
     url = f"127.0.0.1:{ports.grpc}"
+    counted = _refused(ports.metrics, f"{CLIP}_admit_image")
     stop = time.monotonic() + FLOOD_S
     vectors: list[np.ndarray] = []
     errors: list[str] = []
@@ -204,3 +220,6 @@ def test_image_requests_are_refused_before_the_decode_and_the_rest_served(ports,
         assert "StatusCode.UNAVAILABLE" in error and "server overloaded" in error, error
     # the admit step's refusals, before the decode: they name the preprocessing queue
     assert any(f"wait for {CLIP}_preprocess_image" in e for e in errors), errors[:3]
+    assert _refused(ports.metrics, f"{CLIP}_admit_image") - counted == sum(
+        1 for e in errors if f"wait for {CLIP}_preprocess_image" in e
+    )

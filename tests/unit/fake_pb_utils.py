@@ -147,3 +147,35 @@ class Logger:
     @classmethod
     def clear(cls) -> None:
         cls.messages.clear()
+
+
+class MetricFamily:
+    """A metric family whose metrics keep their value; ``families`` lists every one made."""
+
+    COUNTER = 0
+    GAUGE = 1
+    families: list[MetricFamily] = []
+
+    def __init__(self, name: str, description: str, kind: int):
+        if kind not in (self.COUNTER, self.GAUGE):
+            raise ValueError(f"unknown metric kind {kind}")
+        self.name, self.description, self.kind = name, description, kind
+        self.metrics: list[Metric] = []
+        MetricFamily.families.append(self)
+
+    def Metric(self, labels: dict[str, str]) -> Metric:  # noqa: N802 - Triton's name
+        metric = Metric(self, dict(labels))
+        self.metrics.append(metric)
+        return metric
+
+
+class Metric:
+    """One labelled metric of a family."""
+
+    def __init__(self, family: MetricFamily, labels: dict[str, str]):
+        self.family, self.labels, self.value = family, labels, 0.0
+
+    def increment(self, value: float) -> None:
+        if self.family.kind == MetricFamily.COUNTER and value < 0:
+            raise ValueError("a counter only goes up")
+        self.value += value
