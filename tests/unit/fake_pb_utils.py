@@ -163,7 +163,7 @@ class MetricFamily:
         self.metrics: list[Metric] = []
         MetricFamily.families.append(self)
 
-    def Metric(self, labels: dict[str, str]) -> Metric:  # noqa: N802 - Triton's name
+    def Metric(self, labels: dict[str, str]) -> Metric:  # Triton's name
         metric = Metric(self, dict(labels))
         self.metrics.append(metric)
         return metric
