@@ -23,8 +23,8 @@ from pathlib import Path
 BEGIN, END = "<!-- perf:begin -->", "<!-- perf:end -->"
 # Pipeline order of the step names (STYLE.md); a step is shown under its stage name.
 STAGES = (
-    "fetch_image", "admit_image", "tokenize", "preprocess_image", "encode", "encode_text",
-    "encode_image",
+    "admit_url", "fetch_image", "admit_image", "tokenize", "preprocess_image", "encode",
+    "encode_text", "encode_image",
 )  # fmt: skip
 RUN_FILE = re.compile(r"^(?P<model>.+)\.c(?P<concurrency>\d+)\.csv$")
 STEP_HEADER = re.compile(r"^\s+(?P<name>\S+), version: \S+$")

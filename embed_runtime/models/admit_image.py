@@ -8,6 +8,13 @@ decode is the costly work to refuse before; it runs in the preprocessing step, w
 cannot see its own queue, so this cheap step in front counts what it passes on and the
 preprocessing instances count what they take. No Triton queue policy is needed on either
 step, so both keep the batcher's prefetching (docs/architecture.md, "Under load").
+
+The same code serves ``<name>_admit_url``, the first step of the URL ensemble, with
+``admission_peek`` set: it passes each request's URLs on to ``fetch_image``, or refuses
+the request before its fetch while preprocessing is already full, and counts nothing. A
+URL may fail to fetch and never reach preprocessing, so only the ``<name>_admit_image``
+after the fetch counts what it passes on; the one before it only spares the fetch of a
+request that would be refused anyway.
 """
 
 import numpy as np
@@ -15,7 +22,7 @@ import triton_python_backend_utils as pb_utils
 from embed_runtime.errors import InvalidInputError
 from embed_runtime.ops.server_exit import exit_with_server
 from embed_runtime.serving.adapter import config_parameters, gather_rows, input_array
-from embed_runtime.serving.admission import AdmissionGate
+from embed_runtime.serving.admission import ADMISSION_PEEK, AdmissionGate
 
 OUTPUT = "ADMITTED"
 
@@ -38,6 +45,7 @@ class TritonPythonModel:
         self.gate = AdmissionGate.from_parameters(
             params, args["model_version"], pb_utils, args["model_name"]
         )
+        self.counts = params.get(ADMISSION_PEEK) != "true"
 
     def execute(self, requests):
         """Each request's images passed on as they are, or its refusal."""
@@ -45,7 +53,7 @@ class TritonPythonModel:
         for i, start, _ in batch.slices():
             tensor = pb_utils.Tensor(OUTPUT, np.asarray(batch.items[start], dtype=np.object_))
             batch.responses[i] = pb_utils.InferenceResponse([tensor])
-        if self.gate is not None:
+        if self.gate is not None and self.counts:
             self.gate.passed(len(batch.valid))
         return batch.responses
 

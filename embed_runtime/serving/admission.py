@@ -88,6 +88,9 @@ ADMISSION_WAIT = "admission_wait_us"
 # Set ("true") on a step that an admitting step in front counts for, other than an encoder
 # (which always counts): image preprocessing behind ``<name>_admit_image``.
 BACKLOG_PARAMETER = "admission_backlog"
+# Set ("true") on an admitting step that refuses while the queue is full but counts
+# nothing it passes on: ``<name>_admit_url``, in front of the URL fetch.
+ADMISSION_PEEK = "admission_peek"
 
 
 # Requests per encoder instance always admitted, whatever one costs (AdmissionGate.begin).

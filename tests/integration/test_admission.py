@@ -33,6 +33,7 @@ import tritonclient.grpc as grpcclient
 from PIL import Image
 
 from generator.manifest import parse_manifest
+from tests.http_servers import ImageServer
 from tests.integration.clip_fixture import ClipReference, tiny_clip_entry
 from tests.integration.conftest import serve
 
@@ -62,11 +63,14 @@ def clip_entry(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def ports(tmp_path_factory, clip_entry):
     base = tmp_path_factory.mktemp("admission")
-    manifest = parse_manifest({"models": [
-        {**COMMON, "name": ADMITTED, "admission_wait_us": 50_000},
-        {**COMMON, "name": POLICY, "admission_wait_us": 0, "max_queue_size": 2},
-        clip_entry,
-    ]}, base)
+    manifest = parse_manifest({
+        "models": [
+            {**COMMON, "name": ADMITTED, "admission_wait_us": 50_000},
+            {**COMMON, "name": POLICY, "admission_wait_us": 0, "max_queue_size": 2},
+            clip_entry,
+        ],
+        "fetch_image": {"allow_hosts": ["127.0.0.1"], "max_bytes": 4_000_000},
+    }, base)
     with serve(manifest, base) as server:
         yield server.ports
 
@@ -143,7 +147,7 @@ def _flood(url: str, model: str, http_port: int | None = None):
     share = (busy_after - busy_before) / wall_ns
     print(f"\n{model}: {len(vectors)} served, {len(errors)} refused over gRPC, "
           f"{runs_after - runs_before} encoder executions, busy {share:.2f} of the flood; "
-          f"errors {sorted({e[:200] for e in errors})}")
+          f"errors {sorted({e[:120] for e in errors})}")
     return vectors, errors, http, share
 
 
@@ -223,3 +227,54 @@ def test_image_requests_are_refused_before_the_decode_and_the_rest_served(ports,
     assert _refused(ports.metrics, f"{CLIP}_admit_image") - counted == sum(
         1 for e in errors if f"wait for {CLIP}_preprocess_image" in e
     )
+
+
+def test_url_requests_are_refused_before_the_fetch_while_preprocessing_is_full(
+    ports, clip_entry
+):
+    """``<name>_admit_url`` refuses before the fetch: a refused URL is never downloaded."""
+    blob = _large_jpeg()
+    reference = ClipReference(clip_entry["arch"], clip_entry["checkpoint"])
+    want = reference.encode_pixels(reference.pixels([blob]))[0]
+    url = f"127.0.0.1:{ports.grpc}"
+    before = _refused(ports.metrics, f"{CLIP}_admit_url")
+    stop = time.monotonic() + FLOOD_S
+    vectors: list[np.ndarray] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    with ImageServer({"big.jpg": blob}) as images:
+
+        def client(index: int) -> None:
+            triton = grpcclient.InferenceServerClient(url)
+            sent = 0
+            while time.monotonic() < stop:
+                sent += 1
+                item = grpcclient.InferInput("IMAGE_URL", [1, 1], "BYTES")
+                address = images.url(f"/img/big.jpg?{index}-{sent}")
+                item.set_data_from_numpy(np.array([[address.encode()]], dtype=object))
+                try:
+                    out = triton.infer(f"{CLIP}_image_url", [item])
+                    with lock:
+                        vectors.append(out.as_numpy("EMBEDDING")[0])
+                except Exception as exc:
+                    with lock:
+                        errors.append(str(exc))
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        fetched = len(images.httpd.seen)
+    before_fetch = _refused(ports.metrics, f"{CLIP}_admit_url") - before
+    sent = len(vectors) + len(errors)
+    print(f"\n{CLIP}_image_url: {sent} sent, {len(vectors)} served, {len(errors)} refused "
+          f"({before_fetch:g} before the fetch), {fetched} fetched")
+    assert vectors and errors
+    for out in vectors:
+        assert np.abs(out - want).max() <= 5e-6
+    for error in errors:
+        assert "StatusCode.UNAVAILABLE" in error and "server overloaded" in error, error
+    assert before_fetch > 0
+    # every request but those refused in front of the fetch was downloaded, once
+    assert fetched == sent - before_fetch

@@ -67,7 +67,8 @@ def ensembles(server) -> dict[str, tuple[str, list[str]]]:
         f"{clip}_text": ("TEXT", ["tokenize", "encode_text"]),
         f"{clip}_image": ("IMAGE", ["admit_image", "preprocess_image", "encode_image"]),
         f"{clip}_image_url": (
-            "IMAGE_URL", ["fetch_image", "admit_image", "preprocess_image", "encode_image"]
+            "IMAGE_URL",
+            ["admit_url", "fetch_image", "admit_image", "preprocess_image", "encode_image"],
         ),
     }
 

@@ -1,7 +1,8 @@
 """Family ``open-clip``: CLIP text and image towers (declaration; build: ``export``).
 
 An entry ``<name>`` builds ``<name>_tokenize``, ``<name>_encode_text``,
-``<name>_admit_image`` (where it admits requests), ``<name>_preprocess_image`` and
+``<name>_admit_image`` and ``<name>_admit_url`` (where it admits requests),
+``<name>_preprocess_image`` and
 ``<name>_encode_image``, and the ensembles
 ``<name>_text``, ``<name>_image`` and ``<name>_image_url`` (the last one through the
 shared ``fetch_image``).
@@ -22,8 +23,8 @@ FETCH_IMAGE = "fetch_image"  # the shared model (shared_models.py) of the URL en
 
 
 def _steps(entry: ModelEntry) -> tuple[str, ...]:
-    # admit_image: where the entry admits requests, the step in front of the decode
-    admit = ("admit_image",) if admits(entry) else ()
+    # where the entry admits requests: the steps in front of the decode and of the fetch
+    admit = ("admit_image", "admit_url") if admits(entry) else ()
     return ("tokenize", "encode_text", *admit, "preprocess_image", "encode_image")
 
 

@@ -3,8 +3,9 @@
 Models dirs of one entry ``<name>``: ``<name>_tokenize`` (open_clip's text clean in
 Python, then an HF ``tokenizers`` JSON that reproduces open_clip's tokenizer, fixed
 context), ``<name>_encode_text``,
-``<name>_admit_image`` (where the entry admits requests: refuses before the decode
-while the preprocessing queue is full), ``<name>_preprocess_image`` (Pillow + numpy,
+``<name>_admit_image`` and ``<name>_admit_url`` (where the entry admits requests:
+refuse before the decode, and before the URL fetch, while the preprocessing queue is
+full), ``<name>_preprocess_image`` (Pillow + numpy,
 parameters from the model's own ``PreprocessCfg``), ``<name>_encode_image``, and the
 ensembles ``<name>_text``, ``<name>_image`` and ``<name>_image_url`` (the last one
 through the shared ``fetch_image``).
@@ -16,7 +17,7 @@ import dataclasses
 from pathlib import Path
 
 from embed_runtime.image.gpu import require_cuda_device
-from embed_runtime.serving.admission import BACKLOG_PARAMETER
+from embed_runtime.serving.admission import ADMISSION_PEEK, BACKLOG_PARAMETER
 
 from ...manifest import Manifest, ModelEntry, resolve_path
 from ...model_dir import ModelDir
@@ -104,19 +105,23 @@ def _preprocess_dir(
     return ModelDir(name, config, "preprocess_image", {})
 
 
-def _admit_dir(entry: ModelEntry, name: str, preprocess: str) -> ModelDir:
+def _admit_dir(entry: ModelEntry, name: str, preprocess: str, *, peek: bool = False) -> ModelDir:
     """``<name>_admit_image``: image bytes passed on, or refused while ``preprocess`` is full.
 
     A step with no work of its own, in front of the decode, so the refusal comes before
     it (``embed_runtime/models/admit_image.py``); a quarter as many instances as the
-    preprocessing step, at least one.
+    preprocessing step, at least one. ``peek``: ``<name>_admit_url``, the same in front
+    of the URL fetch, passing URLs on and counting nothing.
     """
     config = python_model(
         name,
         entry.max_batch_size,
         [IOSpec("IMAGE", "TYPE_STRING", (1,))],
         [IOSpec(ADMITTED, "TYPE_STRING", (1,))],
-        admission_parameters(entry, preprocess),
+        {
+            **admission_parameters(entry, preprocess),
+            **({ADMISSION_PEEK: "true"} if peek else {}),
+        },
         step_batching(entry, 0, admitted=True),
         Instances(max(1, entry.preprocess_instances // 4)),
     )
@@ -161,11 +166,21 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
         (f"{n}_preprocess_image", ["IMAGE"], ["pixel_values"]),
         (f"{n}_encode_image", ["pixel_values"], ["EMBEDDING"]),
     ]
+    url_steps = [(FETCH_IMAGE, ["IMAGE_URL"], ["IMAGE"]), *image_steps]
     admit = []
     if admits(entry):  # a step in front of the decode refuses while it is full
         image_steps[0] = (f"{n}_preprocess_image", [("IMAGE", "admitted")], ["pixel_values"])
         image_steps.insert(0, (f"{n}_admit_image", ["IMAGE"], [(ADMITTED, "admitted")]))
-        admit = [_admit_dir(entry, f"{n}_admit_image", f"{n}_preprocess_image")]
+        # and one in front of the fetch, while preprocessing is already full
+        url_steps = [
+            (f"{n}_admit_url", [("IMAGE", "IMAGE_URL")], [(ADMITTED, "url_admitted")]),
+            (FETCH_IMAGE, [("IMAGE_URL", "url_admitted")], ["IMAGE"]),
+            *image_steps,
+        ]
+        admit = [
+            _admit_dir(entry, f"{n}_admit_image", f"{n}_preprocess_image"),
+            _admit_dir(entry, f"{n}_admit_url", f"{n}_preprocess_image", peek=True),
+        ]
     string = "TYPE_STRING"
     scores = score_parameters(model)  # the ensembles tell clients how open_clip scores pairs
     ensembles = [
@@ -185,7 +200,7 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
             f"{n}_image_url",
             IOSpec("IMAGE_URL", string, (1,)),
             dim,
-            [(FETCH_IMAGE, ["IMAGE_URL"], ["IMAGE"]), *image_steps],
+            url_steps,
         ),
     ]
     return [

@@ -69,6 +69,37 @@ def test_requests_past_the_preprocessing_queues_bound_are_refused_unread(admit) 
     assert "server overloaded" in message and "m_preprocess_image" in message
 
 
+def test_the_step_in_front_of_the_fetch_refuses_while_full_and_counts_nothing(
+    backend, tmp_path: Path
+) -> None:
+    """``<name>_admit_url`` (admission_peek): URLs passed on or refused, the board untouched."""
+    clock = Clock()
+    model = load_adapter("admit_image").TritonPythonModel()
+    model.initialize(_args(tmp_path / "m_admit_url", {"admission_peek": "true"}))
+    board = str(tmp_path / "board")
+    model.gate = AdmissionGate(Admission(board, clock), "m_preprocess_image", 100_000)
+    preprocess = EncoderSlot(board, clock)
+    try:
+        with preprocess.executing(4):  # 4 requests in 80 ms: 20 ms a request
+            clock.ns += 80 * MS
+        urls = [_request(b"http://127.0.0.1/a.jpg", b"http://127.0.0.1/b.jpg")]
+        responses = model.execute(urls)  # room: passed on, as it came
+        assert not responses[0].has_error()
+        assert responses[0].output_tensors()[0].as_numpy().tolist() == (
+            urls[0].inputs()[0].as_numpy().tolist()
+        )
+        assert Admission(board, clock).read().queued == 0  # counted after the fetch only
+        model.gate.board.passed(5)  # five wait after their fetch: the 100 ms bound
+        with preprocess.executing(0):
+            responses = model.execute([_request(b"http://127.0.0.1/c.jpg")])
+        code, message = _error(responses[0])
+        assert code == pb.TritonError.UNAVAILABLE and "server overloaded" in message
+        assert Admission(board, clock).read().queued == 5
+    finally:
+        model.finalize()
+        preprocess.close()
+
+
 def test_the_preprocessing_step_counts_what_it_takes_on_its_own_board(
     backend, tmp_path, monkeypatch
 ) -> None:
