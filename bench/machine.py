@@ -68,6 +68,12 @@ class CpuWindow:
     own_busy_s: float
 
     @property
+    def busy_share(self) -> float:
+        """Share of the machine's cores busy in the window, whoever used them (0..1)."""
+        cores = os.cpu_count() or 1
+        return self.total_busy_s / (self.seconds * cores) if self.seconds > 0 else 0.0
+
+    @property
     def foreign_share(self) -> float:
         """Share of the machine's cores used by processes outside the benchmark (0..1)."""
         cores = os.cpu_count() or 1

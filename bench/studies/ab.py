@@ -141,12 +141,16 @@ def rotate(
                 if i == len(servers):
                     monitor.start()
                     rate = ceiling_run(ceiling_repo, spec, requests)
-                    foreign = monitor.stop().foreign_share
+                    window = monitor.stop()
+                    foreign, busy = window.foreign_share, window.busy_share
                     rows.append(
                         {"repeat": repeat, "load": load.key, "variant": -1,
-                         "items_per_s": rate, "foreign_cpu": foreign}
+                         "items_per_s": rate, "foreign_cpu": foreign, "busy_cpu": busy}
                     )  # fmt: skip
-                    log(f"{load.key:7s} ceiling {rate:7.1f}/s foreign {foreign:.0%}")
+                    log(
+                        f"{load.key:7s} ceiling {rate:7.1f}/s machine busy {busy:.0%} "
+                        f"foreign {foreign:.0%}"
+                    )
                     continue
                 ports = servers[i]
                 url = f"127.0.0.1:{ports.grpc if protocol == 'grpc' else ports.http}"
@@ -154,7 +158,8 @@ def rotate(
                 result = run_triton_load(
                     url, protocol, TEXT_MODEL, "TEXT", requests, spec, load.key
                 )
-                foreign = monitor.stop().foreign_share
+                window = monitor.stop()
+                foreign, busy = window.foreign_share, window.busy_share
                 rows.append(
                     {
                         "repeat": repeat,
@@ -164,12 +169,13 @@ def rotate(
                         "p50_ms": result.median_ms,
                         "errors": result.errors,
                         "foreign_cpu": foreign,
+                        "busy_cpu": busy,
                     }
                 )
                 log(
                     f"{load.key:7s} v{i} {result.items_per_s:7.1f}/s "
                     f"p50 {result.median_ms:7.2f} ms errors {result.errors} "
-                    f"foreign {foreign:.0%}"
+                    f"machine busy {busy:.0%} foreign {foreign:.0%}"
                 )
     return rows
 
