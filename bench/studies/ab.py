@@ -69,6 +69,11 @@ def serve(manifest: Manifest, label: str, stack: ExitStack) -> TritonPorts:
 
     Triton is stopped by ``stack``; returns its ports once ready.
     """
+    return serve_process(manifest, label, stack)[0]
+
+
+def serve_process(manifest: Manifest, label: str, stack: ExitStack) -> tuple[TritonPorts, int]:
+    """:func:`serve`, returning the server's PID too."""
     repo = BUILD / f"{label}-repo"
     build_repository(manifest, repo, log=log)
     ports = TritonPorts(*free_ports(3))
@@ -78,7 +83,7 @@ def serve(manifest: Manifest, label: str, stack: ExitStack) -> TritonPorts:
     process.start()
     stack.callback(process.stop)
     process.wait_ready(timeout_s=300)
-    return ports
+    return ports, process.process.pid
 
 
 SETTLE_S = 1.0
@@ -168,6 +173,7 @@ def rotate(
                         "items_per_s": result.items_per_s,
                         "p50_ms": result.median_ms,
                         "errors": result.errors,
+                        "error_samples": result.error_samples,
                         "foreign_cpu": foreign,
                         "busy_cpu": busy,
                     }
@@ -176,6 +182,7 @@ def rotate(
                     f"{load.key:7s} v{i} {result.items_per_s:7.1f}/s "
                     f"p50 {result.median_ms:7.2f} ms errors {result.errors} "
                     f"machine busy {busy:.0%} foreign {foreign:.0%}"
+                    + "".join(f"\n    error: {e}" for e in result.error_samples[:3])
                 )
     return rows
 
