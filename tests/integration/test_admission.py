@@ -26,6 +26,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -185,43 +186,59 @@ def _large_jpeg() -> bytes:
     return out.getvalue()
 
 
-def test_image_requests_are_refused_before_the_decode_and_the_rest_served(ports, clip_entry):
-    """The admit step in front of preprocessing refuses while its queue is full."""
-    blob = _large_jpeg()
-    reference = ClipReference(clip_entry["arch"], clip_entry["checkpoint"])
-    want = reference.encode_pixels(reference.pixels([blob]))[0]
-    url = f"127.0.0.1:{ports.grpc}"
-    counted = _refused(ports.metrics, f"{CLIP}_admit_image")
+def _image_flood(url: str, model: str, name: str, row: Callable[[int, int], bytes]):
+    """CLIENTS gRPC clients sending ``row(client, n)`` to ``model`` back to back for FLOOD_S.
+
+    Returns (vectors, errors) of every answer.
+    """
     stop = time.monotonic() + FLOOD_S
     vectors: list[np.ndarray] = []
     errors: list[str] = []
     lock = threading.Lock()
 
-    def client() -> None:
+    def client(index: int) -> None:
         triton = grpcclient.InferenceServerClient(url)
-        item = grpcclient.InferInput("IMAGE", [1, 1], "BYTES")
-        item.set_data_from_numpy(np.array([[blob]], dtype=object))
+        sent = 0
         while time.monotonic() < stop:
+            sent += 1
+            item = grpcclient.InferInput(name, [1, 1], "BYTES")
+            item.set_data_from_numpy(np.array([[row(index, sent)]], dtype=object))
             try:
-                out = triton.infer(f"{CLIP}_image", [item]).as_numpy("EMBEDDING")[0]
+                out = triton.infer(model, [item]).as_numpy("EMBEDDING")[0]
                 with lock:
                     vectors.append(out)
             except Exception as exc:
                 with lock:
                     errors.append(str(exc))
 
-    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    print(f"\n{CLIP}_image: {len(vectors)} served, {len(errors)} refused; "
-          f"{sorted({e[:140] for e in errors})}")
+    return vectors, errors
+
+
+def _check_served_and_refused(vectors, errors, want: np.ndarray) -> None:
+    """Some served, every one open_clip's vector; some refused, every one as overloaded."""
     assert vectors and errors
     for out in vectors:
         assert np.abs(out - want).max() <= 5e-6
     for error in errors:
         assert "StatusCode.UNAVAILABLE" in error and "server overloaded" in error, error
+
+
+def test_image_requests_are_refused_before_the_decode_and_the_rest_served(ports, clip_entry):
+    """The admit step in front of preprocessing refuses while its queue is full."""
+    blob = _large_jpeg()
+    reference = ClipReference(clip_entry["arch"], clip_entry["checkpoint"])
+    want = reference.encode_pixels(reference.pixels([blob]))[0]
+    counted = _refused(ports.metrics, f"{CLIP}_admit_image")
+    url = f"127.0.0.1:{ports.grpc}"
+    vectors, errors = _image_flood(url, f"{CLIP}_image", "IMAGE", lambda _c, _n: blob)
+    print(f"\n{CLIP}_image: {len(vectors)} served, {len(errors)} refused; "
+          f"{sorted({e[:140] for e in errors})}")
+    _check_served_and_refused(vectors, errors, want)
     # the admit step's refusals, before the decode: they name the preprocessing queue
     assert any(f"wait for {CLIP}_preprocess_image" in e for e in errors), errors[:3]
     assert _refused(ports.metrics, f"{CLIP}_admit_image") - counted == sum(
@@ -236,45 +253,22 @@ def test_url_requests_are_refused_before_the_fetch_while_preprocessing_is_full(
     blob = _large_jpeg()
     reference = ClipReference(clip_entry["arch"], clip_entry["checkpoint"])
     want = reference.encode_pixels(reference.pixels([blob]))[0]
-    url = f"127.0.0.1:{ports.grpc}"
     before = _refused(ports.metrics, f"{CLIP}_admit_url")
-    stop = time.monotonic() + FLOOD_S
-    vectors: list[np.ndarray] = []
-    errors: list[str] = []
-    lock = threading.Lock()
+    url = f"127.0.0.1:{ports.grpc}"
     with ImageServer({"big.jpg": blob}) as images:
-
-        def client(index: int) -> None:
-            triton = grpcclient.InferenceServerClient(url)
-            sent = 0
-            while time.monotonic() < stop:
-                sent += 1
-                item = grpcclient.InferInput("IMAGE_URL", [1, 1], "BYTES")
-                address = images.url(f"/img/big.jpg?{index}-{sent}")
-                item.set_data_from_numpy(np.array([[address.encode()]], dtype=object))
-                try:
-                    out = triton.infer(f"{CLIP}_image_url", [item])
-                    with lock:
-                        vectors.append(out.as_numpy("EMBEDDING")[0])
-                except Exception as exc:
-                    with lock:
-                        errors.append(str(exc))
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        # a distinct URL per request: each download is one the server asked for
+        vectors, errors = _image_flood(
+            url,
+            f"{CLIP}_image_url",
+            "IMAGE_URL",
+            lambda c, n: images.url(f"/img/big.jpg?{c}-{n}").encode(),
+        )
         fetched = len(images.httpd.seen)
     before_fetch = _refused(ports.metrics, f"{CLIP}_admit_url") - before
     sent = len(vectors) + len(errors)
     print(f"\n{CLIP}_image_url: {sent} sent, {len(vectors)} served, {len(errors)} refused "
           f"({before_fetch:g} before the fetch), {fetched} fetched")
-    assert vectors and errors
-    for out in vectors:
-        assert np.abs(out - want).max() <= 5e-6
-    for error in errors:
-        assert "StatusCode.UNAVAILABLE" in error and "server overloaded" in error, error
+    _check_served_and_refused(vectors, errors, want)
     assert before_fetch > 0
     # every request but those refused in front of the fetch was downloaded, once
     assert fetched == sent - before_fetch
