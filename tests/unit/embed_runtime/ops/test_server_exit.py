@@ -114,12 +114,12 @@ def test_wait_exit_returns_when_the_process_exits(monkeypatch, pidfd: bool) -> N
 def test_one_reaper_per_server_which_ends_with_it_and_frees_its_claim() -> None:
     from embed_runtime.ops.busy_board import board_path
 
-    server = _sleeper()
+    server = _unclaimed_sleeper()
     board = Path(board_path("m", "1", server.pid))
     board.write_bytes(b"\0")  # a busy board of this server, left as a killed stub leaves it
     assert start_reaper(server.pid) and start_reaper(server.pid)
     reapers = _reapers(server.pid)
-    assert len(reapers) == 1, reapers
+    assert len(reapers) == 1, (reapers, _all_reapers())
     assert claim(server.pid) is None  # the reaper holds it
     server.kill()
     server.wait()
@@ -131,6 +131,38 @@ def test_one_reaper_per_server_which_ends_with_it_and_frees_its_claim() -> None:
     freed = claim(server.pid)
     assert freed is not None
     freed.close()
+
+
+def _unclaimed_sleeper() -> subprocess.Popen:
+    """A sleeper whose pid nobody claims yet.
+
+    Pids come round again (pid_max is 32,768 on the CI host, and a test run starts many
+    thousands of processes), and a claim still held for an earlier process of the same
+    pid makes ``start_reaper`` start none. Once in a clean-clone run of 2,872 tests no
+    reaper was found right after ``start_reaper``; such a claim is the one way known to
+    give that, not verified (the failure message now lists every reaper)."""
+    for _ in range(5):
+        server = _sleeper()
+        held = claim(server.pid)
+        if held is not None:
+            held.close()
+            return server
+        server.kill()
+        server.wait()
+    raise AssertionError(f"5 sleepers in a row had a claimed pid: {_all_reapers()}")
+
+
+def _all_reapers() -> list[tuple[int, list[bytes]]]:
+    """Every reaper process on the machine with its arguments (for failure messages)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.isdigit() and any(a.endswith(b"server_exit.py") for a in args):
+            found.append((int(entry), args[3:5]))
+    return found
 
 
 def _reapers(server_pid: int) -> list[int]:
