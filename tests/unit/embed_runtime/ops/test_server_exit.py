@@ -153,19 +153,7 @@ def _unclaimed_sleeper() -> subprocess.Popen:
 
 
 def _all_reapers() -> list[tuple[int, list[bytes]]]:
-    """Every reaper process on the machine with its arguments (for failure messages)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if entry.isdigit() and any(a.endswith(b"server_exit.py") for a in args):
-            found.append((int(entry), args[3:5]))
-    return found
-
-
-def _reapers(server_pid: int) -> list[int]:
+    """Every running reaper on the machine: its pid and its command line's arguments."""
     found = []
     for entry in os.listdir("/proc"):
         try:
@@ -173,9 +161,13 @@ def _reapers(server_pid: int) -> list[int]:
         except OSError:
             continue
         if entry.isdigit() and running(int(entry)) and len(args) > 4:
-            if args[3].endswith(b"server_exit.py") and args[4] == str(server_pid).encode():
-                found.append(int(entry))
+            if args[3].endswith(b"server_exit.py"):
+                found.append((int(entry), args[3:5]))
     return found
+
+
+def _reapers(server_pid: int) -> list[int]:
+    return [pid for pid, args in _all_reapers() if args[1] == str(server_pid).encode()]
 
 
 def test_the_reaper_runs_without_site_packages() -> None:
