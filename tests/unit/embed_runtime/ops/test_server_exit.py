@@ -118,7 +118,9 @@ def test_one_reaper_per_server_which_ends_with_it_and_frees_its_claim() -> None:
     board = Path(board_path("m", "1", server.pid))
     board.write_bytes(b"\0")  # a busy board of this server, left as a killed stub leaves it
     assert start_reaper(server.pid) and start_reaper(server.pid)
-    reapers = _reapers(server.pid)
+    deadline = time.monotonic() + 10  # a reaper just started may not be listed at once
+    while not (reapers := _reapers(server.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(reapers) == 1, (reapers, _all_reapers())
     assert claim(server.pid) is None  # the reaper holds it
     server.kill()
