@@ -26,6 +26,7 @@ from .manifest import Manifest, ModelEntry
 from .model_dir import ModelDir
 from .repo_lock import repository_lock
 from .shared_models import shared_model_dirs
+from .tickets import wire_tickets
 
 GENERATOR = Path(__file__).parent
 RUNTIME = Path(embed_runtime.__file__).parent
@@ -248,7 +249,7 @@ def _build_locked(manifest, repo, only, force, log) -> BuildReport:
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         try:
-            dirs = family_builder(entry.family)(entry, manifest, work)
+            dirs = wire_tickets(family_builder(entry.family)(entry, manifest, work))
             check_weight_cache(dirs, log)  # each graph run from its cached copy too
             staged = [(writer.stage(model), model.name) for model in dirs]
             for path, name in staged:

@@ -100,10 +100,13 @@ class ModelEntry:
     max_queue_delay_us: int = 2000
     max_queue_size: int = 0
     queue_timeout_us: int = 0
-    # The step in front of a Python encoder (tokenize, image preprocess) refuses a request
-    # when the encoder's queue holds more than this much work (0: admits everything);
-    # embed_runtime/ops/backlog_board.py.
+    # The step in front of a Python encoder (tokenize, image admit / preprocess) refuses a
+    # request that states no deadline when the encoder's queue holds more than this much
+    # work (0: no bound in time), or more than ``admission_max_rows`` rows (0: no bound in
+    # rows); one that states a deadline when it cannot be answered within it. Both 0:
+    # admission off. embed_runtime/serving/admission.py.
     admission_wait_us: int = 0
+    admission_max_rows: int = 0
     encoder_instances: int = 1
     preprocess_instances: int = 1
     max_seq_length: int | None = None
@@ -250,6 +253,7 @@ ENTRY_BOUNDS: dict[str, tuple[float, float]] = {
     "max_queue_size": (0, 1_000_000),
     "queue_timeout_us": (0, 3_600_000_000),
     "admission_wait_us": (0, 3_600_000_000),
+    "admission_max_rows": (0, 10_000_000),
     "encoder_instances": (1, 16),
     "preprocess_instances": (1, 16),
     "max_seq_length": (2, 8192),

@@ -19,17 +19,26 @@ Where each figure comes from (docs/benchmarks.md):
   QPS for an e5-small-sized model; the CLIP text tower 9,270 QPS with 4 encoder instances;
   image decode + resize on the CPU bounds images (12 preprocessing instances).
 
-Every profile bounds the work waiting for an encoder: the step in front of it (tokenize)
-refuses a request at once, HTTP 503 / gRPC UNAVAILABLE "server overloaded", while the
-encoder's queue holds more than ``admission_wait_us`` of work, so ``fused_tokenize`` is
-off (one more Python step, 1-4 % of throughput). Triton's queue policy is left off the
-steps it admits to, because any policy turns off the batcher's prefetching (a queued
+Every profile bounds the work waiting for an encoder the way Triton's and TEI's users
+expect (embed_runtime/serving/admission.py): a request that states no deadline is queued
+and answered, up to ``admission_max_rows`` rows waiting (what the queue may hold in
+memory: text rows of up to the model's window in int64 tokens, images of up to the fetch
+cap) and ``admission_wait_us`` of estimated work (the longest wait a plain client is
+asked to sit through); past either, the step in front of the encoder (tokenize, image
+admit) refuses it at once, HTTP 503 / gRPC UNAVAILABLE "server overloaded". A request
+that states a deadline (``deadline_unix_us``, or Triton's ``timeout`` parameter) is
+refused at once when the estimated wait exceeds what is left of it. So ``fused_tokenize``
+is off (one more Python step, 1-4 % of throughput). Triton's queue policy is left off
+the steps it admits to, because any policy turns off the batcher's prefetching (a queued
 request then waits up to 0.5 s beside an idle instance; docs/architecture.md, "Under
-load"). Image ensembles start with ``<name>_admit_image``, which admits to image
-preprocessing the same way. Steps with no admitting step in front (single-step encoders)
-keep Triton's ``max_queue_size``. No profile bounds the wait in time
-(``queue_timeout_us``): with 250 ms perf_analyzer's closed loop of 4 clients of image
-URLs was refused on 2 cores (docs/operations.md, "When the server is full").
+load"). Steps with no admitting step in front (single-step encoders) keep Triton's
+``max_queue_size``, sized for 512 concurrent plain clients and more.
+
+The interactive choice, opt-in per entry: ``admission_wait_us = 250000``
+(:data:`INTERACTIVE_ADMISSION_WAIT_US`) refuses requests without a deadline once a
+quarter second of work waits, so answers stay prompt under overload at the cost of
+refusing plain clients that do not retry (the 500-client benchmark: docs/operations.md,
+"When the server is full").
 """
 
 from __future__ import annotations
@@ -37,17 +46,27 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-# Requests waiting in one step's queue before new ones are refused: about a quarter of a
-# second of one-sentence all-MiniLM-L6-v2 requests on a 2-core CPU (~250/s), about a third
-# of a second of them on the 16-core GPU host (~11,000/s).
-CPU_QUEUE = 64
+# Requests waiting in the queue of a step with no admitting step in front before new ones
+# are refused (Triton's ``max_queue_size``): 512 concurrent one-sentence clients and more
+# are queued, as Triton without a policy and TEI (512) queue them.
+CPU_QUEUE = 1024
 GPU_QUEUE = 4096
-# The most work (estimated wait) an encoder's queue may hold before the step in front of
-# it refuses newcomers: what keeps an overloaded server's answers prompt. On a CPU about
-# the quarter second the 64-request queue held; 100 ms refused a closed loop of 16
-# one-sentence clients on the shared 2-core host (bench.studies.ab, 2026-11-28).
-CPU_ADMISSION_WAIT_US = 250_000
-GPU_ADMISSION_WAIT_US = 100_000
+# The most estimated work a request that states no deadline may find waiting for an
+# encoder before it is refused: the longest wait a plain client is asked to sit through
+# (half of a 60 s client time-out). 500 concurrent one-sentence all-MiniLM-L6-v2 clients
+# queue about a second of it on the 2-core CPU (docs/benchmarks.md, "Overload").
+CPU_ADMISSION_WAIT_US = 30_000_000
+GPU_ADMISSION_WAIT_US = 30_000_000
+# The opt-in interactive bound (an entry's ``admission_wait_us``): a quarter second.
+INTERACTIVE_ADMISSION_WAIT_US = 250_000
+# Rows that may wait for one encoder (its queue's memory). Text: a row holds up to the
+# model's window of int64 ids, mask and type ids (256 tokens: 6 KiB), so 8,192 rows hold
+# at most 48 MiB, 65,536 at most 384 MiB. Images: a row holds the encoded image (a few
+# hundred KiB typical, the fetch cap at most).
+CPU_TEXT_ROWS = 8192
+CPU_IMAGE_ROWS = 512
+GPU_TEXT_ROWS = 65536
+GPU_IMAGE_ROWS = 4096
 
 _CPU_COMMON = {
     "max_queue_delay_us": 0,
@@ -68,16 +87,22 @@ PROFILES: Mapping[str, Mapping[str, Mapping[str, object]]] = MappingProxyType({
     "cpu": MappingProxyType({
         "text": MappingProxyType({
             **_CPU_COMMON,
+            "admission_max_rows": CPU_TEXT_ROWS,
             "max_batch_size": 64,
             "max_rows_per_run": 64,
             "max_padding_share": 0.1,
             "fused_tokenize": False,
         }),
-        "image": MappingProxyType({**_CPU_COMMON, "max_batch_size": 32}),
+        "image": MappingProxyType({
+            **_CPU_COMMON,
+            "admission_max_rows": CPU_IMAGE_ROWS,
+            "max_batch_size": 32,
+        }),
     }),
     "gpu": MappingProxyType({
         "text": MappingProxyType({
             **_GPU_COMMON,
+            "admission_max_rows": GPU_TEXT_ROWS,
             "max_batch_size": 512,
             "max_rows_per_run": 512,
             "max_padding_share": 0.5,
@@ -86,6 +111,7 @@ PROFILES: Mapping[str, Mapping[str, Mapping[str, object]]] = MappingProxyType({
         }),
         "image": MappingProxyType({
             **_GPU_COMMON,
+            "admission_max_rows": GPU_IMAGE_ROWS,
             "max_batch_size": 256,
             "max_rows_per_run": 256,
             "encoder_instances": 4,

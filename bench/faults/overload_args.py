@@ -34,6 +34,7 @@ def parse_queue(value: str) -> dict[str, int] | None:
         "max_queue_size": int(size),
         "queue_timeout_us": int(timeout or 0),
         "admission_wait_us": 0,
+        "admission_max_rows": 0,
     }
 
 

@@ -60,9 +60,10 @@ TUNED: dict[str, Any] = {
     "encoder_instances": 2,
     "ort_threads_shared": -1,
     "ort_spin_us": 20,
-    # the tokenize step admits requests to the encoder (issue 46); fused, nothing would
+    # the tokenize step admits requests to the encoder (issues 46, 56); fused, nothing would
     "fused_tokenize": False,
-    "admission_wait_us": 250_000,
+    "admission_wait_us": 30_000_000,
+    "admission_max_rows": 8192,
 }
 _GENERIC = {f.name: f.default for f in dataclasses.fields(ModelEntry)}
 

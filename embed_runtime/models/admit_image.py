@@ -21,18 +21,29 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from embed_runtime.errors import InvalidInputError
 from embed_runtime.ops.server_exit import exit_with_server
-from embed_runtime.serving.adapter import config_parameters, gather_rows, input_array
+from embed_runtime.serving.adapter import (
+    config_parameters,
+    gather_rows,
+    input_array,
+    with_tickets,
+)
 from embed_runtime.serving.admission import ADMISSION_PEEK, AdmissionGate
 
 OUTPUT = "ADMITTED"
 
 
 def _images(request):
-    """The request's image column as one item ([N, 1] bytes objects)."""
+    """The request's images, one item a row (bytes objects)."""
     images = input_array(pb_utils, request, "IMAGE")
     if images.size == 0:
         raise InvalidInputError("IMAGE has zero rows")
-    return [images.reshape(-1, 1)]
+    return list(images.reshape(-1))
+
+
+def _column(images):
+    column = np.empty((len(images), 1), dtype=np.object_)
+    column[:, 0] = images
+    return column
 
 
 class TritonPythonModel:
@@ -50,11 +61,14 @@ class TritonPythonModel:
     def execute(self, requests):
         """Each request's images passed on as they are, or its refusal."""
         batch = gather_rows(pb_utils, requests, _images, self.gate)
-        for i, start, _ in batch.slices():
-            tensor = pb_utils.Tensor(OUTPUT, np.asarray(batch.items[start], dtype=np.object_))
-            batch.responses[i] = pb_utils.InferenceResponse([tensor])
-        if self.gate is not None and self.counts:
-            self.gate.passed(len(batch.valid))
+        outputs = {
+            i: [pb_utils.Tensor(OUTPUT, _column(batch.items[start:stop]))]
+            for i, start, stop in batch.slices()
+        }
+        if self.counts:
+            outputs = with_tickets(pb_utils, self.gate, batch, outputs)
+        for i, tensors in outputs.items():
+            batch.responses[i] = pb_utils.InferenceResponse(tensors)
         return batch.responses
 
     def finalize(self):

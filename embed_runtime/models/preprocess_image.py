@@ -18,6 +18,7 @@ from embed_runtime.serving.adapter import (
     error_response,
     gather_rows,
     input_array,
+    with_tickets,
 )
 from embed_runtime.errors import InvalidInputError, RequestError
 from embed_runtime.image.preprocess import (
@@ -30,7 +31,7 @@ from embed_runtime.image.gpu import cuda_preprocessor
 from embed_runtime.ops.backlog_board import EncoderSlot, board_path
 from embed_runtime.ops.priority import lower_priority
 from embed_runtime.ops.server_exit import exit_with_server, is_stub
-from embed_runtime.serving.admission import BACKLOG_PARAMETER, AdmissionGate
+from embed_runtime.serving.admission import BACKLOG_PARAMETER, AdmissionGate, Taken
 
 
 class TritonPythonModel:
@@ -116,22 +117,23 @@ class TritonPythonModel:
         return admitted
 
     def _respond(self, batch, i, results):
+        """The request's output tensors, or ``None`` with its error response set."""
         failed = next((r for r in results if isinstance(r, Exception)), None)
         if failed is None:
             try:
                 stacked = np.stack(results) if self.gpu is None else self.gpu.to_host(results)
-                tensor = pb_utils.Tensor("pixel_values", stacked)
-                batch.responses[i] = pb_utils.InferenceResponse([tensor])
-                return
+                return [pb_utils.Tensor("pixel_values", stacked)]
             except Exception as exc:  # noqa: BLE001 - every request must get a response
                 failed = exc
         self._fail(batch, i, failed)
+        return None
 
     def execute(self, requests):
         """Read headers, admit within budget, decode the admitted images; slice back."""
         if self.backlog is None:
             return self._execute(requests)
-        with self.backlog.executing(len(requests)):
+        taken = Taken.read(pb_utils, requests, "IMAGE")
+        with self.backlog.executing(taken.rows, taken.ticket):
             return self._execute(requests)
 
     def _execute(self, requests):
@@ -144,12 +146,13 @@ class TritonPythonModel:
         else:
             datas = [data for _, _, mine in admitted for data in mine]
             results = self._gpu_all(images, datas)
-        start = 0
+        start, outputs = 0, {}
         for i, mine, _ in admitted:
-            self._respond(batch, i, results[start : start + len(mine)])
+            outputs[i] = self._respond(batch, i, results[start : start + len(mine)])
             start += len(mine)
-        if self.gate is not None:
-            self.gate.passed(sum(1 for r in batch.responses if not r.has_error()))
+        outputs = {i: tensors for i, tensors in outputs.items() if tensors is not None}
+        for i, tensors in with_tickets(pb_utils, self.gate, batch, outputs).items():
+            batch.responses[i] = pb_utils.InferenceResponse(tensors)
         return batch.responses
 
     def finalize(self):

@@ -5,28 +5,28 @@ policy turns its batcher's prefetching off: the batcher then learns that an inst
 free only from a request entering the queue or from its own 500 ms poll, and while the
 full queue refuses every newcomer, queued requests wait beside an idle instance
 (docs/architecture.md, "Under load"). So the profiles leave Triton's queues unbounded and
-bound the work themselves, here: the step before an encoder (tokenize, image preprocess)
-admits a request only while the encoder's queue holds less than ``admission_wait_us`` of
-work, and refuses it at once otherwise, before any of its own work is done.
+bound the work themselves, here: the step before an encoder (tokenize, image admit or
+preprocess) reads the encoder's backlog and admits or refuses each request at once
+(``embed_runtime.serving.admission``).
 
-The board is one small shared-memory file per encoder model version of one server, with
-counters that only ever grow, each written by one process:
+The backlog is counted in rows by tickets, never by "passed on" alone. The admitting step
+numbers the rows it passes on (:meth:`Admission.issue`: the board's ``issued`` count,
+moved under a lock) and sends each request's ticket, the number of its last row, with
+its tensors (``issued_ticket`` -> the encoder's ``admitted_ticket``). Each encoder
+instance (:class:`EncoderSlot`) records the highest ticket it has taken from its queue.
+Triton's queue is first in, first out, so when an encoder takes ticket ``t`` every row
+numbered up to ``t`` has been taken or will never come: its client cancelled it while it
+queued, a later step refused it, a stub died with it, or someone called the admitting
+step directly. The backlog is ``issued`` minus the highest ticket taken: a request that
+never reaches the encoder leaves the count as soon as any later one is taken, within one
+execution, whatever the traffic. When nothing later comes and every encoder has been idle
+for :data:`IDLE_NS`, the count is known to be zero and the board's floor makes it so.
 
-- each encoder instance (:class:`EncoderSlot`) counts the requests it has taken from its
-  queue, and keeps the time one request costs it (a moving average over its executions)
-  and whether it is running now;
-- each admitting instance (:class:`Admission`) counts the requests it has passed on.
-
-Passed on minus taken is the backlog in Triton's queue; the backlog times the cost of a
-request, over the instances, is the wait a new request would meet. A request that never
-reaches the encoder (its client cancelled it while it queued, a stub died) would leave
-the count too high for good, so when every encoder has been idle for a while the backlog
-is known to be zero and an offset makes it so; a count too low (requests sent to the
-encoder model directly) is set to zero the same way at once.
+Each encoder instance also keeps what a row costs it and how long an execution takes
+(moving averages), from which the admitting step estimates the wait a new request meets.
 
 Slots are claimed with open-file-description record locks: the operating system frees a
-slot when its process dies, and the next process to claim it carries its count
-on, so totals survive a stub restart.
+slot when its process dies, and the next process to claim it carries its figures on.
 """
 
 from __future__ import annotations
@@ -44,18 +44,20 @@ from dataclasses import dataclass
 from .busy_board import board_dir, board_prefix
 
 SLOTS = 64
-_OFFSET = 0  # int64: the backlog that was found to be zero (under the resync lock)
-_RESYNC_LOCK = 8  # the byte locked while the offset is rewritten
-_ENCODERS = 64  # encoder slot i: taken, cost_ns, busy, last_end_ns (4 x uint64)
-_ENCODER_SIZE = 32
-_ADMITTERS = _ENCODERS + SLOTS * _ENCODER_SIZE  # admitting slot i: passed (uint64)
+_ISSUED = 0  # uint64: rows numbered so far (the last ticket issued)
+_FLOOR = 8  # uint64: tickets up to this one were found not to wait (idle encoders)
+_LOCK = 16  # the byte locked while ``issued`` or the floor is rewritten
+_ENCODERS = 64  # encoder slot i: HIGH, ROW_NS, BUSY, LAST_END, EXEC_NS, ROWS (uint64)
+_ENCODER_SIZE = 48
+_HIGH, _ROW_NS, _BUSY, _LAST_END, _EXEC_NS, _ROWS = range(6)
+_ADMITTERS = _ENCODERS + SLOTS * _ENCODER_SIZE  # admitting slot i: held while it lives
 _ADMITTER_SIZE = 16
 SIZE = _ADMITTERS + SLOTS * _ADMITTER_SIZE
 
 # An encoder that ended its last execution this long ago and is not running is idle;
 # with prefetching, a free instance takes the next queued batch within a millisecond.
 IDLE_NS = 50_000_000
-# Weight of the newest execution in the moving cost of a request.
+# Weight of the newest execution in the moving cost of a row and time of an execution.
 COST_WEIGHT = 0.25
 
 
@@ -145,113 +147,132 @@ class _Slot:
 
 
 class EncoderSlot(_Slot):
-    """An encoder instance's slot: the requests it took, their cost, whether it runs."""
+    """An encoder instance's slot: the highest ticket it took, what a row costs it, if it runs."""
 
     def __init__(self, path: str, clock: Callable[[], int] = time.monotonic_ns):
         super().__init__(path, _ENCODERS, _ENCODER_SIZE)
         self._clock = clock
-        self._set(2, 0)  # a process that died running left its flag set
-        self._time_ns = self._requests = 0.0
+        self._set(_BUSY, 0)  # a process that died running left its flag set
+        self._time_ns = self._rows = 0.0
+
+    @property
+    def row_ns(self) -> int:
+        """This instance's moving cost of a row (0 before it ran)."""
+        return self._get(_ROW_NS)
 
     @contextlib.contextmanager
-    def executing(self, requests: int) -> Iterator[None]:
-        """Count ``requests`` as taken from the queue; time their execution.
+    def executing(self, rows: int, ticket: int = 0) -> Iterator[None]:
+        """Take ``rows`` from the queue, the highest of their tickets ``ticket``; time them.
 
-        The cost of a request is the moving time of an execution over its moving request
-        count, so an execution of one request (its fixed cost all its own) weighs as
-        little as it is worth against the batches a queue makes.
+        The cost of a row is the moving time of an execution over its moving row count, so
+        an execution of one row (its fixed cost all its own) weighs as little as it is
+        worth against the batches a queue makes.
         """
-        self._set(0, self._get(0) + requests)
-        self._set(2, 1)
+        if ticket > self._get(_HIGH):
+            self._set(_HIGH, ticket)
+        self._set(_ROWS, self._get(_ROWS) + rows)
+        self._set(_BUSY, 1)
         start = self._clock()
         try:
             yield
         finally:
             end = self._clock()
-            if requests:
-                first = not self._requests
+            if rows:
+                first = not self._rows
                 weight = 1.0 if first else COST_WEIGHT
                 self._time_ns += weight * ((end - start) - self._time_ns)
-                self._requests += weight * (requests - self._requests)
-                self._set(1, max(1, int(self._time_ns / self._requests)))
-            self._set(3, end)
-            self._set(2, 0)
+                self._rows += weight * (rows - self._rows)
+                self._set(_ROW_NS, max(1, int(self._time_ns / self._rows)))
+                self._set(_EXEC_NS, max(1, int(self._time_ns)))
+            self._set(_LAST_END, end)
+            self._set(_BUSY, 0)
 
 
 @dataclass(frozen=True)
 class Backlog:
-    """What an admitting step reads: requests queued and what one more costs the encoders.
+    """What an admitting step reads: rows queued and what they cost the encoders.
 
-    ``per_request_ns`` is the encoders' moving cost of a request over the ``encoders``
-    instances that ran (0 before any ran): the wait a newcomer meets is
-    ``queued * per_request_ns``.
+    ``row_ns`` is the encoders' mean cost of a row over the ``encoders`` instances that ran
+    (they run side by side), 0 before any ran; ``exec_ns`` the mean time of one execution;
+    ``running`` how many instances are executing now.
     """
 
     queued: int
-    per_request_ns: float
+    row_ns: float
     encoders: int = 0
+    exec_ns: float = 0.0
+    running: int = 0
 
-    @property
-    def wait_ns(self) -> float:
-        """The estimated wait of a request admitted now."""
-        return self.queued * self.per_request_ns
+    def wait_ns(self, rows: int = 0) -> float:
+        """The estimated time until ``rows`` more, queued now, are answered.
+
+        The rows before them and their own, at the encoders' cost of a row, plus one
+        execution when every instance is busy or rows wait (the one under way ends first).
+        """
+        if self.row_ns <= 0:
+            return 0.0
+        full = self.queued > 0 or self.running >= max(self.encoders, 1)
+        return (self.queued + rows) * self.row_ns + (self.exec_ns if full else 0.0)
 
 
 class Admission(_Slot):
-    """An admitting instance's slot and its reading of the encoder's backlog."""
+    """An admitting instance's slot: it numbers the rows it passes on and reads the backlog."""
 
     def __init__(self, path: str, clock: Callable[[], int] = time.monotonic_ns):
         super().__init__(path, _ADMITTERS, _ADMITTER_SIZE)
         self._clock = clock
 
-    def passed(self, requests: int) -> None:
-        """Count ``requests`` passed on to the encoder."""
-        if requests:
-            self._set(0, self._get(0) + requests)
+    def _header(self, at: int) -> int:
+        return struct.unpack_from("<Q", self._map, at)[0]
 
-    def _encoders(self) -> list[tuple[int, int, int, int]]:
+    def issue(self, rows: list[int]) -> list[int]:
+        """Number ``rows`` (one count per request passed on): each request's ticket."""
+        tickets = []
+        _lock(self._fd, _LOCK, wait=True)
+        try:
+            last = self._header(_ISSUED)
+            for count in rows:
+                last += count
+                tickets.append(last)
+            struct.pack_into("<Q", self._map, _ISSUED, last)
+        finally:
+            _lock(self._fd, _LOCK, fcntl.F_UNLCK)
+        return tickets
+
+    def _encoders(self) -> list[tuple[int, ...]]:
         return [
-            struct.unpack_from("<4Q", self._map, _ENCODERS + i * _ENCODER_SIZE)
+            struct.unpack_from("<6Q", self._map, _ENCODERS + i * _ENCODER_SIZE)
             for i in range(SLOTS)
         ]
 
     def idle(self) -> bool:
         """No live encoder is running or ended an execution within :data:`IDLE_NS`."""
         now = self._clock()
-        for i, (_, _, busy, last_end) in enumerate(self._encoders()):
+        for i, fields in enumerate(self._encoders()):
+            busy, last_end = fields[_BUSY], fields[_LAST_END]
             if not (busy or last_end) or not _held(self._fd, _ENCODERS + i * _ENCODER_SIZE):
                 continue  # never used, or its process is gone
             if busy or now - last_end < IDLE_NS:
                 return False
         return True
 
-    def resync(self, backlog: int) -> None:
-        """Count the backlog read as ``backlog`` as zero from now on."""
-        _lock(self._fd, _RESYNC_LOCK, wait=True)
+    def resync(self) -> None:
+        """Count every row numbered so far as not waiting (the encoders were found idle)."""
+        _lock(self._fd, _LOCK, wait=True)
         try:
-            offset = struct.unpack_from("<q", self._map, _OFFSET)[0]
-            struct.pack_into("<q", self._map, _OFFSET, offset + backlog)
+            struct.pack_into("<Q", self._map, _FLOOR, self._header(_ISSUED))
         finally:
-            _lock(self._fd, _RESYNC_LOCK, fcntl.F_UNLCK)
+            _lock(self._fd, _LOCK, fcntl.F_UNLCK)
 
     def read(self) -> Backlog:
-        """The encoder's backlog now; a count below zero is set to zero first.
-
-        The encoders' counts are read before the admitters': a request is passed on before
-        it is taken, so a request taken while this reads is counted as passed too, and a
-        busy board never reads below zero (which the resync would turn into a count too
-        high for good; only an idle moment would reset it, and a busy closed loop has none).
-        """
+        """The encoder's backlog now: rows numbered past the highest ticket taken."""
         encoders = self._encoders()
-        passed = sum(
-            struct.unpack_from("<Q", self._map, _ADMITTERS + i * _ADMITTER_SIZE)[0]
-            for i in range(SLOTS)
-        )
-        offset = struct.unpack_from("<q", self._map, _OFFSET)[0]
-        queued = passed - sum(e[0] for e in encoders) - offset
-        if queued < 0:
-            self.resync(queued)
-            queued = 0
-        costs = [e[1] for e in encoders if e[1]]
-        per_request = sum(costs) / len(costs) / len(costs) if costs else 0.0
-        return Backlog(queued, per_request, len(costs))
+        issued, floor = self._header(_ISSUED), self._header(_FLOOR)
+        high = max([floor, *(e[_HIGH] for e in encoders)])
+        ran = [e for e in encoders if e[_ROW_NS]]
+        if not ran:
+            return Backlog(max(0, issued - high), 0.0)
+        row_ns = sum(e[_ROW_NS] for e in ran) / len(ran) / len(ran)
+        exec_ns = sum(e[_EXEC_NS] for e in ran) / len(ran)
+        running = sum(1 for e in ran if e[_BUSY])
+        return Backlog(max(0, issued - high), row_ns, len(ran), exec_ns, running)

@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import INVALID_ARG, UNAVAILABLE, RequestError
 from ..text.request_options import request_parameters
 from ..text.tokenizer import split_rows
-from .admission import AdmissionGate, gone_reason
+from .admission import ISSUED_TICKET, AdmissionGate, gone_reason, request_deadline_us
 
 
 def config_parameters(model_config: str | dict[str, Any]) -> dict[str, str]:
@@ -62,6 +62,8 @@ class Gathered:
     valid: list[int] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
     items: list = field(default_factory=list)
+    # Each valid request's deadline (µs since the epoch) or None, where a gate read them.
+    deadlines: list[int | None] = field(default_factory=list)
 
     def slices(self) -> Iterator[tuple[int, int, int]]:
         """``(request index, start, stop)`` of each valid request's rows in ``items``."""
@@ -94,15 +96,14 @@ def gather_rows(
 
     A request whose client has gone or whose deadline has passed is answered at once,
     unread (:mod:`.admission`): no step works for an answer nobody can use. So is one
-    the ``gate`` refuses because the encoder after this step is full.
+    the ``gate`` refuses because the encoder after this step cannot answer it in time
+    (read first: the gate weighs its rows), before any work of this step's own.
     """
     gathered = Gathered(responses=[None] * len(requests))
     if gate is not None:
         gate.begin()
     for i, request in enumerate(requests):
         gone = gone_reason(request, _parameters)
-        if gone is None and gate is not None:
-            gone = gate.refusal()
         if gone is not None:
             gathered.responses[i] = error_response(pb_utils, gone)
             continue
@@ -111,10 +112,36 @@ def gather_rows(
         except RequestError as exc:
             gathered.responses[i] = error_response(pb_utils, exc)
             continue
+        deadline = None
+        if gate is not None:
+            deadline = request_deadline_us(request, _parameters(request))
+            refused = gate.admit(len(rows), deadline)
+            if refused is not None:
+                gathered.responses[i] = error_response(pb_utils, refused)
+                continue
         gathered.valid.append(i)
         gathered.counts.append(len(rows))
         gathered.items.extend(rows)
+        gathered.deadlines.append(deadline)
     return gathered
+
+
+def with_tickets(
+    pb_utils: Any, gate: AdmissionGate | None, batch: Gathered, outputs: dict[int, list]
+) -> dict[int, list]:
+    """``outputs`` (tensors by request index) with the :data:`ISSUED_TICKET` of each.
+
+    The requests of ``batch`` that have outputs are passed on to the encoder the ``gate``
+    admits to, their rows numbered now; without a gate, ``outputs`` as they are.
+    """
+    if gate is None or not outputs:
+        return outputs
+    passed = [(i, c, d) for i, c, d in zip(batch.valid, batch.counts, batch.deadlines,
+                                           strict=True) if i in outputs]
+    tickets = gate.tickets([c for _, c, _ in passed], [d for _, _, d in passed])
+    for (i, _, _), ticket in zip(passed, tickets, strict=True):
+        outputs[i] = [*outputs[i], pb_utils.Tensor(ISSUED_TICKET, ticket)]
+    return outputs
 
 
 def run_or_isolate(
@@ -164,14 +191,14 @@ def tokenize_requests(
     if not batch.items:
         return batch.responses
     groups = [batch.items[start:stop] for _, start, stop in batch.slices()]
+    outputs = {}
     for i, arrays in zip(batch.valid, run_or_isolate(tokenize, groups, log), strict=True):
         if isinstance(arrays, Exception):
             batch.responses[i] = error_response(pb_utils, arrays, log)
             continue
-        tensors = [pb_utils.Tensor(n, arrays[n]) for n in output_names]
+        outputs[i] = [pb_utils.Tensor(n, arrays[n]) for n in output_names]
+    for i, tensors in with_tickets(pb_utils, gate, batch, outputs).items():
         batch.responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
-    if gate is not None:
-        gate.passed(sum(1 for r in batch.responses if not r.has_error()))
     return batch.responses
 
 

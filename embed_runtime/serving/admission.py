@@ -20,11 +20,14 @@ retries them only while its own deadline allows.
 
 from __future__ import annotations
 
-import math
+import json
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
+
+import numpy as np
 
 from ..errors import UnavailableError
 from ..ops.backlog_board import Admission, Backlog, board_path
@@ -83,18 +86,46 @@ def gone_reason(
     return None
 
 
+def request_deadline_us(
+    request: Any, parameters: Mapping[str, Any], now_us: Callable[[], int] = wall_clock_us
+) -> int | None:
+    """When ``request`` must be answered by (µs since the epoch), ``None`` when it does not say.
+
+    The earlier of :data:`DEADLINE_PARAMETER` and Triton's own ``timeout`` request
+    parameter (``request.timeout()``, µs, 0 when unset), counted from now: the admitting
+    step is a request's first step, so now is about when it arrived. A gRPC deadline
+    reaches no step as a number; Triton cancels the request when it passes.
+    """
+    deadline = deadline_us(parameters)
+    timeout = getattr(request, "timeout", None)
+    relative = timeout() if timeout is not None else 0
+    if isinstance(relative, int) and relative > 0:
+        by_timeout = now_us() + relative
+        deadline = by_timeout if deadline is None else min(deadline, by_timeout)
+    return deadline
+
+
 ADMISSION_ENCODER = "admission_encoder"
 ADMISSION_WAIT = "admission_wait_us"
+ADMISSION_ROWS = "admission_max_rows"
 # Set ("true") on a step that an admitting step in front counts for, other than an encoder
 # (which always counts): image preprocessing behind ``<name>_admit_image``.
 BACKLOG_PARAMETER = "admission_backlog"
 # Set ("true") on an admitting step that refuses while the queue is full but counts
 # nothing it passes on: ``<name>_admit_url``, in front of the URL fetch.
 ADMISSION_PEEK = "admission_peek"
+# The tensor an admitting step sends each request's ticket in, and the one the step it
+# admits to takes it as: [rows, 2] INT64, each row (ticket, deadline µs or 0).
+ISSUED_TICKET = "issued_ticket"
+ADMITTED_TICKET = "admitted_ticket"
 
-
-# Requests per encoder instance always admitted, whatever one costs (AdmissionGate.begin).
+# Rows always admitted per encoder instance to an otherwise empty queue, whatever one
+# costs, for a request that states no deadline (AdmissionGate.admit).
 PER_INSTANCE = 2
+# A request with a deadline is admitted while the estimated time to its answer is within
+# this share of the time it has left: the estimate is a moving mean, and the answer
+# still has to travel back.
+DEADLINE_SHARE = 0.8
 
 
 class OverloadedError(UnavailableError):
@@ -194,19 +225,35 @@ class AdmissionGate:
     """Admits the requests of one execution while the encoder's queue has room for them.
 
     Built by the step in front of an encoder from its config parameters
-    (:data:`ADMISSION_ENCODER`, :data:`ADMISSION_WAIT`); :meth:`begin` reads the
-    encoder's backlog board once per execution, :meth:`refusal` is asked for each request
-    in order, and :meth:`passed` counts what went on to the encoder.
+    (:data:`ADMISSION_ENCODER`, :data:`ADMISSION_WAIT`, :data:`ADMISSION_ROWS`).
+    :meth:`begin` reads the encoder's backlog board once per execution; :meth:`admit` is
+    asked for each request in order, with its rows and its deadline:
+
+    - a request that states a deadline is refused at once when the estimated time to its
+      answer (the rows queued before it, their cost, the execution under way) exceeds
+      :data:`DEADLINE_SHARE` of the time it has left, and admitted otherwise;
+    - one that states none is queued, as Triton queues it, up to ``max_rows`` rows waiting
+      (the memory the queue may hold) and ``wait_us`` of estimated work (the longest wait
+      a client is asked to sit through); past either it is refused at once.
+
+    :meth:`tickets` numbers the rows passed on, so the encoder's board counts only what
+    the encoder has still to take (:mod:`embed_runtime.ops.backlog_board`).
     """
 
     def __init__(
-        self, board: Admission, encoder: str, wait_us: int, refusals: Refusals | None = None
+        self,
+        board: Admission,
+        encoder: str,
+        wait_us: int,
+        max_rows: int = 0,
+        refusals: Refusals | None = None,
+        now_us: Callable[[], int] = wall_clock_us,
     ):
-        self.board, self.encoder, self.wait_us = board, encoder, wait_us
-        self.refusals = refusals
-        self._room = 0.0
+        self.board, self.encoder, self.wait_us, self.max_rows = board, encoder, wait_us, max_rows
+        self.refusals, self.now_us = refusals, now_us
         self._read = Backlog(0, 0.0)
-        self._admitted = 0  # by this execution so far: they wait too
+        self._rows = 0  # admitted by this execution so far: they wait too
+        self._idle_checked = False
 
     @classmethod
     def from_parameters(
@@ -219,56 +266,162 @@ class AdmissionGate:
         """
         encoder = params.get(ADMISSION_ENCODER, "")
         wait_us = int(params.get(ADMISSION_WAIT, "0") or 0)
-        if not encoder or wait_us <= 0:
+        max_rows = int(params.get(ADMISSION_ROWS, "0") or 0)
+        if not encoder or (wait_us <= 0 and max_rows <= 0):
             return None
         refusals = None if pb_utils is None else Refusals.for_step(pb_utils, model, encoder)
-        return cls(Admission(board_path(encoder, version)), encoder, wait_us, refusals)
+        board = Admission(board_path(encoder, version))
+        return cls(board, encoder, max(wait_us, 0), max(max_rows, 0), refusals)
 
     def begin(self) -> None:
-        """Read the backlog: how many requests this execution may pass on."""
-        budget = self.wait_us * 1000
-        self._admitted = 0
-        self._read = backlog = self.board.read()
-        if backlog.per_request_ns <= 0:  # the encoder has not run yet: nothing to go by
-            self._room = math.inf
-            return
-        room = (budget - backlog.wait_ns) // backlog.per_request_ns
-        if room < 1 and self.board.idle():  # idle encoders: nothing can be queued
-            self.board.resync(backlog.queued)
-            backlog = Backlog(0, backlog.per_request_ns, backlog.encoders)
-            room = budget // backlog.per_request_ns
-        # Never fewer than two queued per instance, whatever one request costs: each
-        # instance finds its next request waiting when it ends a run, and a closed loop of
-        # two clients per instance is never refused (an answer can reach its client before
-        # the instance has counted the next request as taken).
-        floor = max(PER_INSTANCE * backlog.encoders, 1) - backlog.queued
-        self._room = max(room, floor)
+        """Read the backlog once for this execution."""
+        self._read = self.board.read()
+        self._rows = 0
+        self._idle_checked = False
 
-    def refusal(self) -> OverloadedError | None:
-        """``None`` to admit the next request, else the error that refuses it."""
-        if self._room >= 1:
-            self._room -= 1
-            self._admitted += 1
+    def _backlog(self) -> Backlog:
+        read = self._read
+        return Backlog(
+            read.queued + self._rows, read.row_ns, read.encoders, read.exec_ns, read.running
+        )
+
+    def _over(self, rows: int, deadline: int | None) -> str | None:
+        """Why ``rows`` more cannot be admitted now, ``None`` when they can."""
+        backlog = self._backlog()
+        expected_ms = backlog.wait_ns(rows) / 1e6
+        if deadline is not None:
+            left_ms = (deadline - self.now_us()) / 1000
+            if backlog.row_ns > 0 and expected_ms > DEADLINE_SHARE * left_ms:
+                return (
+                    f"server overloaded: about {expected_ms:.0f} ms until {self.encoder} "
+                    f"could answer ({backlog.queued} row(s) wait before it), more than the "
+                    f"{max(left_ms, 0):.0f} ms left before the request's deadline; retry "
+                    "later with backoff or a later deadline"
+                )
             return None
-        waiting = Backlog(
-            self._read.queued + self._admitted, self._read.per_request_ns, self._read.encoders
-        )
-        error = OverloadedError(
-            f"server overloaded: {waiting.queued} request(s) (about "
-            f"{waiting.wait_ns / 1e6:.0f} ms of work) already wait for {self.encoder}, over "
-            f"its admission bound of {self.wait_us / 1000:g} ms ({ADMISSION_WAIT}); "
-            "retry later with backoff"
-        )
+        if backlog.queued < PER_INSTANCE * max(backlog.encoders, 1):
+            return None
+        if self.max_rows and backlog.queued + rows > self.max_rows:
+            return (
+                f"server overloaded: {backlog.queued} row(s) already wait for {self.encoder}, "
+                f"its bound is {self.max_rows} ({ADMISSION_ROWS}); retry later with backoff"
+            )
+        if self.wait_us and backlog.row_ns > 0 and expected_ms * 1000 > self.wait_us:
+            return (
+                f"server overloaded: {backlog.queued} row(s) (about {expected_ms:.0f} ms of "
+                f"work) already wait for {self.encoder}, over its admission bound of "
+                f"{self.wait_us / 1000:g} ms ({ADMISSION_WAIT}); retry later with backoff"
+            )
+        return None
+
+    def admit(self, rows: int = 1, deadline: int | None = None) -> OverloadedError | None:
+        """``None`` to admit a request of ``rows`` rows, else the error that refuses it.
+
+        ``deadline``: when it must be answered by (µs since the epoch), ``None`` if never.
+        A count that would refuse is checked against idle encoders once per execution:
+        rows that never reached them cannot be waiting.
+        """
+        reason = self._over(rows, deadline)
+        if reason is not None and not self._idle_checked and self._read.queued:
+            self._idle_checked = True
+            if self.board.idle():
+                self.board.resync()
+                read = self._read
+                self._read = Backlog(0, read.row_ns, read.encoders, read.exec_ns, read.running)
+                reason = self._over(rows, deadline)
+        if reason is None:
+            self._rows += rows
+            return None
+        error = OverloadedError(reason)
         if self.refusals is not None:
             self.refusals.count(error.message)
         return error
 
-    def passed(self, requests: int) -> None:
-        """Count ``requests`` sent on to the encoder."""
-        self.board.passed(requests)
+    def tickets(self, rows: list[int], deadlines: list[int | None]) -> list[np.ndarray]:
+        """The :data:`ISSUED_TICKET` tensor of each request passed on, rows numbered now."""
+        numbered = self.board.issue(rows)
+        return [
+            np.full((count, 2), (ticket, deadline or 0), dtype=np.int64)
+            for count, ticket, deadline in zip(rows, numbered, deadlines, strict=True)
+        ]
 
     def close(self) -> None:
         """Free this instance's slot on the board; log the refusals' total."""
         self.board.close()
         if self.refusals is not None:
             self.refusals.close()
+
+
+def taken_ticket(tickets: Any) -> tuple[int, int | None]:
+    """(ticket, deadline µs or ``None``) of an :data:`ADMITTED_TICKET` array (0: none)."""
+    if tickets is None or tickets.size < 2:
+        return 0, None
+    ticket, deadline = (int(v) for v in tickets.reshape(-1, 2)[0])
+    return max(ticket, 0), (deadline if deadline > 0 else None)
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What an admitted-to step takes in one execution: rows, highest ticket, deadlines."""
+
+    rows: int
+    ticket: int
+    deadlines: tuple[int | None, ...]
+
+    @classmethod
+    def read(cls, pb_utils: Any, requests: list, input_name: str) -> Taken:
+        """Each request's :data:`ADMITTED_TICKET`; without one (a direct call), its rows.
+
+        A request's deadline is the earlier of its ticket's and its
+        :data:`DEADLINE_PARAMETER`.
+        """
+        rows, high, deadlines = 0, 0, []
+        for request in requests:
+            tensor = pb_utils.get_input_tensor_by_name(request, ADMITTED_TICKET)
+            ticket, deadline = 0, None
+            if tensor is not None:
+                array = tensor.as_numpy()
+                ticket, deadline = taken_ticket(array)
+                count = len(array)
+            else:
+                data = pb_utils.get_input_tensor_by_name(request, input_name)
+                count = 0 if data is None else len(data.as_numpy())
+            stated = deadline_us(_request_parameters(request))
+            if stated is not None:
+                deadline = stated if deadline is None else min(deadline, stated)
+            rows += count
+            high = max(high, ticket)
+            deadlines.append(deadline)
+        return cls(rows, high, tuple(deadlines))
+
+
+def _request_parameters(request: Any) -> Mapping[str, Any]:
+    try:
+        parameters = json.loads(request.parameters())
+    except (TypeError, ValueError):
+        return {}
+    return parameters if isinstance(parameters, dict) else {}
+
+
+class LateError(UnavailableError):
+    """The request's deadline passes before this execution can end; none of it was done."""
+
+
+def late_refusals(taken: Taken, row_ns: int, now_us: Callable[[], int] = wall_clock_us):
+    """Per request, the :class:`LateError` of one whose deadline passes before the run ends.
+
+    The run is estimated at ``row_ns`` (the instance's own moving cost of a row) times the
+    rows taken; 0 (it has not run yet) refuses nothing.
+    """
+    if row_ns <= 0:
+        return [None] * len(taken.deadlines)
+    end = now_us() + row_ns * taken.rows // 1000
+    return [
+        None
+        if deadline is None or deadline >= end
+        else LateError(
+            f"server overloaded: the request's deadline passes {(end - deadline) / 1000:.0f} ms "
+            "before this execution could end; retry later with backoff or a later deadline"
+        )
+        for deadline in taken.deadlines
+    ]

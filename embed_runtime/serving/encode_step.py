@@ -33,6 +33,7 @@ from ..ops.step_times import StepTimes
 from ..text.request_options import request_parameters
 from ..text.tokenizer import TokenizerParams
 from .adapter import config_parameters, embed_requests, input_array
+from .admission import Taken, late_refusals
 
 
 class NoForms:
@@ -142,6 +143,7 @@ class EncodeStep:
         if self.encoder.cache_error:  # served all the same, each session with its own weights
             self.logger.log_warn(f"{name}: weight cache not used: {self.encoder.cache_error}")
         self.times = StepTimes.from_env(name)
+        self._late: dict[int, Exception] = {}
         # What the step in front reads to admit requests (embed_runtime.ops.backlog_board);
         # only inside Triton, whose server the board is named by.
         self.backlog = (
@@ -151,6 +153,9 @@ class EncodeStep:
             self.logger.log_info(f"{name}: timing each execution into {self.times.path}")
 
     def _read(self, request: Any) -> tuple[Any, tuple[str, ...]]:
+        late = self._late.get(id(request))
+        if late is not None:
+            raise late
         inputs = {n: input_array(self.pb_utils, request, n) for n in self.engine.input_names}
         parameters = request_parameters(request.parameters())
         item = self.engine.read(inputs, parameters)
@@ -170,8 +175,14 @@ class EncodeStep:
         """Embed all valid requests in one call; each bad one fails alone."""
         if self.backlog is None:
             return self._timed_execute(requests)
-        with self.backlog.executing(len(requests)):
-            return self._timed_execute(requests)
+        taken = Taken.read(self.pb_utils, requests, self.engine.input_names[0])
+        late = late_refusals(taken, self.backlog.row_ns)
+        self._late = {id(r): e for r, e in zip(requests, late, strict=True) if e is not None}
+        try:
+            with self.backlog.executing(taken.rows, taken.ticket):
+                return self._timed_execute(requests)
+        finally:
+            self._late = {}
 
     def _timed_execute(self, requests: list) -> list:
         if self.times is None:

@@ -133,7 +133,11 @@ def admission_parameters(entry: ModelEntry, encoder: str) -> dict[str, str]:
     """
     if not admits(entry):
         return {}
-    return {"admission_encoder": encoder, "admission_wait_us": str(entry.admission_wait_us)}
+    return {
+        "admission_encoder": encoder,
+        "admission_wait_us": str(entry.admission_wait_us),
+        "admission_max_rows": str(entry.admission_max_rows),
+    }
 
 
 def step_batching(

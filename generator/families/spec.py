@@ -29,9 +29,11 @@ def admits(entry: ModelEntry) -> bool:
     """Whether the steps in front of ``entry``'s encoders admit requests to them.
 
     They do for a Python encoder (its executions fill the backlog board the step in front
-    reads) with ``admission_wait_us`` set; Triton's native backend fills no board.
+    reads) with ``admission_wait_us`` or ``admission_max_rows`` set; Triton's native
+    backend fills no board.
     """
-    return entry.admission_wait_us > 0 and entry.encoder_backend == "python-ort"
+    bounded = entry.admission_wait_us > 0 or entry.admission_max_rows > 0
+    return bounded and entry.encoder_backend == "python-ort"
 
 
 @dataclass(frozen=True)

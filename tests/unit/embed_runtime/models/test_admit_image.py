@@ -40,11 +40,14 @@ def test_admitted_images_pass_on_unchanged_and_are_counted(admit) -> None:
     requests = [_request(b"\xff\xd8jpeg", b"\x89PNG"), _request(b"GIF89a")]
     responses = model.execute(requests)
     for request, response in zip(requests, responses, strict=True):
-        got = response.output_tensors()[0]
+        got, ticket = response.output_tensors()
         assert got.name() == "ADMITTED" and got.as_numpy().shape[1] == 1
         want = request.inputs()[0].as_numpy()
         assert got.as_numpy().tolist() == want.tolist()
-    assert Admission(board, clock).read().queued == 2
+        assert ticket.name() == "issued_ticket" and len(ticket.as_numpy()) == len(want)
+    tickets = [r.output_tensors()[1].as_numpy()[0, 0] for r in responses]
+    assert tickets == [2, 3]  # the images numbered in order
+    assert Admission(board, clock).read().queued == 3
 
 
 def test_a_zero_row_request_fails_alone(admit) -> None:
@@ -58,12 +61,13 @@ def test_a_zero_row_request_fails_alone(admit) -> None:
 def test_requests_past_the_preprocessing_queues_bound_are_refused_unread(admit) -> None:
     model, board, clock = admit
     preprocess = EncoderSlot(board, clock)
-    with preprocess.executing(4):  # 4 requests in 80 ms: 20 ms a request
+    with preprocess.executing(4):  # 4 images in 80 ms: 20 ms an image, 80 ms a run
         clock.ns += 80 * MS
-    model.gate.board.passed(4 + 3)  # three wait: 60 ms of the 100 ms bound
+    model.gate.board.issue([1, 1])  # two wait: 80 + 40 ms of the 100 ms bound with one more
     with preprocess.executing(0):  # running: not idle
-        responses = model.execute([_request(b"a") for _ in range(5)])
-    assert [r.has_error() for r in responses] == [False, False, True, True, True]
+        responses = model.execute([_request(b"a") for _ in range(3)])
+    assert [r.has_error() for r in responses] == [True, True, True]
+    assert len(responses[0].output_tensors()) == 0
     code, message = _error(responses[2])
     assert code == pb.TritonError.UNAVAILABLE
     assert "server overloaded" in message and "m_preprocess_image" in message
@@ -80,16 +84,17 @@ def test_the_step_in_front_of_the_fetch_refuses_while_full_and_counts_nothing(
     model.gate = AdmissionGate(Admission(board, clock), "m_preprocess_image", 100_000)
     preprocess = EncoderSlot(board, clock)
     try:
-        with preprocess.executing(4):  # 4 requests in 80 ms: 20 ms a request
+        with preprocess.executing(4):  # 4 images in 80 ms: 20 ms an image, 80 ms a run
             clock.ns += 80 * MS
         urls = [_request(b"http://127.0.0.1/a.jpg", b"http://127.0.0.1/b.jpg")]
         responses = model.execute(urls)  # room: passed on, as it came
         assert not responses[0].has_error()
+        assert [t.name() for t in responses[0].output_tensors()] == ["ADMITTED"]  # no ticket
         assert responses[0].output_tensors()[0].as_numpy().tolist() == (
             urls[0].inputs()[0].as_numpy().tolist()
         )
         assert Admission(board, clock).read().queued == 0  # counted after the fetch only
-        model.gate.board.passed(5)  # five wait after their fetch: the 100 ms bound
+        model.gate.board.issue([1] * 5)  # five wait after their fetch: past the bound
         with preprocess.executing(0):
             responses = model.execute([_request(b"http://127.0.0.1/c.jpg")])
         code, message = _error(responses[0])
@@ -119,12 +124,16 @@ def test_the_preprocessing_step_counts_what_it_takes_on_its_own_board(
     model.initialize(_args(tmp_path / "m_preprocess_image", params))
     try:
         reader = Admission(boards["m_preprocess_image"])
-        reader.passed(3)
+        first, second, _ = reader.issue([1, 1, 1])
         image = _png(8, 8)
-        responses = model.execute([_request(image), _request(image)])
+        tickets = [pb.Tensor("admitted_ticket", np.array([[t, 0]])) for t in (first, second)]
+        requests = [_request(image), _request(image)]
+        for request, ticket in zip(requests, tickets, strict=True):
+            request._inputs.append(ticket)
+        responses = model.execute(requests)
         assert not any(r.has_error() for r in responses)
         backlog = reader.read()
-        assert backlog.queued == 1 and backlog.per_request_ns > 0 and backlog.encoders == 1
+        assert backlog.queued == 1 and backlog.row_ns > 0 and backlog.encoders == 1
         reader.close()
     finally:
         model.finalize()

@@ -81,14 +81,14 @@ def test_the_gate_counts_its_refusals_only(tmp_path: Path) -> None:
     clock = Clock()
     board = str(tmp_path / "board")
     encoder = EncoderSlot(board, clock)
-    with encoder.executing(2):  # 2 requests in 40 ms: 20 ms a request
+    with encoder.executing(2):  # 2 rows in 40 ms: 20 ms a row, 40 ms a run
         clock.ns += 40 * MS
     refusals = Refusals.for_step(pb, "m_tokenize", "m_encode")
-    gate = AdmissionGate(Admission(board, clock), "m_encode", 100_000, refusals)
-    gate.passed(2 + 3)  # three wait: 60 ms of the 100 ms bound
+    gate = AdmissionGate(Admission(board, clock), "m_encode", 140_000, 0, refusals)
+    gate.board.issue([1] * 3)  # three wait: 60 + 40 ms of the 140 ms bound
     with encoder.executing(0):  # running: not idle
         gate.begin()
-        answers = [gate.refusal() for _ in range(5)]
+        answers = [gate.admit(1) for _ in range(5)]
     assert [a is None for a in answers] == [True, True, False, False, False]
     assert refusals.total == 3
     assert pb.MetricFamily.families[0].metrics[0].value == 3
