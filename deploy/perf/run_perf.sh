@@ -14,7 +14,8 @@
 #   TRITON_GRPC_URL     (triton:8001)  what perf_analyzer loads
 #   TRITON_METRICS_URL  (empty)        set: perf_analyzer also records GPU metrics
 #   PERF_MODELS         (all ready)    space-separated ensembles
-#   PERF_CONCURRENCY    (1 2 4 8 16 32) the sweep: concurrent requests in flight
+#   PERF_CONCURRENCY    (1 2 4 8 16 32 64 128 256 512) the sweep: concurrent requests in
+#                       flight, past the 512 plain clients the defaults must answer
 #   PERF_BATCH          (1)            rows per request (-b)
 #   PERF_MEASUREMENT_MS (5000)         measurement window
 #   PERF_STABILITY      (10)           % spread of the last 3 windows that counts as stable (-s)
@@ -33,7 +34,7 @@ http_url=${TRITON_HTTP_URL:-triton:8000}
 grpc_url=${TRITON_GRPC_URL:-triton:8001}
 metrics_url=${TRITON_METRICS_URL:-}
 models=${PERF_MODELS:-}
-concurrency=${PERF_CONCURRENCY:-1 2 4 8 16 32}
+concurrency=${PERF_CONCURRENCY:-1 2 4 8 16 32 64 128 256 512}
 batch=${PERF_BATCH:-1}
 interval_ms=${PERF_MEASUREMENT_MS:-5000}
 stability=${PERF_STABILITY:-10}

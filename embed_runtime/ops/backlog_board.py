@@ -55,8 +55,10 @@ _ADMITTER_SIZE = 16
 SIZE = _ADMITTERS + SLOTS * _ADMITTER_SIZE
 
 # An encoder that ended its last execution this long ago and is not running is idle;
-# with prefetching, a free instance takes the next queued batch within a millisecond.
-IDLE_NS = 50_000_000
+# with prefetching, a free instance takes the next queued batch within a millisecond. A
+# request still on its way from the admitting step when this is read is forgiven too: an
+# undercount of a few rows, for one reading.
+IDLE_NS = 10_000_000
 # Weight of the newest execution in the moving cost of a row and time of an execution.
 COST_WEIGHT = 0.25
 

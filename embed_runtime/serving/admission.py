@@ -229,12 +229,13 @@ class AdmissionGate:
     :meth:`begin` reads the encoder's backlog board once per execution; :meth:`admit` is
     asked for each request in order, with its rows and its deadline:
 
+    - every request is refused past ``max_rows`` rows waiting (the memory the queue may
+      hold), but for the first :data:`PER_INSTANCE` rows an instance of an empty queue;
     - a request that states a deadline is refused at once when the estimated time to its
       answer (the rows queued before it, their cost, the execution under way) exceeds
       :data:`DEADLINE_SHARE` of the time it has left, and admitted otherwise;
-    - one that states none is queued, as Triton queues it, up to ``max_rows`` rows waiting
-      (the memory the queue may hold) and ``wait_us`` of estimated work (the longest wait
-      a client is asked to sit through); past either it is refused at once.
+    - one that states none is queued, as Triton queues it, up to ``wait_us`` of estimated
+      work (the longest wait a client is asked to sit through), past it refused at once.
 
     :meth:`tickets` numbers the rows passed on, so the encoder's board counts only what
     the encoder has still to take (:mod:`embed_runtime.ops.backlog_board`).
@@ -289,6 +290,12 @@ class AdmissionGate:
         """Why ``rows`` more cannot be admitted now, ``None`` when they can."""
         backlog = self._backlog()
         expected_ms = backlog.wait_ns(rows) / 1e6
+        floor = backlog.queued < PER_INSTANCE * max(backlog.encoders, 1)
+        if self.max_rows and backlog.queued + rows > self.max_rows and not floor:
+            return (
+                f"server overloaded: {backlog.queued} row(s) already wait for {self.encoder}, "
+                f"its bound is {self.max_rows} ({ADMISSION_ROWS}); retry later with backoff"
+            )
         if deadline is not None:
             left_ms = (deadline - self.now_us()) / 1000
             if backlog.row_ns > 0 and expected_ms > DEADLINE_SHARE * left_ms:
@@ -299,13 +306,8 @@ class AdmissionGate:
                     "later with backoff or a later deadline"
                 )
             return None
-        if backlog.queued < PER_INSTANCE * max(backlog.encoders, 1):
+        if floor:
             return None
-        if self.max_rows and backlog.queued + rows > self.max_rows:
-            return (
-                f"server overloaded: {backlog.queued} row(s) already wait for {self.encoder}, "
-                f"its bound is {self.max_rows} ({ADMISSION_ROWS}); retry later with backoff"
-            )
         if self.wait_us and backlog.row_ns > 0 and expected_ms * 1000 > self.wait_us:
             return (
                 f"server overloaded: {backlog.queued} row(s) (about {expected_ms:.0f} ms of "

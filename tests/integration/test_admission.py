@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from PIL import Image
+from tritonclient.utils import InferenceServerException
 
 from generator.manifest import parse_manifest
 from tests.http_servers import ImageServer
@@ -67,7 +68,8 @@ def ports(tmp_path_factory, clip_entry):
     manifest = parse_manifest({
         "models": [
             {**COMMON, "name": ADMITTED, "admission_wait_us": 50_000},
-            {**COMMON, "name": POLICY, "admission_wait_us": 0, "max_queue_size": 2},
+            {**COMMON, "name": POLICY, "admission_wait_us": 0, "admission_max_rows": 0,
+             "max_queue_size": 2},
             clip_entry,
         ],
         "fetch_image": {"allow_hosts": ["127.0.0.1"], "max_bytes": 4_000_000},
@@ -272,3 +274,173 @@ def test_url_requests_are_refused_before_the_fetch_while_preprocessing_is_full(
     assert before_fetch > 0
     # every request but those refused in front of the fetch was downloaded, once
     assert fetched == sent - before_fetch
+
+
+SHORT = "a short sentence"
+
+
+class Witness:
+    """One plain client sending SHORT to ``model`` one request after another, in a thread.
+
+    It keeps the encoder busy (never idle for long), as steady traffic does; ``errors``
+    records each refusal with the time it came.
+    """
+
+    def __init__(self, url: str, model: str):
+        self.url, self.model = url, model
+        self.answered: list[float] = []
+        self.errors: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        client = grpcclient.InferenceServerClient(self.url)
+        item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+        item.set_data_from_numpy(np.array([[SHORT.encode()]], dtype=object))
+        while not self._stop.is_set():
+            try:
+                client.infer(self.model, [item])
+                self.answered.append(time.monotonic())
+            except Exception as exc:
+                self.errors.append((time.monotonic(), str(exc)))
+
+    def __enter__(self) -> Witness:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def answered_after(self, since: float, count: int, timeout_s: float = 120.0) -> None:
+        """Wait until ``count`` requests were answered after ``since``."""
+        until = time.monotonic() + timeout_s
+        while sum(1 for t in self.answered if t > since) < count:
+            assert time.monotonic() < until, f"the witness is stuck: {self.errors[-3:]}"
+            time.sleep(0.05)
+
+    def refused_after(self, since: float) -> list[str]:
+        return [e for t, e in self.errors if t > since]
+
+
+# Past this, a count no encoder will take must be gone: one execution of the witness
+# (tens of ms) with seconds of margin for a busy machine.
+SETTLE_S = 1.0
+
+
+def test_direct_calls_of_the_admitting_step_leave_no_count_behind(ports):
+    """Someone checks token ids: 30 direct calls of ``<name>_tokenize``, none reaching the
+    encoder, while a plain client keeps it busy. Its later requests are all admitted."""
+    url = f"127.0.0.1:{ports.grpc}"
+    direct = grpcclient.InferenceServerClient(url)
+    item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+    item.set_data_from_numpy(np.array([[LONG.encode()]], dtype=object))
+    with Witness(url, ADMITTED) as witness:
+        witness.answered_after(time.monotonic(), 3)
+        calls = 0
+        while calls < 30:  # the step admits its direct calls too: retried when refused
+            try:
+                ids = direct.infer(f"{ADMITTED}_tokenize", [item]).as_numpy("input_ids")
+            except InferenceServerException as refused:
+                assert "server overloaded" in str(refused)
+                time.sleep(0.02)
+                continue
+            assert ids.shape[0] == 1
+            calls += 1
+        settled = time.monotonic() + SETTLE_S
+        witness.answered_after(settled, 30)
+    assert witness.refused_after(settled) == []
+
+
+def test_requests_cancelled_in_the_queue_leave_no_count_behind(ports):
+    """Clients that give up after 30 ms while their requests queue (gRPC deadline: Triton
+    drops them before the encoder), beside a plain client: once they are gone, every
+    request of the plain client is admitted."""
+    url = f"127.0.0.1:{ports.grpc}"
+    stop = time.monotonic() + 2.0
+    gave_up = []
+
+    def impatient() -> None:
+        client = grpcclient.InferenceServerClient(url)
+        item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+        item.set_data_from_numpy(np.array([[LONG.encode()]], dtype=object))
+        while time.monotonic() < stop:
+            try:
+                client.infer(ADMITTED, [item], client_timeout=0.03)
+            except Exception as exc:
+                gave_up.append("Deadline" in str(exc))
+
+    with Witness(url, ADMITTED) as witness:
+        threads = [threading.Thread(target=impatient) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        settled = time.monotonic() + SETTLE_S
+        witness.answered_after(settled, 30)
+    assert any(gave_up)  # some did give up while queued
+    assert witness.refused_after(settled) == []
+
+
+def _deadline_request(url: str, model: str, in_s: float):
+    client = grpcclient.InferenceServerClient(url)
+    item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+    item.set_data_from_numpy(np.array([[LONG.encode()]], dtype=object))
+    deadline = int((time.time() + in_s) * 1e6)
+    return client.infer(model, [item], parameters={"deadline_unix_us": deadline})
+
+
+def test_a_deadline_shorter_than_the_work_is_refused_at_once_naming_it(ports):
+    """The deadline steers admission: a request that cannot be answered in time is refused
+    by the tokenize step, before any encoder work, whether it states ``deadline_unix_us``
+    or Triton's own ``timeout`` parameter."""
+    url = f"127.0.0.1:{ports.grpc}"
+    _deadline_request(url, ADMITTED, 30)  # the encoder has run: its cost is known
+    executions, _ = _encoder_busy_ns(url, ADMITTED)
+    with pytest.raises(Exception, match="left before the request's deadline"):
+        _deadline_request(url, ADMITTED, 0.002)
+    body = json.dumps({
+        "parameters": {"timeout": 2000},  # µs: Triton's own request timeout
+        "inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [LONG]}],
+    }).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{ports.http}/v2/models/{ADMITTED}/infer", body,
+        {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 503
+    assert "left before the request's deadline" in json.loads(refused.value.read())["error"]
+    assert _encoder_busy_ns(url, ADMITTED)[0] == executions  # no encoder work for either
+
+
+def test_requests_with_a_deadline_are_queued_past_the_plain_bound_and_answered_in_time(
+    ports, reference
+):
+    """The interactive bound (50 ms here) is for requests that state no deadline: a flood
+    whose requests each allow 20 s is queued and answered, every answer the model's and
+    none after its deadline."""
+    url = f"127.0.0.1:{ports.grpc}"
+    want = reference.encode([LONG], normalize_embeddings=True)[0]
+    answers, errors = [], []
+    lock = threading.Lock()
+
+    def client() -> None:
+        for _ in range(3):
+            deadline = time.time() + 20
+            try:
+                out = _deadline_request(url, ADMITTED, 20).as_numpy("EMBEDDING")[0]
+                with lock:
+                    answers.append((out, time.time() <= deadline))
+            except Exception as exc:
+                with lock:
+                    errors.append(str(exc))
+
+    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(answers) == 3 * CLIENTS
+    for out, in_time in answers:
+        assert in_time and np.abs(out - want).max() <= 1e-5

@@ -79,6 +79,7 @@ class Shipped:
     manifest: Manifest
     client: EmbeddingClient
     http_url: str = ""
+    grpc_url: str = ""
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +88,9 @@ def shipped(tmp_path_factory) -> Shipped:
     base = tmp_path_factory.mktemp("shipped-repo")
     with serve(manifest, base) as server:
         http_url = server.process.http_url
+        grpc_url = f"127.0.0.1:{server.ports.grpc}"
         with EmbeddingClient(http_url, admin_key=ADMIN_KEY) as client:
-            yield Shipped(manifest, client, http_url)
+            yield Shipped(manifest, client, http_url, grpc_url)
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -249,3 +251,42 @@ def test_the_readmes_first_curl_gets_embeddings_alone(shipped, reference):
     got = np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
     want = reference.encode(texts, normalize_embeddings=True)
     assert np.abs(got - want).max() <= 1e-5
+
+
+# As many plain clients as TEI queues before its first refusal, and as the seed design's
+# benchmark (500) ran; two requests each, one after another, no deadline, no retry.
+PLAIN_CLIENTS = 512
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_hundreds_of_plain_concurrent_clients_are_all_answered(shipped, protocol):
+    """Plain tritonclient requests state no deadline: the shipped defaults queue them as
+    Triton does, and answer every one (the seed design's benchmark in small)."""
+    import asyncio
+
+    from bench.faults.seed import _run
+
+    url = shipped.http_url.removeprefix("http://") if protocol == "http" else shipped.grpc_url
+    result = asyncio.run(_run(protocol, url, PLAIN_CLIENTS, 2))
+    assert result["refused"] == {} and result["answered"] == 2 * PLAIN_CLIENTS, result
+
+
+def test_perf_analyzer_at_512_concurrent_requests_completes_without_errors(shipped, tmp_path):
+    """Triton's own benchmark tool past the 32 ``make perf`` sweeps, on the shipped text
+    model: every request answered (perf_analyzer stops at the first error)."""
+    from tests.integration.test_perf_analyzer import BINARY, KEY_HEADER
+
+    if not os.access(BINARY, os.X_OK):
+        pytest.fail(f"no perf_analyzer at {BINARY}: run `make perf-analyzer` (make test does)")
+    data = tmp_path / "text.json"
+    data.write_text('{"data": [{"TEXT": {"content": ["a plain request"], "shape": [1]}}]}')
+    command = [
+        str(BINARY), "-m", "all-MiniLM-L6-v2", "-u", shipped.grpc_url, "-i", "grpc",
+        "--input-data", str(data), "--concurrency-range", str(PLAIN_CLIENTS),
+        "--request-count", str(2 * PLAIN_CLIENTS), "-H", f"{KEY_HEADER}:{ADMIN_KEY}",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "error" not in out.lower(), out
+    assert f"Successful request count: {2 * PLAIN_CLIENTS}" in out, out

@@ -209,7 +209,7 @@ def test_an_encoder_gone_while_running_does_not_hold_the_count(board) -> None:
 
 
 def test_before_any_encoder_ran_everything_is_admitted(board) -> None:
-    gate = _gate(board, Clock(), wait_ms=1, max_rows=1)
+    gate = _gate(board, Clock(), wait_ms=1, max_rows=2000)
     gate.board.issue([1000])
     gate.begin()
     assert all(_admitted(gate, n=100, deadline=NOW_US + 1))
