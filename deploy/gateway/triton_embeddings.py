@@ -40,6 +40,7 @@ import base64
 import hmac
 import json
 import os
+import time
 from typing import Any
 
 import httpx
@@ -93,17 +94,31 @@ def _encoding(value: Any) -> str:
     raise CustomLLMError(400, f"encoding_format must be 'float' or 'base64', got {value!r}")
 
 
-def _body(texts: list[str], dimensions: int | None, token_count: bool) -> dict:
+def _deadline_us(timeout: Any) -> int:
+    """The request's deadline for Triton, µs since the epoch.
+
+    The call's ``timeout`` (seconds, as LiteLLM passes it on), at most the provider's own
+    wait for Triton.
+    """
+    seconds = TIMEOUT_S
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
+        seconds = min(seconds, float(timeout))
+    return int((time.time() + seconds) * 1e6)
+
+
+def _body(texts: list[str], dimensions: int | None, token_count: bool, deadline: int) -> dict:
     outputs = [{"name": "EMBEDDING"}, *([{"name": "TOKEN_COUNT"}] if token_count else [])]
-    body: dict[str, Any] = {
+    # The deadline steers the server's admission: refused at once when it cannot be met.
+    parameters: dict[str, Any] = {"deadline_unix_us": deadline}
+    if dimensions is not None:
+        parameters["dimensions"] = dimensions
+    return {
         "inputs": [
             {"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}
         ],
         "outputs": outputs,
+        "parameters": parameters,
     }
-    if dimensions is not None:
-        body["parameters"] = {"dimensions": dimensions}
-    return body
 
 
 def _triton_error(response: httpx.Response) -> CustomLLMError:
@@ -171,8 +186,9 @@ class TritonEmbeddings(CustomLLM):
         url = f"{(api_base or '').rstrip('/')}/v2/models/{model}/infer"
         counting = bool(info.get("token_count"))
         chunks = [texts[i : i + size] for i in range(0, len(texts), size)]
+        deadline = _deadline_us(timeout)
         answers = await asyncio.gather(
-            *(self._infer(url, _body(chunk, dimensions, counting)) for chunk in chunks)
+            *(self._infer(url, _body(chunk, dimensions, counting, deadline)) for chunk in chunks)
         )
         parts = [_rows(answer, len(chunk)) for answer, chunk in zip(answers, chunks, strict=True)]
         rows = np.concatenate([p[0] for p in parts])

@@ -31,7 +31,12 @@ from embed_runtime.image.gpu import cuda_preprocessor
 from embed_runtime.ops.backlog_board import EncoderSlot, board_path
 from embed_runtime.ops.priority import lower_priority
 from embed_runtime.ops.server_exit import exit_with_server, is_stub
-from embed_runtime.serving.admission import BACKLOG_PARAMETER, AdmissionGate, Taken
+from embed_runtime.serving.admission import (
+    BACKLOG_PARAMETER,
+    AdmissionGate,
+    Taken,
+    wall_clock_us,
+)
 
 
 class TritonPythonModel:
@@ -134,7 +139,9 @@ class TritonPythonModel:
             return self._execute(requests)
         taken = Taken.read(pb_utils, requests, "IMAGE")
         with self.backlog.executing(taken.rows, taken.ticket):
-            return self._execute(requests)
+            responses = self._execute(requests)
+        self.backlog.observe(taken.ratios(wall_clock_us()))
+        return responses
 
     def _execute(self, requests):
         batch = gather_rows(pb_utils, requests, self._rows, self.gate)

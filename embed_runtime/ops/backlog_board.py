@@ -47,9 +47,14 @@ SLOTS = 64
 _ISSUED = 0  # uint64: rows numbered so far (the last ticket issued)
 _FLOOR = 8  # uint64: tickets up to this one were found not to wait (idle encoders)
 _LOCK = 16  # the byte locked while ``issued`` or the floor is rewritten
-_ENCODERS = 64  # encoder slot i: HIGH, ROW_NS, BUSY, LAST_END, EXEC_NS, ROWS (uint64)
-_ENCODER_SIZE = 48
-_HIGH, _ROW_NS, _BUSY, _LAST_END, _EXEC_NS, _ROWS = range(6)
+# encoder slot i: HIGH, ROW_NS, BUSY, LAST_END, EXEC_NS, ROWS, BIAS (uint64 each)
+_ENCODERS = 64
+_ENCODER_SIZE = 56
+_HIGH, _ROW_NS, _BUSY, _LAST_END, _EXEC_NS, _ROWS, _BIAS = range(7)
+# The bias is kept in thousandths: actual time to the answer over the admission's estimate.
+_BIAS_SCALE = 1000
+# The bias never moves an estimate beyond these factors.
+BIAS_BOUNDS = (0.5, 4.0)
 _ADMITTERS = _ENCODERS + SLOTS * _ENCODER_SIZE  # admitting slot i: held while it lives
 _ADMITTER_SIZE = 16
 SIZE = _ADMITTERS + SLOTS * _ADMITTER_SIZE
@@ -162,6 +167,20 @@ class EncoderSlot(_Slot):
         """This instance's moving cost of a row (0 before it ran)."""
         return self._get(_ROW_NS)
 
+    def observe(self, ratios: list[float]) -> None:
+        """Fold the executed requests' actual wait over their admission's estimate in.
+
+        The admitting step's estimate is a model (rows before it, their cost, the run
+        under way); how Triton's batcher and the cores actually serve them is measured
+        here, and the step scales its next estimates by it (:attr:`Backlog.bias`).
+        """
+        if not ratios:
+            return
+        low, high = BIAS_BOUNDS
+        ratio = min(max(sum(ratios) / len(ratios), low), high)
+        old = self._get(_BIAS) / _BIAS_SCALE or 1.0
+        self._set(_BIAS, int((old + COST_WEIGHT * (ratio - old)) * _BIAS_SCALE))
+
     @contextlib.contextmanager
     def executing(self, rows: int, ticket: int = 0) -> Iterator[None]:
         """Take ``rows`` from the queue, the highest of their tickets ``ticket``; time them.
@@ -196,7 +215,8 @@ class Backlog:
 
     ``row_ns`` is the encoders' mean cost of a row over the ``encoders`` instances that ran
     (they run side by side), 0 before any ran; ``exec_ns`` the mean time of one execution;
-    ``running`` how many instances are executing now.
+    ``running`` how many instances are executing now; ``bias`` how the answers' actual
+    waits compared with the estimates they were admitted on (1.0: as estimated).
     """
 
     queued: int
@@ -204,6 +224,7 @@ class Backlog:
     encoders: int = 0
     exec_ns: float = 0.0
     running: int = 0
+    bias: float = 1.0
 
     def wait_ns(self, rows: int = 0) -> float:
         """The estimated time until ``rows`` more, queued now, are answered.
@@ -243,7 +264,7 @@ class Admission(_Slot):
 
     def _encoders(self) -> list[tuple[int, ...]]:
         return [
-            struct.unpack_from("<6Q", self._map, _ENCODERS + i * _ENCODER_SIZE)
+            struct.unpack_from("<7Q", self._map, _ENCODERS + i * _ENCODER_SIZE)
             for i in range(SLOTS)
         ]
 
@@ -277,4 +298,6 @@ class Admission(_Slot):
         row_ns = sum(e[_ROW_NS] for e in ran) / len(ran) / len(ran)
         exec_ns = sum(e[_EXEC_NS] for e in ran) / len(ran)
         running = sum(1 for e in ran if e[_BUSY])
-        return Backlog(max(0, issued - high), row_ns, len(ran), exec_ns, running)
+        biased = [e[_BIAS] / _BIAS_SCALE for e in ran if e[_BIAS]]
+        bias = sum(biased) / len(biased) if biased else 1.0
+        return Backlog(max(0, issued - high), row_ns, len(ran), exec_ns, running, bias)

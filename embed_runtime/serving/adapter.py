@@ -62,8 +62,10 @@ class Gathered:
     valid: list[int] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
     items: list = field(default_factory=list)
-    # Each valid request's deadline (µs since the epoch) or None, where a gate read them.
+    # Each valid request's deadline (µs since the epoch) or None, and the estimate of its
+    # wait (µs) it was admitted on, where a gate read them.
     deadlines: list[int | None] = field(default_factory=list)
+    estimates: list[int] = field(default_factory=list)
 
     def slices(self) -> Iterator[tuple[int, int, int]]:
         """``(request index, start, stop)`` of each valid request's rows in ``items``."""
@@ -112,17 +114,19 @@ def gather_rows(
         except RequestError as exc:
             gathered.responses[i] = error_response(pb_utils, exc)
             continue
-        deadline = None
+        deadline, estimate = None, 0
         if gate is not None:
             deadline = request_deadline_us(request, _parameters(request))
             refused = gate.admit(len(rows), deadline)
             if refused is not None:
                 gathered.responses[i] = error_response(pb_utils, refused)
                 continue
+            estimate = gate.estimate_us
         gathered.valid.append(i)
         gathered.counts.append(len(rows))
         gathered.items.extend(rows)
         gathered.deadlines.append(deadline)
+        gathered.estimates.append(estimate)
     return gathered
 
 
@@ -136,10 +140,11 @@ def with_tickets(
     """
     if gate is None or not outputs:
         return outputs
-    passed = [(i, c, d) for i, c, d in zip(batch.valid, batch.counts, batch.deadlines,
-                                           strict=True) if i in outputs]
-    tickets = gate.tickets([c for _, c, _ in passed], [d for _, _, d in passed])
-    for (i, _, _), ticket in zip(passed, tickets, strict=True):
+    admitted = zip(batch.valid, batch.counts, batch.deadlines, batch.estimates, strict=True)
+    passed = [(i, c, d, e) for i, c, d, e in admitted if i in outputs]
+    _, rows, deadlines, estimates = (list(column) for column in zip(*passed, strict=True))
+    tickets = gate.tickets(rows, deadlines, estimates)
+    for (i, *_), ticket in zip(passed, tickets, strict=True):
         outputs[i] = [*outputs[i], pb_utils.Tensor(ISSUED_TICKET, ticket)]
     return outputs
 

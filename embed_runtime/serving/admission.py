@@ -20,6 +20,7 @@ retries them only while its own deadline allows.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -115,7 +116,8 @@ BACKLOG_PARAMETER = "admission_backlog"
 # nothing it passes on: ``<name>_admit_url``, in front of the URL fetch.
 ADMISSION_PEEK = "admission_peek"
 # The tensor an admitting step sends each request's ticket in, and the one the step it
-# admits to takes it as: [rows, 2] INT64, each row (ticket, deadline µs or 0).
+# admits to takes it as: [rows, 4] INT64, each row the same (ticket, deadline µs or 0,
+# when it was admitted µs, the admission's estimate of its wait µs or 0).
 ISSUED_TICKET = "issued_ticket"
 ADMITTED_TICKET = "admitted_ticket"
 
@@ -126,6 +128,9 @@ PER_INSTANCE = 2
 # this share of the time it has left: the estimate is a moving mean, and the answer
 # still has to travel back.
 DEADLINE_SHARE = 0.8
+# Estimates shorter than this are not compared with what happened: a lone request's wait
+# is mostly fixed costs the estimate leaves out, and a deadline that short is rare.
+OBSERVED_FROM_US = 50_000
 
 
 class OverloadedError(UnavailableError):
@@ -255,6 +260,7 @@ class AdmissionGate:
         self._read = Backlog(0, 0.0)
         self._rows = 0  # admitted by this execution so far: they wait too
         self._idle_checked = False
+        self.estimate_us = 0  # the estimate the last admitted request was admitted on
 
     @classmethod
     def from_parameters(
@@ -281,15 +287,17 @@ class AdmissionGate:
         self._idle_checked = False
 
     def _backlog(self) -> Backlog:
-        read = self._read
-        return Backlog(
-            read.queued + self._rows, read.row_ns, read.encoders, read.exec_ns, read.running
-        )
+        return dataclasses.replace(self._read, queued=self._read.queued + self._rows)
 
     def _over(self, rows: int, deadline: int | None) -> str | None:
-        """Why ``rows`` more cannot be admitted now, ``None`` when they can."""
+        """Why ``rows`` more cannot be admitted now, ``None`` when they can.
+
+        The estimate is the board's model scaled by how the last answers compared with
+        theirs (:attr:`Backlog.bias`).
+        """
         backlog = self._backlog()
-        expected_ms = backlog.wait_ns(rows) / 1e6
+        self.estimate_us = int(backlog.wait_ns(rows) / 1000)
+        expected_ms = self.estimate_us * backlog.bias / 1000
         floor = backlog.queued < PER_INSTANCE * max(backlog.encoders, 1)
         if self.max_rows and backlog.queued + rows > self.max_rows and not floor:
             return (
@@ -328,8 +336,7 @@ class AdmissionGate:
             self._idle_checked = True
             if self.board.idle():
                 self.board.resync()
-                read = self._read
-                self._read = Backlog(0, read.row_ns, read.encoders, read.exec_ns, read.running)
+                self._read = dataclasses.replace(self._read, queued=0)
                 reason = self._over(rows, deadline)
         if reason is None:
             self._rows += rows
@@ -339,12 +346,20 @@ class AdmissionGate:
             self.refusals.count(error.message)
         return error
 
-    def tickets(self, rows: list[int], deadlines: list[int | None]) -> list[np.ndarray]:
-        """The :data:`ISSUED_TICKET` tensor of each request passed on, rows numbered now."""
+    def tickets(
+        self, rows: list[int], deadlines: list[int | None], estimates: list[int]
+    ) -> list[np.ndarray]:
+        """The :data:`ISSUED_TICKET` tensor of each request passed on, rows numbered now.
+
+        ``deadlines`` and ``estimates`` (µs) are each request's, as it was admitted.
+        """
         numbered = self.board.issue(rows)
+        now = self.now_us()
         return [
-            np.full((count, 2), (ticket, deadline or 0), dtype=np.int64)
-            for count, ticket, deadline in zip(rows, numbered, deadlines, strict=True)
+            np.full((count, 4), (ticket, deadline or 0, now, estimate), dtype=np.int64)
+            for count, ticket, deadline, estimate in zip(
+                rows, numbered, deadlines, estimates, strict=True
+            )
         ]
 
     def close(self) -> None:
@@ -354,21 +369,30 @@ class AdmissionGate:
             self.refusals.close()
 
 
-def taken_ticket(tickets: Any) -> tuple[int, int | None]:
-    """(ticket, deadline µs or ``None``) of an :data:`ADMITTED_TICKET` array (0: none)."""
-    if tickets is None or tickets.size < 2:
-        return 0, None
-    ticket, deadline = (int(v) for v in tickets.reshape(-1, 2)[0])
-    return max(ticket, 0), (deadline if deadline > 0 else None)
+def taken_ticket(tickets: Any) -> tuple[int, int | None, int, int]:
+    """(ticket, deadline µs or ``None``, admitted at µs, estimate µs) of a ticket array."""
+    if tickets is None or tickets.size < 4:
+        return 0, None, 0, 0
+    ticket, deadline, admitted, estimate = (int(v) for v in tickets.reshape(-1, 4)[0])
+    return max(ticket, 0), (deadline if deadline > 0 else None), admitted, estimate
 
 
 @dataclass(frozen=True)
 class Taken:
-    """What an admitted-to step takes in one execution: rows, highest ticket, deadlines."""
+    """What an admitted-to step takes in one execution: rows, highest ticket, deadlines.
+
+    ``estimated``: (admitted at µs, estimate µs) of each request admitted on an estimate
+    of at least :data:`OBSERVED_FROM_US`.
+    """
 
     rows: int
     ticket: int
     deadlines: tuple[int | None, ...]
+    estimated: tuple[tuple[int, int], ...] = ()
+
+    def ratios(self, now_us: int) -> list[float]:
+        """Each estimated request's wait so far over its estimate."""
+        return [(now_us - admitted) / estimate for admitted, estimate in self.estimated]
 
     @classmethod
     def read(cls, pb_utils: Any, requests: list, input_name: str) -> Taken:
@@ -377,14 +401,16 @@ class Taken:
         A request's deadline is the earlier of its ticket's and its
         :data:`DEADLINE_PARAMETER`.
         """
-        rows, high, deadlines = 0, 0, []
+        rows, high, deadlines, estimated = 0, 0, [], []
         for request in requests:
             tensor = pb_utils.get_input_tensor_by_name(request, ADMITTED_TICKET)
             ticket, deadline = 0, None
             if tensor is not None:
                 array = tensor.as_numpy()
-                ticket, deadline = taken_ticket(array)
+                ticket, deadline, admitted, estimate = taken_ticket(array)
                 count = len(array)
+                if estimate >= OBSERVED_FROM_US and admitted > 0:
+                    estimated.append((admitted, estimate))
             else:
                 data = pb_utils.get_input_tensor_by_name(request, input_name)
                 count = 0 if data is None else len(data.as_numpy())
@@ -394,7 +420,7 @@ class Taken:
             rows += count
             high = max(high, ticket)
             deadlines.append(deadline)
-        return cls(rows, high, tuple(deadlines))
+        return cls(rows, high, tuple(deadlines), tuple(estimated))
 
 
 def _request_parameters(request: Any) -> Mapping[str, Any]:

@@ -33,7 +33,7 @@ from ..ops.step_times import StepTimes
 from ..text.request_options import request_parameters
 from ..text.tokenizer import TokenizerParams
 from .adapter import config_parameters, embed_requests, input_array
-from .admission import Taken, late_refusals
+from .admission import Taken, late_refusals, wall_clock_us
 
 
 class NoForms:
@@ -180,7 +180,9 @@ class EncodeStep:
         self._late = {id(r): e for r, e in zip(requests, late, strict=True) if e is not None}
         try:
             with self.backlog.executing(taken.rows, taken.ticket):
-                return self._timed_execute(requests)
+                responses = self._timed_execute(requests)
+            self.backlog.observe(taken.ratios(wall_clock_us()))
+            return responses
         finally:
             self._late = {}
 

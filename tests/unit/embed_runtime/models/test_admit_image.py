@@ -126,7 +126,7 @@ def test_the_preprocessing_step_counts_what_it_takes_on_its_own_board(
         reader = Admission(boards["m_preprocess_image"])
         first, second, _ = reader.issue([1, 1, 1])
         image = _png(8, 8)
-        tickets = [pb.Tensor("admitted_ticket", np.array([[t, 0]])) for t in (first, second)]
+        tickets = [pb.Tensor("admitted_ticket", np.array([[t, 0, 0, 0]])) for t in (first, second)]
         requests = [_request(image), _request(image)]
         for request, ticket in zip(requests, tickets, strict=True):
             request._inputs.append(ticket)

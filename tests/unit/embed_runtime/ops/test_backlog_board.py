@@ -215,10 +215,29 @@ def test_before_any_encoder_ran_everything_is_admitted(board) -> None:
     assert all(_admitted(gate, n=100, deadline=NOW_US + 1))
 
 
-def test_the_tickets_carry_each_requests_rows_and_deadline(board) -> None:
+def test_the_tickets_carry_each_requests_rows_deadline_and_estimate(board) -> None:
     gate = _gate(board, Clock(), wait_ms=100)
-    first, second = gate.tickets([2, 1], [None, NOW_US])
-    assert first.tolist() == [[2, 0], [2, 0]] and second.tolist() == [[3, NOW_US]]
+    first, second = gate.tickets([2, 1], [None, NOW_US + 9], [0, 70_000])
+    assert first.tolist() == [[2, 0, NOW_US, 0]] * 2
+    assert second.tolist() == [[3, NOW_US + 9, NOW_US, 70_000]]
+
+
+def test_estimates_are_scaled_by_how_the_last_answers_compared_with_theirs(board) -> None:
+    clock = Clock()
+    gate, encoder = _gate(board, clock), EncoderSlot(board, clock)
+    _run(encoder, clock, 10, 100)  # 10 ms a row, 100 ms an execution
+    gate.board.issue([1] * 20)
+    taken = Taken(1, 0, (None,), ((NOW_US - 300_000, 100_000), (NOW_US - 100_000, 100_000)))
+    assert taken.ratios(NOW_US) == [3.0, 1.0]
+    encoder.observe(taken.ratios(NOW_US))  # twice as slow as estimated: 1 + 0.25 x (2 - 1)
+    assert gate.board.read().bias == pytest.approx(1.25)
+    with encoder.executing(0):
+        gate.begin()
+        assert gate.admit(1, NOW_US + 480_000) is None  # 310 ms x 1.25 of the 384 allowed
+        assert gate.estimate_us == 310_000  # the model's own estimate goes on the ticket
+        assert gate.admit(1, NOW_US + 480_000) is not None  # 320 ms x 1.25 > 384 ms
+    encoder.observe([100.0])  # never beyond 4 x
+    assert gate.board.read().bias == pytest.approx(1.25 + 0.25 * (4.0 - 1.25))
 
 
 def test_the_deadline_is_the_earlier_of_the_parameter_and_tritons_timeout() -> None:
@@ -239,7 +258,7 @@ def test_the_deadline_is_the_earlier_of_the_parameter_and_tritons_timeout() -> N
 
 
 def test_the_encoder_refuses_what_its_run_would_answer_after_the_deadline() -> None:
-    taken = Taken(rows=40, ticket=9, deadlines=(None, NOW_US + 500_000, NOW_US + 100_000))
+    taken = Taken(40, 9, (None, NOW_US + 500_000, NOW_US + 100_000))
     late = late_refusals(taken, row_ns=5 * MS, now_us=lambda: NOW_US)  # 200 ms of work
     assert late[0] is None and late[1] is None
     assert late[2] is not None and "passes 100 ms before this execution" in late[2].message

@@ -1,0 +1,156 @@
+"""Cancelling clients do not wear the admission count down: refusals per minute stay flat.
+
+Open-loop one-sentence requests (Poisson arrivals, tritonclient's asyncio gRPC client) at
+``--factor`` (0.9) x the sustainable rate for ``--minutes`` (10) against all-MiniLM-L6-v2
+as shipped. A fifth of them give up after ``--cancel-ms`` (30 ms: Triton cancels them while
+they queue, before any encoder takes them); the rest state a 1 s deadline
+(``deadline_unix_us`` and the gRPC deadline). A count that kept what no encoder takes
+would grow with every cancelled request and refuse more and more of the others: the gate
+is the refusals of the last minute no higher than those of the first (plus a margin of
+1 % of the minute's requests), and every answer in time.
+
+    .venv/bin/python -m bench.faults.cancels [--minutes 10] [--rate R] [--factor 0.9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+
+from bench.common import logger, save_results
+from bench.faults.overload import start_server
+from bench.faults.seed import SENTENCE
+from bench.manifest import TEXT_MODEL, bench_manifest
+
+log = logger("cancels")
+CANCEL_SHARE = 0.2
+DEADLINE_S = 1.0
+
+
+async def _closed_loop_rate(url: str, clients: int, seconds: float) -> float:
+    """Answered requests per second of ``clients`` plain clients back to back."""
+    import tritonclient.grpc.aio as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+    item.set_data_from_numpy(np.array([[SENTENCE.encode()]], dtype=object))
+    stop, done = time.perf_counter() + seconds, 0
+
+    async def one() -> None:
+        nonlocal done
+        while time.perf_counter() < stop:
+            await client.infer(TEXT_MODEL, [item])
+            done += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(clients)))
+    rate = done / (time.perf_counter() - start)
+    await client.close()
+    return rate
+
+
+async def _open_loop(url: str, rate: float, seconds: float, cancel_ms: float) -> list[dict]:
+    """Poisson arrivals at ``rate``; one record per request (minute, kind, outcome)."""
+    import tritonclient.grpc.aio as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+    item.set_data_from_numpy(np.array([[SENTENCE.encode()]], dtype=object))
+    records: list[dict] = []
+    rng = random.Random(56)  # noqa: S311 - arrival times, not secrets
+    start = time.perf_counter()
+
+    async def send(at: float, cancels: bool) -> None:
+        deadline = time.time() + DEADLINE_S
+        record = {"minute": int(at // 60), "cancels": cancels, "outcome": "answered"}
+        try:
+            if cancels:
+                await client.infer(TEXT_MODEL, [item], client_timeout=cancel_ms / 1000)
+            else:
+                await client.infer(
+                    TEXT_MODEL, [item], client_timeout=DEADLINE_S,
+                    parameters={"deadline_unix_us": int(deadline * 1e6)},
+                )
+                record["late"] = time.time() > deadline
+        except Exception as exc:  # noqa: BLE001 - each outcome recorded
+            text = str(exc)
+            record["outcome"] = (
+                "refused" if "server overloaded" in text
+                else "gave up" if "Deadline" in text or "DEADLINE" in text
+                else "failed"
+            )
+        records.append(record)
+
+    tasks, at = [], 0.0
+    while at < seconds:
+        at += rng.expovariate(rate)
+        delay = start + at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(send(at, rng.random() < CANCEL_SHARE)))
+    await asyncio.gather(*tasks)
+    await client.close()
+    return records
+
+
+def minutes(records: list[dict]) -> list[dict[str, Any]]:
+    """Per minute: sent, refused and late among the requests that state a deadline."""
+    out = []
+    for minute in sorted({r["minute"] for r in records}):
+        mine = [r for r in records if r["minute"] == minute and not r["cancels"]]
+        out.append({
+            "minute": minute,
+            "sent": len(mine),
+            "answered": sum(r["outcome"] == "answered" for r in mine),
+            "refused": sum(r["outcome"] == "refused" for r in mine),
+            "failed": sum(r["outcome"] == "failed" for r in mine),
+            "late": sum(bool(r.get("late")) for r in mine),
+        })
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the soak; exit 1 when refusals grew or an answer came late."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, help="the sustainable rate (default: measured)")
+    parser.add_argument("--factor", type=float, default=0.9)
+    parser.add_argument("--cancel-ms", type=float, default=30.0)
+    args = parser.parse_args(argv)
+    results: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    with ExitStack() as stack:
+        ports, _ = start_server(bench_manifest(with_clip=False), "cancels", stack, log)
+        url = f"127.0.0.1:{ports.grpc}"
+        rate = args.rate or asyncio.run(_closed_loop_rate(url, 16, 15))
+        log(f"sustainable {rate:.0f}/s; open loop at {args.factor} x for {args.minutes} min")
+        records = asyncio.run(
+            _open_loop(url, rate * args.factor, args.minutes * 60, args.cancel_ms)
+        )
+    per_minute = minutes(records)
+    first, last = per_minute[0], per_minute[-1]
+    margin = 0.01 * max(first["sent"], last["sent"])
+    met = last["refused"] <= first["refused"] + margin and not any(m["late"] for m in per_minute)
+    results.update({
+        "sustainable_per_s": round(rate, 1), "factor": args.factor, "minutes": args.minutes,
+        "cancel_ms": args.cancel_ms, "cancel_share": CANCEL_SHARE, "per_minute": per_minute,
+        "gave_up": sum(r["outcome"] == "gave up" for r in records if r["cancels"]),
+        "met": met,
+    })
+    for m in per_minute:
+        print(m)
+    print(f"{'ok' if met else 'FAIL'}: refused {first['refused']} in the first minute, "
+          f"{last['refused']} in the last; late {sum(m['late'] for m in per_minute)}")
+    print(f"results: {save_results(results, 'cancels')}")
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
