@@ -84,6 +84,7 @@ class TritonPythonModel:
                 api.reload,
                 args["model_name"],
                 health_file=health_path(http_url.rsplit(":", 1)[1]),
+                configured=api.python_instances,
             )
             self.probe = EnsembleProbe(
                 api.call, http_infer(api.base, api.opener), interval_s=probe_interval

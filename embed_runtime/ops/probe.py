@@ -135,6 +135,7 @@ class ProbeState:
     failures_in_a_row: int = 0
     error: str = ""
     last_ok: float = 0.0
+    failed_at: float = 0.0  # the probe's clock at the latest failure
 
 
 @dataclass
@@ -201,7 +202,7 @@ class EnsembleProbe:
                 return
         if problem:
             state.failures_in_a_row += 1
-            state.error = problem[:300]
+            state.error, state.failed_at = problem[:300], self.clock()
         else:
             state.failures_in_a_row, state.error, state.last_ok = 0, "", time.time()
             self.handled = {h for h in self.handled if h[0] != model}
@@ -220,17 +221,22 @@ class EnsembleProbe:
         seconds = now - self.refused_since if self.refused_since is not None else 0.0
         raise ServerNotListening(reason, self.server_answered, seconds)
 
-    def hung_instances(self) -> set[str]:
-        """Stub instances named "not healthy" in the errors of failing ensembles, once each.
+    def hung_instances(self) -> dict[str, float]:
+        """Stub instances named "not healthy" by failing ensembles, once each: when last.
 
+        Each maps to the probe's clock at the latest failure that named it.
         An instance is returned again only after its ensemble answered a probe: the
-        replacement of a killed stub has the same instance name.
+        replacement of a killed stub has the same instance name (and the watch kills no
+        stub it started after that error: ``StubWatch.end_hung``).
         """
         found = {(model, match.group(1)) for model, error in self.failing().items()
                  for match in UNHEALTHY_STUB.finditer(error)}
         new = found - self.handled
         self.handled |= new
-        return {instance for _, instance in new}
+        hung: dict[str, float] = {}
+        for model, instance in sorted(new):
+            hung[instance] = max(hung.get(instance, 0.0), self.states[model].failed_at)
+        return hung
 
     def failing(self) -> dict[str, str]:
         """Ensembles whose last probes failed: name -> the latest error."""

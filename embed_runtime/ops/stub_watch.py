@@ -14,13 +14,33 @@ model through the repository API with the model's own config plus a new
 ``stub_generation`` parameter. A model unloaded on purpose is not ready, so it is left
 alone. The model that runs the watch never watches itself.
 
+The instances a model should run are those of its config, not only those the watch has
+seen: ``model_manager`` starts the watch while the other models still load, and its first
+look comes up to a poll after the server reports ready, so a stub killed at once was never
+seen, and never replaced (measured: an encoder killed as the server became ready ran one
+stub of two 10 s on). So once the server is ready, the watch takes the instance names of
+every ready Python-backend model from its config (``<group name>_<index>``, the names the
+stubs' command lines carry) before its first look.
+
 Triton does not remove the shared-memory region of a stub that died (measured: one
 region left in /dev/shm per killed stub, 25 after 25 kills; an image instance's region
 grows to hundreds of MiB), so once the model is reloaded the watch unlinks it.
+
+Nor does Triton ever unload the version it replaced when one of its stubs had died
+(measured: no "successfully unloaded" for it, 8 minutes on; a reload with no dead stub
+unloads the old version within 3 s). Its other stubs run on, idle, under the very
+instance names of the new ones: ``all-MiniLM-L6-v2_encode_0_1`` twice after a kill of
+``_0_0``. A later kill of the new ``_0_1`` then went unseen (the old one still ran under
+that name) and a third of the requests failed for as long as anyone watched. So every
+stub of the model that ran before a reload of the watch's own is retired: it counts for
+no instance, and it is ended :data:`RETIRE_AFTER_S` after the reload (the requests that
+version had queued at the swap are done by then) and its region unlinked, so a killed
+encoder no longer leaves a whole encoder process behind either.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -39,6 +59,14 @@ from .probe import PROBE_INTERVAL_S
 STUB_BINARY = "triton_python_backend_stub"
 INSTANCE_RE = re.compile(r"\d+_\d+")  # <model>_<group>_<index>
 GENERATION_PARAMETER = "stub_generation"
+# How long the stubs of a replaced model version run on after the reload returned: the
+# requests queued to that version at the swap end first (admission bounds a queue to a
+# quarter of a second of work), and an idle stub is the safest to kill.
+RETIRE_AFTER_S = 2.0
+
+
+def _sigkill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
 
 
 def _seconds(value: float) -> str:
@@ -60,11 +88,12 @@ class WatchParams(ConfigParams):
 
 
 class Stub(NamedTuple):
-    """One running stub process: its model, its pid and its shared-memory region's name."""
+    """One running stub process: its model, pid, shared-memory region and instance name."""
 
     model: str
     pid: int
     region: str
+    instance: str = ""
 
 
 def live_stubs(server_pid: int, proc: str = "/proc") -> dict[str, str]:
@@ -75,12 +104,21 @@ def live_stubs(server_pid: int, proc: str = "/proc") -> dict[str, str]:
 def stub_processes(server_pid: int, proc: str = "/proc") -> dict[str, Stub]:
     """Instance name -> :class:`Stub` of every running stub of the server ``server_pid``.
 
+    A name that a replaced model version's stub still carries (see the module doc) maps
+    to either process: :func:`running_stubs` lists both.
+    """
+    return {stub.instance: stub for stub in running_stubs(server_pid, proc)}
+
+
+def running_stubs(server_pid: int, proc: str = "/proc") -> list[Stub]:
+    """Every running stub process of the server ``server_pid``, in pid order.
+
     A stub's command line is ``<stub> <repo>/<model>/<version>/model.py <shm region> ...
     <parent pid> <backend dir> <ipc handle> <instance name> ...``; zombies (killed stubs
     not yet reaped), stubs of other servers and the short-lived stub a model load starts
     to complete the model's config (named after the model, not an instance) are left out.
     """
-    stubs: dict[str, Stub] = {}
+    stubs: list[Stub] = []
     for entry in os.listdir(proc):
         if not entry.isdigit():
             continue
@@ -99,8 +137,8 @@ def stub_processes(server_pid: int, proc: str = "/proc") -> dict[str, Stub]:
         instance = args[8].decode()
         if INSTANCE_RE.fullmatch(instance.removeprefix(model + "_")) and instance != model:
             # not the short-lived stub of a load
-            stubs[instance] = Stub(model, int(entry), args[2].decode())
-    return stubs
+            stubs.append(Stub(model, int(entry), args[2].decode(), instance))
+    return sorted(stubs, key=lambda stub: stub.pid)
 
 
 @dataclass
@@ -110,6 +148,12 @@ class StubWatch:
     ``is_ready(model)`` tells a model unloaded on purpose (not ready) from one whose stub
     died (still ready); ``reload(model)`` starts its instances again. ``events`` records
     each reload: (model, the instances found dead, seconds the reload took, error or "").
+    ``seen`` maps each instance to its stub; the stubs of a version this watch replaced
+    are ``retiring`` (pid -> (stub, when it is ended)): they count for no instance.
+    ``configured()``: model -> the instance names its config gives, for each ready model
+    (None while the server is not ready); asked until it answers, before the first look.
+    A reloaded model's new stubs are in ``seen`` at once (they run once the reload has
+    returned): one that dies before the next look is replaced as well.
     """
 
     server_pid: int
@@ -118,46 +162,96 @@ class StubWatch:
     own_model: str = ""
     proc: str = "/proc"
     health_file: str = ""
-    seen: dict[str, str] = field(default_factory=dict)
+    seen: dict[str, Stub] = field(default_factory=dict)
     events: list[tuple[str, tuple[str, ...], float, str]] = field(default_factory=list)
     degraded: dict[str, list[str]] = field(default_factory=dict)
     failures_in_a_row: int = 0
     failing_probes: dict[str, str] = field(default_factory=dict)  # runtime/probe.py
-    regions: dict[str, str] = field(default_factory=dict)  # instance -> its shm region
+    retiring: dict[int, tuple[Stub, float]] = field(default_factory=dict)
     shm_dir: str = "/dev/shm"  # noqa: S108 - where shm_open puts the regions
+    clock: Callable[[], float] = time.monotonic
+    kill: Callable[[int], None] = _sigkill
+    configured: Callable[[], dict[str, set[str]] | None] | None = None
+    reloaded_at: dict[str, float] = field(default_factory=dict)  # model -> clock()
 
     def poll(self) -> list[str]:
         """One look at the stubs; returns the models reloaded."""
-        stubs = stub_processes(self.server_pid, self.proc)
-        live = {instance: stub.model for instance, stub in stubs.items()}
-        self.seen.update({i: m for i, m in live.items() if m != self.own_model})
-        self.regions.update({i: s.region for i, s in stubs.items() if i in self.seen})
-        dead: dict[str, list[str]] = {}
-        for instance, model in self.seen.items():
+        if self.configured is not None:
+            self._learn_configured()
+        stubs = [s for s in running_stubs(self.server_pid, self.proc)
+                 if s.model != self.own_model]
+        self._end_retired({s.pid: s for s in stubs})
+        live = {s.instance: s for s in stubs if s.pid not in self.retiring}
+        self.seen.update(live)
+        dead: dict[str, list[Stub]] = {}
+        for instance, stub in self.seen.items():
             if instance not in live:
-                dead.setdefault(model, []).append(instance)
-        self.degraded = {m: sorted(i) for m, i in dead.items() if self.is_ready(m)}
+                dead.setdefault(stub.model, []).append(stub)
+        self.degraded = {m: sorted(s.instance for s in gone) for m, gone in dead.items()
+                         if self.is_ready(m)}
         self.write_health()  # degraded until the reloads below are done
         reloaded = []
-        for model, instances in sorted(dead.items()):
-            if model in self.degraded:  # else unloaded (or being unloaded) on purpose
-                start, error = time.monotonic(), ""
-                try:
-                    self.reload(model)
-                    reloaded.append(model)
-                    del self.degraded[model]
-                except Exception as exc:  # noqa: BLE001 - recorded; the next poll retries
-                    error = f"{type(exc).__name__}: {exc}"
-                self.failures_in_a_row = self.failures_in_a_row + 1 if error else 0
-                self.events.append((model, tuple(sorted(instances)),
-                                    round(time.monotonic() - start, 3), error))
-                if error:
-                    continue
-            for instance in instances:  # seen again once the new stubs are up
-                del self.seen[instance]
-                self._remove_region(self.regions.pop(instance, ""))
+        for model, gone in sorted(dead.items()):
+            if model not in self.degraded:  # unloaded (or being unloaded) on purpose
+                for stub in gone:
+                    del self.seen[stub.instance]
+                    self._remove_region(stub.region)
+                continue
+            start, error = time.monotonic(), ""
+            try:
+                self.reload(model)
+                reloaded.append(model)
+                del self.degraded[model]
+            except Exception as exc:  # noqa: BLE001 - recorded; the next poll retries
+                error = f"{type(exc).__name__}: {exc}"
+            self.failures_in_a_row = self.failures_in_a_row + 1 if error else 0
+            self.events.append((model, tuple(sorted(s.instance for s in gone)),
+                                round(time.monotonic() - start, 3), error))
+            if not error:
+                self._replaced(model, stubs)
+                for stub in gone:
+                    self._remove_region(stub.region)
         self.write_health()
         return reloaded
+
+    def _replaced(self, model: str, before: list[Stub]) -> None:
+        """After a reload of ``model``: retire the stubs listed ``before`` it, see the new.
+
+        Its instances are now those of its new stubs: a config with fewer instances than
+        before is not reloaded again.
+        """
+        self.reloaded_at[model] = until = self.clock()
+        for stub in before:
+            if stub.model == model:
+                self.retiring.setdefault(stub.pid, (stub, until + RETIRE_AFTER_S))
+        fresh = {s.instance: s for s in running_stubs(self.server_pid, self.proc)
+                 if s.model == model and s.pid not in self.retiring}
+        self.seen = {i: s for i, s in self.seen.items() if s.model != model} | fresh
+
+    def _learn_configured(self) -> None:
+        """Every configured instance of the ready models into ``seen``, once (module doc)."""
+        try:
+            configured = self.configured()
+        except (OSError, ValueError):  # no answer (yet): the next poll asks again
+            return
+        if configured is None:
+            return
+        self.configured = None
+        for model, instances in configured.items():
+            if model != self.own_model:
+                for instance in instances:  # a stub that runs replaces it in this poll
+                    self.seen.setdefault(instance, Stub(model, 0, "", instance))
+
+    def _end_retired(self, running: dict[int, Stub]) -> None:
+        """SIGKILL the replaced versions' stubs whose time is up; forget those gone."""
+        now = self.clock()
+        for pid, (stub, until) in list(self.retiring.items()):
+            if running.get(pid) != stub:
+                del self.retiring[pid]
+                self._remove_region(stub.region)
+            elif now >= until:
+                with contextlib.suppress(ProcessLookupError):
+                    self.kill(pid)
 
     def _remove_region(self, region: str) -> None:
         """Unlink a dead stub's region (the server unmaps it with the old instance)."""
@@ -168,19 +262,23 @@ class StubWatch:
         except OSError:
             pass  # already gone (a server that does clean up), or never there
 
-    def end_hung(self, instances: set[str]) -> list[str]:
+    def end_hung(self, instances: dict[str, float]) -> list[str]:
         """SIGKILL the stubs of ``instances`` that still run; the next poll replaces them.
 
         For stubs Triton reports "not healthy" (it stopped using them: they hang) while
-        their process is still there, which the process list alone never shows. Returns
-        the instances killed.
+        their process is still there, which the process list alone never shows.
+        ``instances`` maps each to when Triton's report came (:attr:`clock`): a stub this
+        watch started by a reload since then is not the one reported, and is spared.
+        Returns the instances killed.
         """
         killed = []
-        for instance, stub in stub_processes(self.server_pid, self.proc).items():
-            if instance in instances:
+        for stub in running_stubs(self.server_pid, self.proc):
+            reported = instances.get(stub.instance)
+            if (reported is not None and stub.pid not in self.retiring
+                    and reported > self.reloaded_at.get(stub.model, float("-inf"))):
                 try:
-                    os.kill(stub.pid, signal.SIGKILL)
-                    killed.append(instance)
+                    self.kill(stub.pid)
+                    killed.append(stub.instance)
                 except ProcessLookupError:
                     pass
         return sorted(killed)
@@ -234,6 +332,27 @@ class RepositoryApi:
     def is_ready(self, model: str) -> bool:
         """``/v2/models/<model>/ready`` answered 200."""
         return self.answers(f"/v2/models/{model}/ready")
+
+    def python_instances(self) -> dict[str, set[str]] | None:
+        """Model -> its instance names, for each ready Python-backend model.
+
+        None while the server is not ready (see :class:`StubWatch`'s ``configured``).
+        """
+        if not self.answers("/v2/health/ready"):
+            return None
+        found = {}
+        for entry in json.loads(self.call("/v2/repository/index", {"ready": True})):
+            model = entry.get("name", "")
+            if entry.get("state") != "READY":
+                continue
+            config = json.loads(self.call(f"/v2/models/{model}/config"))
+            if config.get("backend") == "python":
+                found[model] = {
+                    f"{group.get('name') or f'{model}_{g}'}_{index}"
+                    for g, group in enumerate(config.get("instance_group", []))
+                    for index in range(int(group.get("count", 1)))
+                }
+        return found
 
     def reload(self, model: str) -> None:
         """Load ``model`` with its own config and a new ``stub_generation``: fresh stubs."""

@@ -90,14 +90,19 @@ class Supervised:
                 self.process.wait()
 
 
-def start_supervised(repo: Path, work: Path, env: dict[str, str] | None = None) -> Supervised:
-    """``generator serve --no-build`` of the built repository ``repo`` on free ports."""
+def start_supervised(repo: Path, work: Path, env: dict[str, str] | None = None,
+                     manifest: Path | None = None) -> Supervised:
+    """``generator serve --no-build`` of the built repository ``repo`` on free ports.
+
+    ``manifest``: the models.toml ``repo`` was built from (default: beside ``repo``).
+    """
     http, grpc, metrics = free_ports(3)
     environ = {**os.environ, "TRITON_HTTP_PORT": str(http), "TRITON_GRPC_PORT": str(grpc),
                "TRITON_METRICS_PORT": str(metrics), "EMBED_ADMIN_KEY": ADMIN_KEY,
                **(env or {})}
     work.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "generator", "--manifest", str(repo.parent / "models.toml"),
+    manifest = manifest or repo.parent / "models.toml"
+    command = [sys.executable, "-m", "generator", "--manifest", str(manifest),
                "--repo", str(repo), "serve", "--no-build", "--pid-file",
                str(work / "serve.pid"), "--work-dir", str(work)]
     log = work / "serve.log"

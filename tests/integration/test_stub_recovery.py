@@ -7,7 +7,10 @@ Here, for a stub of each kind (tokenizer, encoder, image preprocessing, URL fetc
 the model is reloaded with fresh stubs within 10 s, no answer is ever wrong, and no
 request sent after the reload fails. The container health check (deploy/healthcheck.py)
 is healthy before the kill, unhealthy while the model waits for its reload, and healthy
-again after.
+again after. The shipped models.toml is served too, with its two encoder processes: there
+each kind of stub is killed in turn (both encoder instances, tokenize, image admit and
+preprocess), and within 10 s the model runs its full set of stubs again, no more, and 40
+later requests all get the right answer.
 
 The server is ``generator serve`` (tests/integration/supervised.py), because a kill can
 end ``tritonserver`` itself: Triton 2.51 aborts with
@@ -32,10 +35,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from embed_runtime.ops.stub_watch import stub_processes
+from embed_runtime.ops.stub_watch import running_stubs, stub_processes
 from tests.healthcheck_module import load_healthcheck
 from tests.integration.clip_fixture import CLIP_MODEL, sample_images
-from tests.integration.conftest import TEXT_MODEL
+from tests.integration.conftest import ADMIN_KEY, TEXT_MODEL
 from tests.integration.supervised import Supervised, start_supervised
 
 pytestmark = pytest.mark.integration
@@ -404,3 +407,125 @@ def test_requests_inside_a_killed_fetch_stub_get_an_error_within_seconds(
                 assert time.monotonic() < deadline
                 time.sleep(0.2)
         assert got.shape[0] == 1
+
+
+# --- models.toml as shipped: two encoder processes, admitting steps in front -------------
+
+# The stubs killed in turn on one server, each with the ensemble a request goes through.
+# The first as the server turns ready, before the watch's first look (a stub it had not
+# seen was never replaced). The encoder's instance 1 after its instance 0: Triton keeps
+# the stub of instance 1 of the version the first reload replaced running under the new
+# one's name, which hid this second death from the watch.
+SHIPPED_KILLS = [
+    (f"{TEXT_MODEL}_encode_0_0", TEXT_MODEL),
+    (f"{TEXT_MODEL}_encode_0_1", TEXT_MODEL),
+    (f"{TEXT_MODEL}_tokenize_0_0", TEXT_MODEL),
+    (f"{CLIP_MODEL}_admit_image_0_0", CLIP_MODEL),
+    (f"{CLIP_MODEL}_preprocess_image_0_0", CLIP_MODEL),
+]
+LATER_REQUESTS = 40
+
+
+@pytest.fixture(scope="module")
+def shipped_supervised(tmp_path_factory) -> Supervised:
+    """The repository of models.toml as shipped, served by ``generator serve``."""
+    from generator.build import build_repository
+    from tests.integration.test_shipped_manifest import _shipped_manifest
+
+    manifest = _shipped_manifest(tmp_path_factory)
+    base = tmp_path_factory.mktemp("shipped-stubs")
+    build_repository(manifest, base / "model_repository", log=lambda _msg: None)
+    serving = start_supervised(base / "model_repository", base / "work",
+                               manifest=manifest.path)
+    try:
+        assert serving.wait_ready(240), serving.output()[-4000:]
+        yield serving
+    finally:
+        serving.stop()
+
+
+def _started(pid: int) -> int:
+    """When the process started, in clock ticks since boot (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _instances(serving: Supervised, model: str) -> list[str]:
+    """The instance names of ``model``'s config (``<model>_<group>_<index>``)."""
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{serving.http}/v2/models/{model}/config",
+                                     headers={"X-Admin-Key": ADMIN_KEY})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        groups = json.load(response).get("instance_group", [])
+    return sorted(f"{model}_{g}_{i}" for g, group in enumerate(groups)
+                  for i in range(int(group.get("count", 1))))
+
+
+def _wait_stubs(serving: Supervised, server_pid: int, model: str, done, since: float,
+                what: str) -> float:
+    """Seconds from ``since`` until ``done(stubs of model)``; at most RECOVERY_S."""
+    while not done(stubs := [s for s in running_stubs(server_pid) if s.model == model]):
+        assert serving.triton_pid() == server_pid, serving.output()[-3000:]
+        assert time.monotonic() - since < RECOVERY_S, (
+            f"{what}: {sorted((s.instance, s.pid) for s in stubs)}\n{serving.output()[-3000:]}")
+        time.sleep(0.1)
+    return time.monotonic() - since
+
+
+@pytest.mark.parametrize(("instance", "ensemble"), SHIPPED_KILLS,
+                         ids=[k[0] for k in SHIPPED_KILLS])
+def test_a_killed_stub_of_a_shipped_model_is_replaced_and_every_later_request_succeeds(
+    shipped_supervised, photo, instance, ensemble
+) -> None:
+    """kill -9 of one stub: within 10 s the watch has reloaded the model, whose every
+    instance runs a new stub, and 40 requests all get the right answer; within 10 s more
+    the replaced version's stubs are ended, so the model runs its set of stubs, no more.
+    """
+    serving, text = shipped_supervised, "Triton batches requests from many clients."
+    model = instance.rsplit("_", 2)[0]
+
+    def call(c):
+        if ensemble == TEXT_MODEL:
+            return c.embed_texts(ensemble, [text])
+        return c.embed_images(ensemble, [photo])
+
+    with serving.client("grpc") as c:
+        want = call(c)[0]
+    expected = _instances(serving, model)
+    health_file = _healthcheck().health_file(serving.http)
+    reloads = _watch_reloads(health_file)
+    server_pid = serving.triton_pid()
+    before = [s for s in running_stubs(server_pid) if s.model == model]
+    victim = max((s for s in before if s.instance == instance),
+                 key=lambda s: _started(s.pid))  # where an old one shares the name: the new
+    os.kill(victim.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    back_s = _wait_stubs(serving, server_pid, model, lambda stubs: (
+        _watch_reloads(health_file) > reloads
+        and sorted({s.instance for s in stubs if s not in before}) == expected
+    ), killed, f"{instance} not replaced (watch reloads {reloads} before the kill)")
+    results: list[str] = []
+
+    def client() -> None:
+        with serving.client("grpc") as c:
+            for _ in range(LATER_REQUESTS // 4):
+                try:
+                    right = np.abs(call(c)[0] - want).max() <= 1e-5
+                    results.append("" if right else "wrong answer")
+                except Exception as exc:
+                    results.append(str(exc)[:200] or type(exc).__name__)
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    alone_s = _wait_stubs(serving, server_pid, model, lambda stubs: sorted(
+        s.instance for s in stubs) == expected, killed + back_s, "old stubs left running")
+    print(f"\nkill -9 {instance}: replaced after {back_s:.2f} s, the old stubs ended "
+          f"{alone_s:.2f} s later; {results.count('')} of {len(results)} later requests right")
+    assert results == [""] * LATER_REQUESTS, sorted(set(results))

@@ -152,17 +152,17 @@ def test_a_stub_reported_not_healthy_is_named_once_until_its_ensemble_answers() 
     probe = _probe(server)
     server.replies["t"] = RuntimeError("in 't', Stub process 't_encode_0_1' is not healthy.")
     probe.run()
-    assert probe.hung_instances() == set()  # one failure is not yet failing
+    assert probe.hung_instances() == {}  # one failure is not yet failing
     probe.run()
-    assert probe.hung_instances() == {"t_encode_0_1"}
+    assert set(probe.hung_instances()) == {"t_encode_0_1"}
     probe.run()
-    assert probe.hung_instances() == set()  # its replacement has the same name
+    assert probe.hung_instances() == {}  # its replacement has the same name
     del server.replies["t"]
     probe.run()
     server.replies["t"] = RuntimeError("Stub process 't_encode_0_1' is not healthy.")
     probe.run()
     probe.run()
-    assert probe.hung_instances() == {"t_encode_0_1"}
+    assert probe.hung_instances() == {"t_encode_0_1": probe.states["t"].failed_at}
 
 
 def test_the_watch_kills_a_hung_stub_of_its_server_only(tmp_path) -> None:
@@ -181,8 +181,10 @@ def test_the_watch_kills_a_hung_stub_of_its_server_only(tmp_path) -> None:
             (proc / str(pid) / "cmdline").write_bytes(b"\0".join(a.encode() for a in args))
             (proc / str(pid) / "stat").write_text(f"{pid} (stub) S 1")
         watch = StubWatch(4242, lambda m: True, lambda m: None, proc=str(proc))
-        assert watch.end_hung({"t_encode_0_0"}) == []
-        assert watch.end_hung({"t_encode_0_1"}) == ["t_encode_0_1"]
+        assert watch.end_hung({"t_encode_0_0": 1.0}) == []
+        watch.reloaded_at["t_encode"] = 2.0  # a reload after the report: not the one named
+        assert watch.end_hung({"t_encode_0_1": 1.0}) == []
+        assert watch.end_hung({"t_encode_0_1": 3.0}) == ["t_encode_0_1"]
         assert sleeper.wait(timeout=10) == -9
     finally:
         sleeper.kill()
@@ -213,7 +215,7 @@ class Watch:
     def __init__(self) -> None:
         self.failing_probes: dict[str, str] = {}
 
-    def end_hung(self, instances: set[str]) -> list[str]:
+    def end_hung(self, instances: dict[str, float]) -> list[str]:
         return sorted(instances)
 
 

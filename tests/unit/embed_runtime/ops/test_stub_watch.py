@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from embed_runtime.ops.stub_watch import StubWatch, live_stubs, server_http_url
+from embed_runtime.ops.stub_watch import (
+    RETIRE_AFTER_S,
+    Stub,
+    StubWatch,
+    live_stubs,
+    server_http_url,
+)
 from tests.healthcheck_module import load_healthcheck
 
 SERVER = 4242
@@ -41,19 +47,47 @@ def _watch(proc: Path, ready: set[str]) -> tuple[StubWatch, list[str]]:
     return watch, reloads
 
 
+def _new_version(proc: Path, instances: int, reloads: list[str]):
+    """A ``reload``: Triton's load returns once the new version's stubs run."""
+
+    def reload(model: str) -> None:
+        reloads.append(model)
+        for index in range(instances):
+            pid = 100 * len(reloads) + index
+            _stub(proc, pid, model, f"{model}_0_{index}", region=f"r-{pid}")
+
+    return reload
+
+
 def test_a_vanished_instance_of_a_ready_model_reloads_that_model_once(tmp_path: Path) -> None:
     _stub(tmp_path, 10, "m_encode", "m_encode_0_0")
     _stub(tmp_path, 11, "m_encode", "m_encode_0_1")
     _stub(tmp_path, 12, "m_tokenize", "m_tokenize_0_0")
     _stub(tmp_path, 13, "model_manager", "model_manager_0_0")
-    watch, reloads = _watch(tmp_path, {"m_encode", "m_tokenize"})
+    reloads: list[str] = []
+    watch = StubWatch(SERVER, lambda m: m != "model_manager", _new_version(tmp_path, 2, reloads),
+                      "model_manager", str(tmp_path), kill=lambda pid: None)
     assert watch.poll() == [] and "model_manager_0_0" not in watch.seen
     (tmp_path / "11" / "stat").write_text("11 (x) Z 4242")  # kill -9: a zombie
     assert watch.poll() == ["m_encode"] and reloads == ["m_encode"]
     assert watch.events[0][:2] == ("m_encode", ("m_encode_0_1",))
-    assert watch.poll() == []  # not reloaded again while the new stub starts
-    _stub(tmp_path, 21, "m_encode", "m_encode_0_1")
-    assert watch.poll() == [] and "m_encode_0_1" in watch.seen
+    assert watch.poll() == []  # the new stubs are seen: no second reload
+    assert watch.seen["m_encode_0_1"].pid == 101
+    (tmp_path / "101" / "stat").write_text("101 (x) Z 4242")  # a new stub dies as well
+    assert watch.poll() == ["m_encode"] and watch.seen["m_encode_0_1"].pid == 201
+
+
+def test_a_stub_that_died_before_the_first_look_is_replaced(tmp_path: Path) -> None:
+    """Its model's config names it; the process list never showed it to the watch."""
+    _stub(tmp_path, 11, "m", "m_0_1")
+    answers = [None, {"m": {"m_0_0", "m_0_1"}, "model_manager": {"model_manager_0_0"}}]
+    reloads: list[str] = []
+    watch = StubWatch(SERVER, lambda m: True, _new_version(tmp_path, 2, reloads),
+                      "model_manager", str(tmp_path), configured=lambda: answers.pop(0),
+                      kill=lambda pid: None)
+    assert watch.poll() == [] and answers  # the server is not ready yet: asked again
+    assert watch.poll() == ["m"] and watch.events[0][:2] == ("m", ("m_0_0",))
+    assert watch.poll() == [] and watch.configured is None  # asked once it answered
 
 
 def test_a_model_unloaded_on_purpose_is_left_alone(tmp_path: Path) -> None:
@@ -91,13 +125,16 @@ def test_a_dead_stubs_region_is_unlinked_once_its_model_is_reloaded(tmp_path: Pa
     _stub(proc, 11, "m", "m_0_1", region="r-alive")
     _stub(proc, 12, "t", "t_0_0", region="../r-tok")  # never a path outside the folder
     answers = [OSError("refused"), None, None]
+    new_version = _new_version(proc, 2, [])
 
     def reload(model: str) -> None:
         answer = answers.pop(0)
         if answer is not None:
             raise answer
+        new_version(model)
 
-    watch = StubWatch(SERVER, lambda m: True, reload, proc=str(proc), shm_dir=str(shm))
+    watch = StubWatch(SERVER, lambda m: True, reload, proc=str(proc), shm_dir=str(shm),
+                      kill=lambda pid: None)
     watch.poll()
     (proc / "10" / "stat").write_text("10 (x) Z 4242")
     assert watch.poll() == [] and (shm / "r-dead").exists()  # reload failed: kept
@@ -106,7 +143,44 @@ def test_a_dead_stubs_region_is_unlinked_once_its_model_is_reloaded(tmp_path: Pa
     (proc / "12" / "stat").write_text("12 (x) Z 4242")
     assert watch.poll() == ["t"]
     assert sorted(p.name for p in shm.iterdir()) == ["r-alive", "r-other", "r-tok"]
-    assert watch.regions == {"m_0_1": "r-alive"}
+    assert set(watch.retiring) == {11}  # m_0_1 ran the version that the reload replaced
+
+
+def test_a_replaced_versions_stub_neither_hides_a_later_death_nor_outlives_its_time(
+    tmp_path: Path,
+) -> None:
+    """Triton keeps the replaced version's other stub running, under the new one's name."""
+    proc, shm = tmp_path / "proc", tmp_path / "shm"
+    shm.mkdir()
+    for pid in (10, 11, 20, 21, 30, 31):
+        (shm / f"r-{pid}").write_bytes(b"x")
+    _stub(proc, 10, "m", "m_0_0", region="r-10")
+    _stub(proc, 11, "m", "m_0_1", region="r-11")
+    now, killed, reloads = [100.0], [], []
+
+    def reload(model: str) -> None:  # Triton's swap: new stubs; the old ones run on
+        reloads.append(model)
+        for index in (0, 1):
+            pid = 10 * len(reloads) + 10 + index
+            _stub(proc, pid, "m", f"m_0_{index}", region=f"r-{pid}")
+
+    watch = StubWatch(SERVER, lambda m: True, reload, proc=str(proc), shm_dir=str(shm),
+                      clock=lambda: now[0], kill=killed.append)
+    watch.poll()
+    (proc / "10" / "stat").write_text("10 (x) Z 4242")
+    assert watch.poll() == ["m"] and watch.poll() == []
+    assert set(watch.retiring) == {11} and killed == []
+    (proc / "21" / "stat").write_text("21 (x) Z 4242")  # the new _0_1 dies; pid 11 runs
+    assert watch.poll() == ["m"] and watch.events[-1][:2] == ("m", ("m_0_1",))
+    assert watch.poll() == [] and set(watch.retiring) == {11, 20}
+    now[0] += RETIRE_AFTER_S
+    watch.poll()
+    assert killed == [11, 20]
+    for pid in killed:
+        (proc / str(pid) / "stat").write_text(f"{pid} (x) Z 4242")
+    assert watch.poll() == [] and watch.retiring == {}
+    assert sorted(p.name for p in shm.iterdir()) == ["r-30", "r-31"]
+    assert {s.pid for s in watch.seen.values()} == {30, 31}
 
 
 def test_the_servers_http_address_comes_from_its_command_line(tmp_path: Path) -> None:
@@ -141,7 +215,7 @@ def test_the_health_check_reads_the_file_the_watch_writes(tmp_path: Path) -> Non
     watch.server_pid = os.getpid()  # the file names a live server: this process
     watch.proc = str(tmp_path / "empty")
     (tmp_path / "empty").mkdir()
-    watch.seen = {"m_0_0": "m"}
+    watch.seen = {"m_0_0": Stub("m", 10, "shm", "m_0_0")}
     watch.poll()
     assert states and "reload pending: ['m']" in states[0]
     assert check.watch_problem(health) == ""
