@@ -53,8 +53,9 @@ _ENCODER_SIZE = 56
 _HIGH, _ROW_NS, _BUSY, _LAST_END, _EXEC_NS, _ROWS, _BIAS = range(7)
 # The bias is kept in thousandths: actual time to the answer over the admission's estimate.
 _BIAS_SCALE = 1000
-# The bias never moves an estimate beyond these factors.
-BIAS_BOUNDS = (0.5, 4.0)
+# The bias never moves an estimate beyond these factors: it only ever makes the model's
+# estimate longer (a short one answers late), at most four times.
+BIAS_BOUNDS = (1.0, 4.0)
 _ADMITTERS = _ENCODERS + SLOTS * _ENCODER_SIZE  # admitting slot i: held while it lives
 _ADMITTER_SIZE = 16
 SIZE = _ADMITTERS + SLOTS * _ADMITTER_SIZE

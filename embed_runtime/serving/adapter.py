@@ -98,36 +98,44 @@ def gather_rows(
 
     A request whose client has gone or whose deadline has passed is answered at once,
     unread (:mod:`.admission`): no step works for an answer nobody can use. So is one
-    the ``gate`` refuses because the encoder after this step cannot answer it in time
-    (read first: the gate weighs its rows), before any work of this step's own.
+    the ``gate`` refuses because the encoder after this step cannot answer it in time,
+    weighed by its rows (:func:`request_rows`) before any work of this step's own.
     """
     gathered = Gathered(responses=[None] * len(requests))
     if gate is not None:
         gate.begin()
     for i, request in enumerate(requests):
         gone = gone_reason(request, _parameters)
+        deadline, estimate = None, 0
+        if gone is None and gate is not None:
+            deadline = request_deadline_us(request, _parameters(request))
+            gone = gate.admit(request_rows(request), deadline)
+            estimate = gate.estimate_us
         if gone is not None:
             gathered.responses[i] = error_response(pb_utils, gone)
             continue
         try:
             rows = read(request)
         except RequestError as exc:
+            if gate is not None:
+                gate.withdraw(request_rows(request))
             gathered.responses[i] = error_response(pb_utils, exc)
             continue
-        deadline, estimate = None, 0
-        if gate is not None:
-            deadline = request_deadline_us(request, _parameters(request))
-            refused = gate.admit(len(rows), deadline)
-            if refused is not None:
-                gathered.responses[i] = error_response(pb_utils, refused)
-                continue
-            estimate = gate.estimate_us
         gathered.valid.append(i)
         gathered.counts.append(len(rows))
         gathered.items.extend(rows)
         gathered.deadlines.append(deadline)
         gathered.estimates.append(estimate)
     return gathered
+
+
+def request_rows(request: Any) -> int:
+    """The rows of ``request``: the longest batch dimension of its inputs (1 if none)."""
+    try:
+        shapes = [tensor.as_numpy().shape for tensor in request.inputs()]
+    except Exception:  # noqa: BLE001 - weighed as one row; reading it fails it properly
+        return 1
+    return max([1, *(shape[0] for shape in shapes if shape)])
 
 
 def with_tickets(

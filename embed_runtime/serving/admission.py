@@ -125,9 +125,12 @@ ADMITTED_TICKET = "admitted_ticket"
 # costs, for a request that states no deadline (AdmissionGate.admit).
 PER_INSTANCE = 2
 # A request with a deadline is admitted while the estimated time to its answer is within
-# this share of the time it has left: the estimate is a moving mean, and the answer
-# still has to travel back.
-DEADLINE_SHARE = 0.8
+# this share of the time it has left: the estimate is a moving mean, a request admitted
+# just after a batch formed waits for two executions, and the answer still has to travel
+# back. One-sentence spikes with a 1 s deadline on the 2-core host (bench.faults.overload,
+# 2026-12-05): 0.8 answered 90 / 344 requests late at 2 x / 3 x, 0.6 24 / 16, 0.5 0 / 2,
+# at the same goodput (docs/benchmarks.md, "Deadlines under spikes").
+DEADLINE_SHARE = 0.5
 # Estimates shorter than this are not compared with what happened: a lone request's wait
 # is mostly fixed costs the estimate leaves out, and a deadline that short is rare.
 OBSERVED_FROM_US = 50_000
@@ -345,6 +348,10 @@ class AdmissionGate:
         if self.refusals is not None:
             self.refusals.count(error.message)
         return error
+
+    def withdraw(self, rows: int) -> None:
+        """Take back ``rows`` this execution admitted: their request failed before going on."""
+        self._rows = max(0, self._rows - rows)
 
     def tickets(
         self, rows: list[int], deadlines: list[int | None], estimates: list[int]

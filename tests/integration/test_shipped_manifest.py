@@ -290,3 +290,50 @@ def test_perf_analyzer_at_512_concurrent_requests_completes_without_errors(shipp
     assert done.returncode == 0, out
     assert "error" not in out.lower(), out
     assert f"Successful request count: {2 * PLAIN_CLIENTS}" in out, out
+
+
+def test_concurrent_plain_clients_mixing_good_and_bad_requests_get_every_good_one(shipped):
+    """32 gRPC clients, each request in turn good, empty, not UTF-8, oversized (past the
+    model's byte cap) or naming a wrong input: every good one answered, every bad one
+    refused for its own reason, none as overloaded."""
+    import threading
+
+    import tritonclient.grpc as grpcclient
+
+    good_text = b"a good sentence"
+    kinds = {
+        "good": ("TEXT", good_text),
+        "empty": ("TEXT", b""),
+        "not utf-8": ("TEXT", b"\xff\xfe"),
+        "oversized": ("TEXT", b"x" * (shipped.manifest.models[0].max_text_bytes + 1)),
+        "misnamed": ("TEXTS", good_text),
+    }
+    outcomes: dict[str, list[str]] = {kind: [] for kind in kinds}
+    lock = threading.Lock()
+
+    def client(index: int) -> None:
+        triton = grpcclient.InferenceServerClient(shipped.grpc_url)
+        for n in range(10):
+            kind = list(kinds)[(index + n) % len(kinds)]
+            name, value = kinds[kind]
+            item = grpcclient.InferInput(name, [1, 1], "BYTES")
+            item.set_data_from_numpy(np.array([[value]], dtype=object))
+            try:
+                triton.infer("all-MiniLM-L6-v2", [item])
+                result = "answered"
+            except Exception as exc:
+                result = str(exc)
+            with lock:
+                outcomes[kind].append(result)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outcomes["good"] == ["answered"] * len(outcomes["good"]) and outcomes["good"]
+    for kind in ("empty", "not utf-8", "oversized", "misnamed"):
+        assert outcomes[kind], kind
+        for result in outcomes[kind]:
+            assert result != "answered" and "overloaded" not in result, (kind, result)
+            assert "INVALID_ARG" in result or "unexpected inference input" in result, result
