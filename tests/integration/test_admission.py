@@ -280,10 +280,12 @@ SHORT = "a short sentence"
 
 
 class Witness:
-    """One plain client sending SHORT to ``model`` one request after another, in a thread.
+    """Two plain clients sending SHORT to ``model`` one request after another, in threads.
 
-    It keeps the encoder busy (never idle for long), as steady traffic does; ``errors``
-    records each refusal with the time it came.
+    Between them the encoder always has the next request (never idle for long), as steady
+    traffic keeps it, and never more than one waits: the gate's floor of two rows per
+    instance admits every one unless the count holds rows no encoder will take.
+    ``errors`` records each refusal with the time it came.
     """
 
     def __init__(self, url: str, model: str):
@@ -291,7 +293,7 @@ class Witness:
         self.answered: list[float] = []
         self.errors: list[tuple[float, str]] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run)
+        self._threads = [threading.Thread(target=self._run) for _ in range(2)]
 
     def _run(self) -> None:
         client = grpcclient.InferenceServerClient(self.url)
@@ -305,12 +307,14 @@ class Witness:
                 self.errors.append((time.monotonic(), str(exc)))
 
     def __enter__(self) -> Witness:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join()
+        for thread in self._threads:
+            thread.join()
 
     def answered_after(self, since: float, count: int, timeout_s: float = 120.0) -> None:
         """Wait until ``count`` requests were answered after ``since``."""
