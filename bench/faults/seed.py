@@ -28,6 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import ExitStack
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,17 @@ def _reason(message: str) -> str:
     return message.rsplit("] ", 1)[-1].split(":")[0][:60]
 
 
+async def _one_after_another(infer, requests: int, out: list, errors: Counter) -> None:
+    """``requests`` calls of ``infer()`` one after another: latencies, refusals by reason."""
+    for _ in range(requests):
+        start = time.perf_counter()
+        try:
+            await infer()
+            out.append(time.perf_counter() - start)
+        except Exception as exc:  # noqa: BLE001 - counted by reason, no retry
+            errors[_reason(str(exc))] += 1
+
+
 async def _http_client(url: str, requests: int, out: list, errors: Counter) -> None:
     import tritonclient.http.aio as httpclient
 
@@ -57,25 +69,11 @@ async def _http_client(url: str, requests: int, out: list, errors: Counter) -> N
     item = httpclient.InferInput("TEXT", [1, 1], "BYTES")
     item.set_data_from_numpy(np.array([[SENTENCE.encode()]], dtype=object))
     try:
-        for _ in range(requests):
-            start = time.perf_counter()
-            try:
-                await client.infer(TEXT_MODEL, [item])
-                out.append(time.perf_counter() - start)
-            except Exception as exc:  # noqa: BLE001 - counted by reason, no retry
-                errors[_reason(str(exc))] += 1
+        await _one_after_another(
+            lambda: client.infer(TEXT_MODEL, [item]), requests, out, errors
+        )
     finally:
         await client.close()
-
-
-async def _grpc_client(client: Any, item: Any, requests: int, out: list, errors: Counter):
-    for _ in range(requests):
-        start = time.perf_counter()
-        try:
-            await client.infer(TEXT_MODEL, [item])
-            out.append(time.perf_counter() - start)
-        except Exception as exc:  # noqa: BLE001 - counted by reason, no retry
-            errors[_reason(str(exc))] += 1
 
 
 async def _run(protocol: str, url: str, clients: int, requests: int) -> dict[str, Any]:
@@ -93,9 +91,12 @@ async def _run(protocol: str, url: str, clients: int, requests: int) -> dict[str
         item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
         item.set_data_from_numpy(np.array([[SENTENCE.encode()]], dtype=object))
         try:
-            await asyncio.gather(
-                *(_grpc_client(c, item, requests, latencies, errors) for c in pool)
-            )
+            await asyncio.gather(*(
+                _one_after_another(
+                    partial(c.infer, TEXT_MODEL, [item]), requests, latencies, errors
+                )
+                for c in pool
+            ))
         finally:
             await asyncio.gather(*(c.close() for c in pool))
     seconds = time.perf_counter() - start

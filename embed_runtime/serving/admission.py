@@ -312,8 +312,9 @@ class AdmissionGate:
             if backlog.row_ns > 0 and expected_ms > DEADLINE_SHARE * left_ms:
                 return (
                     f"server overloaded: about {expected_ms:.0f} ms until {self.encoder} "
-                    f"could answer ({backlog.queued} row(s) wait before it), more than the "
-                    f"{max(left_ms, 0):.0f} ms left before the request's deadline; retry "
+                    f"could answer ({backlog.queued} row(s) wait before it), more than "
+                    f"{DEADLINE_SHARE:g} of the {max(left_ms, 0):.0f} ms left before the "
+                    "request's deadline; retry "
                     "later with backoff or a later deadline"
                 )
             return None
