@@ -386,6 +386,20 @@ def test_requests_cancelled_in_the_queue_leave_no_count_behind(ports):
     assert witness.refused_after(settled) == []
 
 
+def _settled_executions(url: str, model: str) -> int:
+    """The encoder's execution count once it stopped moving (an earlier test's leftovers
+    run first): two reads 0.5 s apart agree."""
+    until = time.monotonic() + 60
+    last = _encoder_busy_ns(url, model)[0]
+    while time.monotonic() < until:
+        time.sleep(0.5)
+        now = _encoder_busy_ns(url, model)[0]
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"{model}'s encoder kept executing for 60 s")
+
+
 def _deadline_request(url: str, model: str, in_s: float):
     client = grpcclient.InferenceServerClient(url)
     item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
@@ -400,7 +414,7 @@ def test_a_deadline_shorter_than_the_work_is_refused_at_once_naming_it(ports):
     or Triton's own ``timeout`` parameter."""
     url = f"127.0.0.1:{ports.grpc}"
     _deadline_request(url, ADMITTED, 30)  # the encoder has run: its cost is known
-    executions, _ = _encoder_busy_ns(url, ADMITTED)
+    executions = _settled_executions(url, ADMITTED)
     with pytest.raises(Exception, match="left before the request's deadline"):
         _deadline_request(url, ADMITTED, 0.002)
     body = json.dumps({

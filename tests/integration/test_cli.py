@@ -76,7 +76,7 @@ def test_generator_add_list_remove_round_trip(workspace):
     # A bare entry takes the CPU profile, and add says what it took.
     assert profile.startswith("  cpu profile (python -m generator defaults): ")
     assert "fused_tokenize = False" in profile and "encoder_instances = 2" in profile
-    assert "admission_wait_us = 250000" in profile
+    assert "admission_wait_us = 30000000" in profile and "admission_max_rows = 8192" in profile
     entry = load_manifest(manifest).get("st-mini")
     assert (entry.family, entry.source) == ("sentence-transformers", MINI)
     assert manifest.read_text().startswith(original.decode().rstrip("\n") + "\n")

@@ -1,15 +1,16 @@
 """A bounded queue refuses excess requests at once instead of piling them up.
 
 A text model built with ``max_queue_size = 2``, ``queue_timeout_us = 5000`` (and the
-steps' own admission off, ``admission_wait_us = 0``; test_admission covers it) and one
-encoder instance that takes one request per execution, flooded by 24 concurrent clients
-sending long texts: Triton's queue policy refuses what does not fit, or what waited
-longer than 5 ms, with its own message, and every accepted request gets the right
-vector. Measured on Triton 2.51: a client's own ``timeout`` request parameter is not
-passed on to the ensemble's steps (a request with a 1 ms timeout was served after
-0.61 s), so the bound is the model's ``queue_timeout_us``; and an expired request is
-rejected when the scheduler next looks at its queue (when the running execution ends),
-not at its deadline.
+steps' own admission off, ``admission_wait_us = 0``, ``admission_max_rows = 0``;
+test_admission covers it) and one encoder instance that takes one request per
+execution, flooded by 24 concurrent clients sending long texts: Triton's queue policy
+refuses what does not fit, or what waited longer than 5 ms, with its own message, and
+every accepted request gets the right vector. Measured on Triton 2.51: Triton itself
+does not act on a client's own ``timeout`` request parameter here (a request with a
+1 ms timeout was served after 0.61 s; with admission on, the tokenize step reads it
+as a deadline), so the bound is the model's ``queue_timeout_us``; and an expired
+request is rejected when the scheduler next looks at its queue (when the running
+execution ends), not at its deadline.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def bounded_ports(tmp_path_factory):
         "max_batch_size": 1, "max_queue_delay_us": 0, "max_rows_per_run": 1,
         "encoder_instances": 1, "ort_threads": 1, "max_queue_size": 2,
         "queue_timeout_us": 5_000,
-        "admission_wait_us": 0,  # Triton's queue policy, not the steps' own admission
+        # Triton's queue policy, not the steps' own admission
+        "admission_wait_us": 0, "admission_max_rows": 0,
     }]}, base)
     with serve(manifest, base) as server:
         yield server.ports

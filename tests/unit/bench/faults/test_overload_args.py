@@ -29,7 +29,8 @@ def test_factors_and_queues_are_parsed():
     args = parse_args(["--factor", "2,3", "--queue", "4:10000", "--pin", "none"])
     assert args.factor == [2.0, 3.0]
     assert args.queue == [
-        {"max_queue_size": 4, "queue_timeout_us": 10000, "admission_wait_us": 0}
+        {"max_queue_size": 4, "queue_timeout_us": 10000, "admission_wait_us": 0,
+         "admission_max_rows": 0}
     ]
     assert args.pin is None
 
