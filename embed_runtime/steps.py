@@ -25,6 +25,7 @@ class Adapter(StrEnum):
     FETCH_IMAGE = "fetch_image"
     PREPROCESS_IMAGE = "preprocess_image"
     ADMIT_IMAGE = "admit_image"
+    CHUNKS = "chunks"
     MODEL_MANAGER = "model_manager"
 
 

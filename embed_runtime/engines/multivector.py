@@ -37,6 +37,7 @@ from ..text.request_options import (
     resolve_prompt,
     resolve_task,
 )
+from ..text.chunking import refuse_chunk_options
 from ..text.tokenizer import BatchTokenizer, TokenizerParams, decode_texts, keeps_end
 from .contract import TEXT_INPUT, text_rows
 from .ragged import Chunk
@@ -232,6 +233,7 @@ class MultiVectorTextEncoder:
         """Validate one request's ``TEXT`` and parameters; raises ``InvalidInputError``."""
         tok = self.tok_params
         texts = decode_texts(text_rows(inputs), "TEXT", tok.max_text_bytes, tok.max_request_bytes)
+        refuse_chunk_options(parameters, "")  # not built for token vectors
         task = resolve_task(parameters)
         resolve_dimensions(parameters, 0)  # no Matryoshka truncation of token vectors
         prompts = dict(self.params.prompts)

@@ -3,6 +3,7 @@
 import triton_python_backend_utils as pb_utils
 from embed_runtime.serving.adapter import input_array
 from embed_runtime.serving.tokenize_step import TokenizeStep
+from embed_runtime.text.chunking import refuse_chunk_options
 from embed_runtime.text.request_options import request_parameters
 from embed_runtime.text.pair_tokenizer import decode_pairs, open_pair_tokenizer
 
@@ -20,7 +21,9 @@ class TritonPythonModel(TokenizeStep):
         queries = input_array(pb_utils, request, "QUERY")
         texts = input_array(pb_utils, request, "TEXT")
         pairs = decode_pairs(queries, texts, self.params)
-        return self.tokenizer.prepare(pairs, request_parameters(request.parameters()))
+        parameters = request_parameters(request.parameters())
+        refuse_chunk_options(parameters, "")  # a reranker scores pairs whole
+        return self.tokenizer.prepare(pairs, parameters)
 
     def _encode(self, rows):
         return self.tokenizer.encode(rows)

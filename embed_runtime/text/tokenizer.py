@@ -10,6 +10,7 @@ import numpy as np
 
 from ..config_params import ConfigParams, json_text, param
 from ..errors import InvalidInputError
+from .chunking import refuse_chunk_options
 from .clip_clean import TextClean
 from .request_options import apply_prompt, parse_prompts, resolve_dimensions, resolve_prompt
 
@@ -49,14 +50,19 @@ class TokenizerParams(ConfigParams):
     text_clean: str = ""
     piece_start_tokens: tuple[str, ...] = ()
     refused_code_points: tuple[str, ...] = ()
+    # Where this model's long texts are cut into chunks (``<name>_chunks``); empty where
+    # its kind cannot be. Chunk options sent here are refused naming it.
+    chunks_model: str = ""
 
 
 def prompted_texts(texts: list[str], parameters: dict, params: TokenizerParams) -> list[str]:
     """``texts`` with the request's prompt prepended; also checks its ``dimensions``.
 
     The byte caps apply to the user's texts before this; the prompt counts against
-    ``max_length`` like any other text, as in sentence-transformers.
+    ``max_length`` like any other text, as in sentence-transformers. Chunk options
+    (``chunk_tokens``, ...) are refused: they belong to ``<name>_chunks``.
     """
+    refuse_chunk_options(parameters, params.chunks_model)
     resolve_dimensions(parameters, params.max_dimensions)
     prompt = resolve_prompt(parameters, dict(params.prompts), params.default_prompt_name)
     return apply_prompt(prompt, texts)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from embed_runtime.engines.contract import COUNT_OUTPUT
 from embed_runtime.engines.ort_encoder import EncoderParams
 from embed_runtime.engines.output_precision import CALIBRATION_FILE, EXTRA_PRECISIONS, FORMS
 from embed_runtime.engines.sparse import INDICES, VALUES
@@ -15,6 +16,7 @@ from embed_runtime.engines.sparse_router import (
     QUERY_WEIGHTS_FILE,
     QueryRouteParams,
 )
+from embed_runtime.serving.chunks_step import CHUNK_ROW, CHUNK_SPAN, ChunksParams
 from embed_runtime.steps import Adapter
 from embed_runtime.text.tokenizer import TokenizerParams
 
@@ -462,6 +464,49 @@ def chain_dir(
         ],
     )
     return ModelDir(name, config, None, {})
+
+
+# ``<name>_chunks``: a long text's bytes and chunks are bounded apart from a plain row's.
+CHUNK_TEXT_BYTES = 1 << 20
+CHUNK_REQUEST_BYTES = 8 << 20
+MAX_CHUNKS = 4096
+
+
+def chunks_dir(entry: ModelEntry, graph: TextGraph, dim: int) -> ModelDir:
+    """``<name>_chunks``: ``TEXT`` rows cut into chunks, each embedded by ``<name>``.
+
+    One output row per chunk: ``EMBEDDING``, ``CHUNK_ROW`` (its input row), ``CHUNK_SPAN``
+    (start and end in that row, ``str`` indices) and ``TOKEN_COUNT`` (its tokens).
+    A row may be up to :data:`CHUNK_TEXT_BYTES`; a request makes at most
+    :data:`MAX_CHUNKS` chunks (``embed_runtime.serving.chunks_step``).
+    """
+    caps = dataclasses.replace(
+        graph.tok_params, max_text_bytes=CHUNK_TEXT_BYTES, max_request_bytes=CHUNK_REQUEST_BYTES
+    )
+    chunks = ChunksParams(
+        target_model=entry.name,
+        target_max_batch=entry.max_batch_size,
+        target_max_request_bytes=entry.max_request_text_bytes,
+        max_chunks=MAX_CHUNKS,
+        normalize=_resolved_normalize(entry),
+    )
+    outputs = [
+        IOSpec("EMBEDDING", "TYPE_FP32", (dim,)),
+        IOSpec(CHUNK_ROW, "TYPE_INT32", (1,)),
+        IOSpec(CHUNK_SPAN, "TYPE_INT64", (2,)),
+        IOSpec(COUNT_OUTPUT, "TYPE_INT32", (1,)),
+    ]
+    config = python_model(
+        f"{entry.name}_chunks",
+        entry.max_batch_size,
+        [TEXT],
+        outputs,
+        {**caps.to_parameters(), "tokenizer_file": "tokenizer.json", **chunks.to_parameters()},
+        step_batching(entry, 0),
+        Instances(entry.preprocess_instances),
+    )
+    files = {"tokenizer.json": graph.tokenizer_json}
+    return ModelDir(f"{entry.name}_chunks", config, Adapter.CHUNKS, files)
 
 
 def litellm_dir(

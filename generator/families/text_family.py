@@ -81,6 +81,7 @@ def text_family(
     check_folder: Callable[[Path], None] = check_sentence_transformers_folder,
     python_ort_because: str | None = None,
     own_options: tuple[str, ...] = (),
+    ensembles: tuple[str, ...] = ("",),
 ) -> Family:
     """The declaration of a family of sentence-transformers text models.
 
@@ -88,7 +89,8 @@ def text_family(
     runtime load is named after that source, and its folder passes ``check_folder``.
     ``steps``: the step suffixes of every entry, or a function giving an entry's.
     ``python_ort_because``: why the family's entries need encoder_backend 'python-ort'
-    (checked before ``check_entry``); None where they do not.
+    (checked before ``check_entry``); None where they do not. ``ensembles``: the suffixes
+    of the models a user calls (``_chunks`` where the family cuts long texts).
     """
 
     def checks(where: str, entry: ModelEntry, errors: Errors) -> None:
@@ -100,7 +102,7 @@ def text_family(
         name=name,
         package=package,
         steps=steps if callable(steps) else lambda entry: steps,
-        ensembles=("",),
+        ensembles=ensembles,
         required=("source",),
         check_entry=checks,
         check_folder=check_folder,

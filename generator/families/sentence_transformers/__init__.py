@@ -70,4 +70,5 @@ FAMILY = text_family(
     ),
     check_entry=_check_entry,
     own_options=(*PROMPT_OPTIONS, "fused_tokenize", "output_precisions", "token_count", "litellm"),
+    ensembles=("", "_chunks"),  # <name>_chunks: long texts cut into chunks
 )

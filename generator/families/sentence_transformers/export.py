@@ -30,6 +30,7 @@ from ..common import (
     RunnerExtras,
     TextGraph,
     chain_dir,
+    chunks_dir,
     fused_encoder_dir,
     litellm_dir,
     openai_dir,
@@ -233,7 +234,13 @@ def _build_static(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
 
 
 def _model_dirs(entry: ModelEntry, graph: TextGraph, dim: int) -> list[ModelDir]:
-    """The tokenize, encode and ensemble dirs (or the fused encoder and the ensemble)."""
+    """The tokenize, encode and ensemble dirs (or the fused encoder and the ensemble).
+
+    Also ``<name>_chunks`` (long texts cut into chunks), which the plain steps point to
+    when a request sends them chunk options.
+    """
+    chunked = dataclasses.replace(graph.tok_params, chunks_model=f"{entry.name}_chunks")
+    graph = dataclasses.replace(graph, tok_params=chunked)
     input_names = graph.spec.input_names
     truncatable = graph.tok_params.max_dimensions
     tokenize, encode = f"{entry.name}_tokenize", f"{entry.name}_encode"
@@ -256,6 +263,7 @@ def _model_dirs(entry: ModelEntry, graph: TextGraph, dim: int) -> list[ModelDir]
         return [
             fused_encoder_dir(entry, encode, graph, forms=forms, calibration=calibration),
             chain_dir(entry, entry.name, TEXT, out_dim, [(encode, ["TEXT"], outs)], extra),
+            chunks_dir(entry, graph, out_dim),
             *_litellm_dirs(entry, out_dim, lambda outputs: [(encode, ["TEXT"], outputs)]),
         ]
     # The Python runner counts the tokens each row had (its attention mask); Triton's
@@ -287,6 +295,7 @@ def _model_dirs(entry: ModelEntry, graph: TextGraph, dim: int) -> list[ModelDir]
             [(tokenize, ["TEXT"], input_names), (encode, input_names, outs)],
             extra,
         ),
+        chunks_dir(entry, graph, out_dim),
         *_litellm_dirs(
             entry,
             out_dim,

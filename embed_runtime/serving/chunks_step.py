@@ -1,0 +1,218 @@
+"""The body of ``<name>_chunks``: long texts in, one embedding per chunk (or per text) out.
+
+Each request's rows are cut in the served tokenizer's tokens (:mod:`..text.chunking`);
+the chunks go on, as plain ``TEXT`` rows, to the model's own ensemble ``<name>`` in
+requests of at most its batch size (Triton's business logic scripting, all of an
+execution's requests at once), so the encoder batches them with the rest of its traffic
+and its admission, prompts, ``dimensions`` and deadlines apply to them as to any row.
+A chunk's vector is therefore ``SentenceTransformer.encode(text[start:end])``.
+
+Outputs per chunk: the embedding, ``CHUNK_ROW`` (its input row), ``CHUNK_SPAN`` (start
+and end, Python ``str`` indices into that row) and ``TOKEN_COUNT`` (its own tokens, no
+prompt or special tokens). With ``long_text=mean`` one row per input row instead: the
+token-weighted mean of its chunks' vectors, L2-normalised where the model normalises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..config_params import ConfigParams
+from ..engines.output_precision import resolve_precision
+from ..errors import InvalidInputError, RequestError, UnavailableError
+from ..ops.integrity import verify_digests
+from ..ops.server_exit import exit_with_server
+from ..text.chunking import CHUNK_PARAMETERS, Chunk, Chunker, ChunkOptions, chunk_options
+from ..text.request_options import request_parameters, resolve_prompt
+from ..text.tokenizer import TokenizerParams, decode_texts, untruncated
+from .adapter import config_parameters, error_response, input_array
+from .admission import gone_reason
+
+CHUNK_ROW, CHUNK_SPAN, TOKEN_COUNT = "CHUNK_ROW", "CHUNK_SPAN", "TOKEN_COUNT"
+
+
+@dataclass(frozen=True)
+class ChunksParams(ConfigParams):
+    """Where chunks go and how many a request may make: ``<name>_chunks``' parameters.
+
+    ``target_model``: the plain ensemble the chunks are sent to, ``target_max_batch`` rows
+    and ``target_max_request_bytes`` bytes a request at most. ``max_chunks``: the bound
+    on one request's chunks (their token tensors are held at once). ``normalize``: the
+    model L2-normalises (the mean of ``long_text=mean`` is normalised again).
+    """
+
+    params_name: ClassVar[str] = "chunks"
+
+    target_model: str
+    target_max_batch: int
+    target_max_request_bytes: int
+    output_name: str = "EMBEDDING"
+    max_chunks: int = 4096
+    normalize: bool = False
+
+
+@dataclass(frozen=True)
+class ChunkedRequest:
+    """One valid request: its rows, its chunks and what goes on with them."""
+
+    texts: list[str]
+    chunks: list[Chunk]
+    options: ChunkOptions
+    forward: dict[str, Any]
+    timeout_us: int
+
+
+def token_weighted_mean(
+    vectors: np.ndarray, rows: np.ndarray, weights: np.ndarray, n_rows: int, normalize: bool
+) -> np.ndarray:
+    """Per input row, the mean of its chunk ``vectors`` weighted by their tokens."""
+    sums = np.zeros((n_rows, vectors.shape[1]), dtype=np.float64)
+    np.add.at(sums, rows, vectors.astype(np.float64) * weights[:, None])
+    totals = np.zeros(n_rows, dtype=np.float64)
+    np.add.at(totals, rows, weights.astype(np.float64))
+    means = sums / np.maximum(totals, 1.0)[:, None]
+    if normalize:
+        means /= np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
+    return means.astype(np.float32)
+
+
+def pieces(texts: list[bytes], max_rows: int, max_bytes: int) -> list[slice]:
+    """Consecutive slices of ``texts``, each at most ``max_rows`` rows and ``max_bytes``."""
+    out, start, size = [], 0, 0
+    for i, text in enumerate(texts):
+        if i > start and (i - start >= max_rows or size + len(text) > max_bytes):
+            out.append(slice(start, i))
+            start, size = i, 0
+        size += len(text)
+    out.append(slice(start, len(texts)))
+    return out
+
+
+class ChunksStep:
+    """The ``<name>_chunks`` Python model; subclasses name ``pb_utils``."""
+
+    pb_utils: ClassVar[Any]
+
+    def initialize(self, args: Mapping[str, str]) -> None:
+        """Read the tokenizer and the target from the config, once."""
+        exit_with_server()
+        self.logger = self.pb_utils.Logger
+        params = config_parameters(args["model_config"])
+        self.params = ChunksParams.from_parameters(params)
+        self.tok = TokenizerParams.from_parameters(params)
+        model_dir = os.path.join(args["model_repository"], args["model_version"])
+        verify_digests(model_dir)
+        from tokenizers import Tokenizer  # noqa: PLC0415 - serve-time dependency
+
+        tokenizer = untruncated(Tokenizer.from_file(os.path.join(model_dir, params["tokenizer_file"])))
+        self.chunker = Chunker(tokenizer, self.tok.max_length, self.tok.lowercase)
+
+    def read(self, request: Any) -> ChunkedRequest:
+        """Validate one request and cut its rows; raises :class:`RequestError`."""
+        parameters = request_parameters(request.parameters())
+        options = chunk_options(parameters)
+        resolve_precision(parameters, ())
+        prompt = resolve_prompt(parameters, dict(self.tok.prompts), self.tok.default_prompt_name)
+        rows = input_array(self.pb_utils, request, "TEXT")
+        texts = decode_texts(rows, "TEXT", self.tok.max_text_bytes, self.tok.max_request_bytes)
+        size = self.chunker.chunk_size(prompt, options)
+        chunks = self.chunker.chunks(texts, size, options.chunk_overlap, prompt)
+        if len(chunks) > self.params.max_chunks:
+            raise InvalidInputError(
+                f"the request's rows make {len(chunks)} chunks of at most {size} tokens, over "
+                f"this model's bound of {self.params.max_chunks} chunks a request "
+                "(max_chunks); send fewer rows a request or larger chunks"
+            )
+        forward = {k: v for k, v in parameters.items() if k not in CHUNK_PARAMETERS}
+        timeout = getattr(request, "timeout", None)
+        timeout_us = timeout() if timeout is not None else 0
+        return ChunkedRequest(texts, chunks, options, forward, int(timeout_us or 0))
+
+    async def _embed(self, job: ChunkedRequest) -> list:
+        """The output tensors of one request: its chunks embedded by the target model."""
+        pb = self.pb_utils
+        texts = [job.texts[c.row][c.start : c.end].encode() for c in job.chunks]
+        calls = []
+        for part in pieces(texts, self.params.target_max_batch, self.params.target_max_request_bytes):
+            batch = np.array(texts[part], dtype=object).reshape(-1, 1)
+            kwargs = {"timeout": job.timeout_us} if job.timeout_us > 0 else {}
+            call = pb.InferenceRequest(
+                model_name=self.params.target_model,
+                inputs=[pb.Tensor("TEXT", batch)],
+                requested_output_names=[self.params.output_name],
+                parameters=job.forward,
+                **kwargs,
+            )
+            calls.append(call.async_exec())
+        vectors = []
+        for response in await asyncio.gather(*calls):
+            if response.has_error():
+                raise target_error(response.error())
+            tensor = pb.get_output_tensor_by_name(response, self.params.output_name)
+            vectors.append(tensor.as_numpy())
+        embeddings = np.concatenate(vectors, axis=0)
+        rows = np.array([c.row for c in job.chunks], dtype=np.int32)
+        spans = np.array([(c.start, c.end) for c in job.chunks], dtype=np.int64).reshape(-1, 2)
+        counts = np.array([c.tokens for c in job.chunks], dtype=np.int32)
+        if job.options.mean:
+            n = len(job.texts)
+            embeddings = token_weighted_mean(embeddings, rows, counts, n, self.params.normalize)
+            spans = np.array([(0, len(t)) for t in job.texts], dtype=np.int64)
+            counts = np.bincount(rows, weights=counts, minlength=n).astype(np.int32)
+            rows = np.arange(n, dtype=np.int32)
+        return [
+            pb.Tensor(self.params.output_name, np.ascontiguousarray(embeddings)),
+            pb.Tensor(CHUNK_ROW, rows.reshape(-1, 1)),
+            pb.Tensor(CHUNK_SPAN, spans),
+            pb.Tensor(TOKEN_COUNT, counts.reshape(-1, 1)),
+        ]
+
+    async def execute(self, requests: list) -> list:
+        """Cut every request, send all their chunks on at once, answer each request."""
+        pb, log = self.pb_utils, self.logger.log_error
+        responses: list = [None] * len(requests)
+        jobs: dict[int, ChunkedRequest] = {}
+        for i, request in enumerate(requests):
+            gone = gone_reason(request, _parameters)
+            if gone is not None:
+                responses[i] = error_response(pb, gone)
+                continue
+            try:
+                jobs[i] = self.read(request)
+            except RequestError as exc:
+                responses[i] = error_response(pb, exc)
+        done = await asyncio.gather(*(self._embed(j) for j in jobs.values()), return_exceptions=True)
+        for i, out in zip(jobs, done, strict=True):
+            if isinstance(out, BaseException):
+                responses[i] = error_response(pb, out, log)
+            else:
+                responses[i] = pb.InferenceResponse(output_tensors=out)
+        return responses
+
+    def finalize(self) -> None:
+        """Drop the tokenizer."""
+        self.chunker = None
+
+
+def _parameters(request: Any) -> dict[str, Any]:
+    try:
+        return request_parameters(request.parameters())
+    except RequestError:
+        return {}
+
+
+def target_error(error: Any) -> RequestError:
+    """The target's error as this request's, its message kept, 400 / 503 kept."""
+    message = error.message()
+    code = error.code() if hasattr(error, "code") else None
+    if code == getattr(error, "INVALID_ARG", object()):
+        return InvalidInputError(message)
+    if code == getattr(error, "UNAVAILABLE", object()):
+        return UnavailableError(message)
+    return RequestError(message)
