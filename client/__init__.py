@@ -1,6 +1,7 @@
 """Thin typed client for the embedding models served by Triton (HTTP and gRPC)."""
 
 from .api import EmbeddingClient
+from .chunks import TextChunk
 from .deadline import DEADLINE_PARAMETER
 from .errors import DeadlineExceededError, EmbeddingClientError, ServerOverloadedError
 from .records import ModelInfo, ModelStats
@@ -16,4 +17,5 @@ __all__ = [
     "RetryBudget",
     "RetryPolicy",
     "ServerOverloadedError",
+    "TextChunk",
 ]

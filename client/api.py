@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .chunks import ChunksMixin
 from .clip_scores import ClipScoresMixin
 from .deadline import Deadline
 from .errors import EmbeddingClientError
@@ -163,7 +164,7 @@ def grpc_channel_args(keepalive) -> list[tuple[str, int]]:
 
 
 class EmbeddingClient(
-    SendMixin, ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipScoresMixin
+    SendMixin, ModelManagementMixin, RerankMixin, MultiVectorMixin, ClipScoresMixin, ChunksMixin
 ):
     """Embed texts and images with models served by Triton; query server state.
 

@@ -29,6 +29,7 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -113,6 +114,27 @@ def build_parser() -> argparse.ArgumentParser:
         default="float32",
         help="output form: float16, int8/uint8 (calibrated), binary/ubinary (packed bits)",
     )
+    embed.add_argument(
+        "--text-file",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a UTF-8 file embedded as one text, however long (repeatable)",
+    )
+    embed.add_argument(
+        "--chunk-tokens",
+        type=int,
+        help="cut each text into chunks of at most N of the model's tokens and print one "
+        "line per chunk (its row, span, tokens and vector); the server cuts them",
+    )
+    embed.add_argument(
+        "--chunk-overlap", type=int, help="tokens each chunk shares with the one before it"
+    )
+    embed.add_argument(
+        "--long-text",
+        choices=["mean"],
+        help="one vector per text however long: the token-weighted mean of its chunks",
+    )
     embed.add_argument("--format", choices=["json", "npy"], default="json")
     embed.add_argument("--out", help="write here instead of stdout (required for npy)")
 
@@ -137,6 +159,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "embed":
+        for path in args.text_file:
+            try:
+                args.texts.append(Path(path).read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError) as exc:
+                parser.error(f"embed: cannot read --text-file {path}: {exc}")
+        chunked = args.chunk_tokens is not None or args.chunk_overlap is not None
+        if (chunked or args.long_text) and (
+            args.images or args.sparse or args.multivector or args.precision != "float32"
+        ):
+            parser.error("embed: chunk options apply to dense text models, float32 only")
         if bool(args.texts) == bool(args.images):
             parser.error("embed: give either texts or --image, not both or neither")
         if args.format == "npy" and not args.out:
@@ -234,7 +266,36 @@ def _cmd_embed_multivector(client: EmbeddingClient, args: argparse.Namespace) ->
     return 0
 
 
+def _cmd_embed_chunks(client: EmbeddingClient, args: argparse.Namespace) -> int:
+    options = {
+        "chunk_tokens": args.chunk_tokens,
+        "chunk_overlap": args.chunk_overlap,
+        "prompt_name": args.prompt_name,
+        "dimensions": args.dimensions,
+    }
+    chunks = client.embed_chunks(args.model, args.texts, **options)
+    if args.format == "npy":
+        vectors = np.stack([c.vector for c in chunks])
+        np.save(args.out, vectors)
+        print(f"wrote {vectors.shape[0]}x{vectors.shape[1]} chunk vectors to {args.out}",
+              file=sys.stderr)
+        return 0
+    _write_json_lines(
+        (
+            {"row": c.row, "start": c.start, "end": c.end, "tokens": c.tokens,
+             "embedding": c.vector.tolist()}
+            for c in chunks
+        ),
+        args.out,
+    )
+    return 0
+
+
 def _cmd_embed(client: EmbeddingClient, args: argparse.Namespace) -> int:
+    if args.long_text is None and (
+        args.chunk_tokens is not None or args.chunk_overlap is not None
+    ):
+        return _cmd_embed_chunks(client, args)
     if args.sparse:
         return _cmd_embed_sparse(client, args)
     if args.multivector:
@@ -247,7 +308,13 @@ def _cmd_embed(client: EmbeddingClient, args: argparse.Namespace) -> int:
             "dimensions": args.dimensions,
             "precision": args.precision,
         }
-        inputs, vectors = args.texts, client.embed_texts(args.model, args.texts, **options)
+        if args.long_text:
+            del options["precision"]
+            options.update(chunk_tokens=args.chunk_tokens, chunk_overlap=args.chunk_overlap)
+            vectors = client.embed_long_texts(args.model, args.texts, **options)
+        else:
+            vectors = client.embed_texts(args.model, args.texts, **options)
+        inputs = args.texts
     if args.format == "npy":
         np.save(args.out, vectors)
         shape = f"{vectors.shape[0]}x{vectors.shape[1]} {vectors.dtype}"

@@ -161,6 +161,10 @@ class ModelEntry:
     # The extra ensemble <name>_litellm: input input_text [N] BYTES (LiteLLM's triton/
     # embedding provider), EMBEDDING its only output. Off by default.
     litellm: bool = False
+    # <name>_chunks also answers late_chunking=true: the transformer's token vectors of a
+    # whole text, pooled per chunk (a second graph, the transformer alone, beside the
+    # chunks step). Off by default: it holds the weights a second time.
+    late_chunking: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields (for hashing and display)."""

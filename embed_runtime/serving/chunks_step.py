@@ -11,6 +11,11 @@ Outputs per chunk: the embedding, ``CHUNK_ROW`` (its input row), ``CHUNK_SPAN`` 
 and end, Python ``str`` indices into that row) and ``TOKEN_COUNT`` (its own tokens, no
 prompt or special tokens). With ``long_text=mean`` one row per input row instead: the
 token-weighted mean of its chunks' vectors, L2-normalised where the model normalises.
+
+With ``late_chunking=true`` (a model built with it) the chunks are pooled from one
+transformer pass over their whole row, here in this step
+(:mod:`..engines.late_chunks`); ``join_rows=true`` takes the request's rows as
+consecutive pieces of one document, one chunk each.
 """
 
 from __future__ import annotations
@@ -24,12 +29,18 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..config_params import ConfigParams
+from ..engines.late_chunks import LateChunker
 from ..engines.output_precision import resolve_precision
 from ..errors import InvalidInputError, RequestError, UnavailableError
 from ..ops.integrity import verify_digests
 from ..ops.server_exit import exit_with_server
 from ..text.chunking import CHUNK_PARAMETERS, Chunk, Chunker, ChunkOptions, chunk_options
-from ..text.request_options import request_parameters, resolve_prompt
+from ..text.request_options import (
+    request_parameters,
+    resolve_dimensions,
+    resolve_prompt,
+    truncate,
+)
 from ..text.tokenizer import TokenizerParams, decode_texts, untruncated
 from .adapter import config_parameters, error_response, input_array
 from .admission import gone_reason
@@ -55,17 +66,23 @@ class ChunksParams(ConfigParams):
     output_name: str = "EMBEDDING"
     max_chunks: int = 4096
     normalize: bool = False
+    # Late chunking's transformer window (the model's max_seq_length); 0: not built.
+    late_window: int = 0
 
 
 @dataclass(frozen=True)
 class ChunkedRequest:
-    """One valid request: its rows, its chunks and what goes on with them."""
+    """One valid request: its rows, its chunks and what goes on with them.
+
+    ``vectors``: the chunks' late vectors, already made (late chunking), else ``None``.
+    """
 
     texts: list[str]
     chunks: list[Chunk]
     options: ChunkOptions
     forward: dict[str, Any]
     timeout_us: int
+    vectors: np.ndarray | None = None
 
 
 def token_weighted_mean(
@@ -110,8 +127,15 @@ class ChunksStep:
         verify_digests(model_dir)
         from tokenizers import Tokenizer  # noqa: PLC0415 - serve-time dependency
 
-        tokenizer = untruncated(Tokenizer.from_file(os.path.join(model_dir, params["tokenizer_file"])))
+        path = os.path.join(model_dir, params["tokenizer_file"])
+        tokenizer = untruncated(Tokenizer.from_file(path))
         self.chunker = Chunker(tokenizer, self.tok.max_length, self.tok.lowercase)
+        self.late = None
+        if self.params.late_window:
+            self.late = LateChunker(
+                model_dir, tokenizer, self.tok.output_names, self.params.late_window,
+                self.tok.lowercase,
+            )
 
     def read(self, request: Any) -> ChunkedRequest:
         """Validate one request and cut its rows; raises :class:`RequestError`."""
@@ -122,7 +146,20 @@ class ChunksStep:
         rows = input_array(self.pb_utils, request, "TEXT")
         texts = decode_texts(rows, "TEXT", self.tok.max_text_bytes, self.tok.max_request_bytes)
         size = self.chunker.chunk_size(prompt, options)
-        chunks = self.chunker.chunks(texts, size, options.chunk_overlap, prompt)
+        vectors = None
+        if options.late:
+            if self.late is None:
+                raise InvalidInputError(
+                    "late_chunking is not built for this model (manifest: late_chunking = true)"
+                )
+            self._refuse_past_bound(texts, size, options)
+            chunks, vectors = self.late.chunks(
+                texts, size, options.chunk_overlap, prompt, options.join
+            )
+            dimensions = resolve_dimensions(parameters, self.tok.max_dimensions)
+            vectors = truncate(vectors, dimensions, self.params.normalize)
+        else:
+            chunks = self.chunker.chunks(texts, size, options.chunk_overlap, prompt)
         if len(chunks) > self.params.max_chunks:
             raise InvalidInputError(
                 f"the request's rows make {len(chunks)} chunks of at most {size} tokens, over "
@@ -132,11 +169,25 @@ class ChunksStep:
         forward = {k: v for k, v in parameters.items() if k not in CHUNK_PARAMETERS}
         timeout = getattr(request, "timeout", None)
         timeout_us = timeout() if timeout is not None else 0
-        return ChunkedRequest(texts, chunks, options, forward, int(timeout_us or 0))
+        return ChunkedRequest(texts, chunks, options, forward, int(timeout_us or 0), vectors)
+
+    def _refuse_past_bound(self, texts: list[str], size: int, options: ChunkOptions) -> None:
+        """Refuse before the transformer runs a request whose chunks would pass the bound."""
+        tokens = sum(self.chunker.token_counts(texts))
+        step = max(size - options.chunk_overlap, 1)
+        least = len(texts) if options.join else -(-max(tokens - size, 0) // step) + len(texts)
+        if least > self.params.max_chunks:
+            raise InvalidInputError(
+                f"the request's rows make at least {least} chunks of at most {size} tokens, "
+                f"over this model's bound of {self.params.max_chunks} chunks a request "
+                "(max_chunks); send fewer rows a request or larger chunks"
+            )
 
     async def _embed(self, job: ChunkedRequest) -> list:
         """The output tensors of one request: its chunks embedded by the target model."""
         pb = self.pb_utils
+        if job.vectors is not None:
+            return self._outputs(job, job.vectors)
         texts = [job.texts[c.row][c.start : c.end].encode() for c in job.chunks]
         calls = []
         for part in pieces(texts, self.params.target_max_batch, self.params.target_max_request_bytes):
@@ -156,7 +207,10 @@ class ChunksStep:
                 raise target_error(response.error())
             tensor = pb.get_output_tensor_by_name(response, self.params.output_name)
             vectors.append(tensor.as_numpy())
-        embeddings = np.concatenate(vectors, axis=0)
+        return self._outputs(job, np.concatenate(vectors, axis=0))
+
+    def _outputs(self, job: ChunkedRequest, embeddings: np.ndarray) -> list:
+        pb = self.pb_utils
         rows = np.array([c.row for c in job.chunks], dtype=np.int32)
         spans = np.array([(c.start, c.end) for c in job.chunks], dtype=np.int64).reshape(-1, 2)
         counts = np.array([c.tokens for c in job.chunks], dtype=np.int32)

@@ -24,7 +24,8 @@ CHUNK_TOKENS = "chunk_tokens"
 CHUNK_OVERLAP = "chunk_overlap"
 LONG_TEXT = "long_text"
 LATE_CHUNKING = "late_chunking"
-CHUNK_PARAMETERS = (CHUNK_TOKENS, CHUNK_OVERLAP, LONG_TEXT, LATE_CHUNKING)
+JOIN_ROWS = "join_rows"
+CHUNK_PARAMETERS = (CHUNK_TOKENS, CHUNK_OVERLAP, LONG_TEXT, LATE_CHUNKING, JOIN_ROWS)
 LONG_TEXT_FORMS = ("chunks", "mean")
 # The fewest tokens a chunk may be asked to hold: below it a chunk is mostly its prompt
 # and special tokens, and a document turns into thousands of encoder rows.
@@ -45,11 +46,17 @@ class Chunk:
 
 @dataclass(frozen=True)
 class ChunkOptions:
-    """A request's chunk options, checked: ``chunk_tokens`` 0 means the model's window."""
+    """A request's chunk options, checked: ``chunk_tokens`` 0 means the model's window.
+
+    ``late``: pool each chunk from one transformer pass over its whole text; ``join``:
+    the request's rows are consecutive pieces of one document, each row a chunk.
+    """
 
     chunk_tokens: int = 0
     chunk_overlap: int = 0
     mean: bool = False
+    late: bool = False
+    join: bool = False
 
 
 def _int_parameter(parameters: Mapping[str, Any], name: str, default: int) -> int:
@@ -73,15 +80,13 @@ def _flag(parameters: Mapping[str, Any], name: str) -> bool:
 def chunk_options(parameters: Mapping[str, Any]) -> ChunkOptions:
     """The chunk options of one ``<name>_chunks`` request; bad values raise a 400.
 
-    ``late_chunking`` is refused by name (this server does not run it yet), as is
-    ``truncate=false`` (a chunked text is never cut, so the option has nothing to refuse)
-    and a ``long_text`` other than ``chunks`` (one row per chunk) or ``mean``.
+    Refused: ``truncate=false`` (a chunked text is never cut, so the option has nothing to
+    refuse), a ``long_text`` other than ``chunks`` (one row per chunk) or ``mean``, and
+    ``join_rows`` without ``late_chunking`` (pieces embedded apart need no joining).
     """
-    if _flag(parameters, LATE_CHUNKING):
-        raise InvalidInputError(
-            "late_chunking is not supported by this server yet; chunks are embedded "
-            "each on its own (leave late_chunking out)"
-        )
+    late, join = _flag(parameters, LATE_CHUNKING), _flag(parameters, JOIN_ROWS)
+    if join and not late:
+        raise InvalidInputError("join_rows applies to late_chunking=true only")
     if "truncate" in parameters and parameters["truncate"] in (False, "false", "False"):
         raise InvalidInputError(
             "truncate=false does not apply to chunks (no chunk is ever cut); leave it out"
@@ -97,7 +102,7 @@ def chunk_options(parameters: Mapping[str, Any]) -> ChunkOptions:
     form = parameters.get(LONG_TEXT, "chunks")
     if form not in LONG_TEXT_FORMS:
         raise InvalidInputError(f"long_text must be one of {list(LONG_TEXT_FORMS)}, got {form!r}")
-    return ChunkOptions(tokens, overlap, form == "mean")
+    return ChunkOptions(tokens, overlap, form == "mean", late, join)
 
 
 def refuse_chunk_options(parameters: Mapping[str, Any], chunks_model: str) -> None:
@@ -174,6 +179,10 @@ class Chunker:
             texts = [t.lower() for t in texts]
         return self.tokenizer.encode_batch(list(texts), add_special_tokens=special)
 
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        """The tokens of each text, no special tokens."""
+        return [len(e.ids) for e in self._tokens(texts)]
+
     def chunk_size(self, prompt: str, options: ChunkOptions) -> int:
         """The tokens a chunk may hold: ``chunk_tokens``, else the window's room.
 
@@ -219,10 +228,11 @@ class Chunker:
                     )
         planned = []  # (row, text, offsets, i, k)
         for row, (text, encoding) in enumerate(zip(texts, self._tokens(texts), strict=True)):
-            if not encoding.offsets:
+            offsets = encoding.offsets  # a new list on each access: read once
+            if not offsets:
                 raise InvalidInputError(f"TEXT row {row} has no tokens")
-            for i, k in plan(text, encoding.offsets, size, overlap):
-                planned.append((row, text, encoding.offsets, i, k))
+            for i, k in plan(text, offsets, size, overlap):
+                planned.append((row, text, offsets, i, k))
         spans = [self._span(text, offsets, i, k) for _, text, offsets, i, k in planned]
         pieces = [text[s:e] for (_, text, *_), (s, e) in zip(planned, spans, strict=True)]
         counts = [len(e.ids) for e in self._tokens(pieces)]

@@ -472,13 +472,14 @@ CHUNK_REQUEST_BYTES = 8 << 20
 MAX_CHUNKS = 4096
 
 
-def chunks_dir(entry: ModelEntry, graph: TextGraph, dim: int) -> ModelDir:
+def chunks_dir(entry: ModelEntry, graph: TextGraph, dim: int, late=None) -> ModelDir:
     """``<name>_chunks``: ``TEXT`` rows cut into chunks, each embedded by ``<name>``.
 
     One output row per chunk: ``EMBEDDING``, ``CHUNK_ROW`` (its input row), ``CHUNK_SPAN``
     (start and end in that row, ``str`` indices) and ``TOKEN_COUNT`` (its tokens).
     A row may be up to :data:`CHUNK_TEXT_BYTES`; a request makes at most
-    :data:`MAX_CHUNKS` chunks (``embed_runtime.serving.chunks_step``).
+    :data:`MAX_CHUNKS` chunks (``embed_runtime.serving.chunks_step``). ``late`` (a
+    ``sentence_transformers.late_chunking.LateGraphs``): it also answers late chunking.
     """
     caps = dataclasses.replace(
         graph.tok_params, max_text_bytes=CHUNK_TEXT_BYTES, max_request_bytes=CHUNK_REQUEST_BYTES
@@ -489,6 +490,7 @@ def chunks_dir(entry: ModelEntry, graph: TextGraph, dim: int) -> ModelDir:
         target_max_request_bytes=entry.max_request_text_bytes,
         max_chunks=MAX_CHUNKS,
         normalize=_resolved_normalize(entry),
+        late_window=late.window if late else 0,
     )
     outputs = [
         IOSpec("EMBEDDING", "TYPE_FP32", (dim,)),
@@ -506,6 +508,8 @@ def chunks_dir(entry: ModelEntry, graph: TextGraph, dim: int) -> ModelDir:
         Instances(entry.preprocess_instances),
     )
     files = {"tokenizer.json": graph.tokenizer_json}
+    if late is not None:
+        files.update({late.tokens.name: late.tokens, late.head.name: late.head})
     return ModelDir(f"{entry.name}_chunks", config, Adapter.CHUNKS, files)
 
 

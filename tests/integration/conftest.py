@@ -63,6 +63,7 @@ def test_manifest_data(
                 # every quantized form (tests/integration/test_output_precision.py)
                 "output_precisions": ["float16", "int8", "uint8", "binary", "ubinary"],
                 "token_count": True,  # tests/integration/test_token_counts.py
+                "late_chunking": True,  # tests/integration/test_chunks.py
             },
             {
                 "name": INT8_MODEL,

@@ -69,6 +69,7 @@ FAMILY = text_family(
         pipelines=(("StaticEmbedding",), ("StaticEmbedding", "Normalize")),
     ),
     check_entry=_check_entry,
-    own_options=(*PROMPT_OPTIONS, "fused_tokenize", "output_precisions", "token_count", "litellm"),
+    own_options=(*PROMPT_OPTIONS, "fused_tokenize", "output_precisions", "token_count", "litellm",
+                 "late_chunking"),
     ensembles=("", "_chunks"),  # <name>_chunks: long texts cut into chunks
 )

@@ -54,6 +54,7 @@ from ..text_export import (
     write_tokenizer,
 )
 from . import FAMILY, static
+from .late_chunking import LateGraphs, export_late_graphs
 
 
 def _load(entry: ModelEntry, manifest: Manifest):
@@ -195,7 +196,10 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     _check_served_padding(model, entry, onnx_path, tokenizer_json, tok_params, input_names)
     apply_precision(onnx_path, entry.graph_precision, spec, encoder, cases)
     graph = TextGraph(onnx_path, spec, tokenizer_json, tok_params, token_limits(model))
-    return _model_dirs(entry, graph, dim)
+    late = None
+    if entry.late_chunking:
+        late = export_late_graphs(model, entry.name, input_names, entry.normalize, work, cases)
+    return _model_dirs(entry, graph, dim, late)
 
 
 def _build_static(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
@@ -203,6 +207,10 @@ def _build_static(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
 
     Checked against ``SentenceTransformer.encode`` of the folder before anything is written.
     """
+    if entry.late_chunking:
+        raise ValueError(
+            f"{entry.name}: late_chunking needs a transformer; a StaticEmbedding model has none"
+        )
     if entry.max_seq_length:
         raise ValueError(
             f"{entry.name}: max_seq_length does not apply to a StaticEmbedding model (its "
@@ -233,7 +241,9 @@ def _build_static(entry: ModelEntry, model, work: Path) -> list[ModelDir]:
     return _model_dirs(entry, TextGraph(onnx_path, spec, tokenizer_json, tok_params, limits), dim)
 
 
-def _model_dirs(entry: ModelEntry, graph: TextGraph, dim: int) -> list[ModelDir]:
+def _model_dirs(
+    entry: ModelEntry, graph: TextGraph, dim: int, late: LateGraphs | None = None
+) -> list[ModelDir]:
     """The tokenize, encode and ensemble dirs (or the fused encoder and the ensemble).
 
     Also ``<name>_chunks`` (long texts cut into chunks), which the plain steps point to
@@ -263,7 +273,7 @@ def _model_dirs(entry: ModelEntry, graph: TextGraph, dim: int) -> list[ModelDir]
         return [
             fused_encoder_dir(entry, encode, graph, forms=forms, calibration=calibration),
             chain_dir(entry, entry.name, TEXT, out_dim, [(encode, ["TEXT"], outs)], extra),
-            chunks_dir(entry, graph, out_dim),
+            chunks_dir(entry, graph, out_dim, late),
             *_litellm_dirs(entry, out_dim, lambda outputs: [(encode, ["TEXT"], outputs)]),
         ]
     # The Python runner counts the tokens each row had (its attention mask); Triton's
@@ -295,7 +305,7 @@ def _model_dirs(entry: ModelEntry, graph: TextGraph, dim: int) -> list[ModelDir]
             [(tokenize, ["TEXT"], input_names), (encode, input_names, outs)],
             extra,
         ),
-        chunks_dir(entry, graph, out_dim),
+        chunks_dir(entry, graph, out_dim, late),
         *_litellm_dirs(
             entry,
             out_dim,

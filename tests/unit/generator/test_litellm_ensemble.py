@@ -60,9 +60,9 @@ def test_an_entry_that_opts_in_serves_its_litellm_ensemble_too(tmp_path) -> None
         {"name": "b", "family": "sentence-transformers", "source": "s"},
     ]
     manifest = parse_manifest({"models": entries}, tmp_path)
-    assert manifest.get("a").ensembles == ("a", "a_litellm", "a_openai")
+    assert manifest.get("a").ensembles == ("a", "a_chunks", "a_litellm", "a_openai")
     assert {"a_litellm", "a_openai"} <= set(manifest.get("a").model_dirs)
-    assert manifest.get("b").ensembles == ("b",)
+    assert manifest.get("b").ensembles == ("b", "b_chunks")
 
 
 def test_openai_ensemble_matches_golden() -> None:
@@ -92,7 +92,7 @@ def test_the_native_backend_gets_no_openai_ensemble(tmp_path) -> None:
     entry = {"name": "n", "family": "sentence-transformers", "source": "s", "litellm": True,
              "encoder_backend": "onnxruntime"}
     manifest = parse_manifest({"models": [entry]}, tmp_path)
-    assert manifest.get("n").ensembles == ("n", "n_litellm")
+    assert manifest.get("n").ensembles == ("n", "n_chunks", "n_litellm")
 
 
 @pytest.mark.parametrize(

@@ -53,7 +53,7 @@ class FakeServer:
 @pytest.fixture
 def server(monkeypatch) -> FakeServer:
     """The fake ``pb_utils`` with model control, no server key: the stub watch stays off."""
-    fake = FakeServer({"shipped"})
+    fake = FakeServer({"shipped", "shipped_chunks"})
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
     for name in ("load_model", "unload_model", "is_model_ready"):
         monkeypatch.setattr(pb, name, getattr(fake, name), raising=False)

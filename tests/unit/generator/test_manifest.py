@@ -109,7 +109,7 @@ def test_entry_defaults_apply_to_omitted_keys() -> None:
 
 def test_ensembles_name_what_a_user_calls() -> None:
     mini, clip = _parse(ST, CLIP).models
-    assert mini.ensembles == ("mini",)
+    assert mini.ensembles == ("mini", "mini_chunks")  # long texts: <name>_chunks
     assert clip.ensembles == ("clip_text", "clip_image", "clip_image_url")
 
 
@@ -461,9 +461,9 @@ def test_fused_tokenize_is_off_by_default_and_on_drops_the_tokenize_dir() -> Non
     assert split.fused_tokenize is False
     assert split.admission_wait_us > 0
     assert _parse({**ST, "device": "gpu"}).models[0].fused_tokenize is False
-    assert split.model_dirs == ("mini", "mini_tokenize", "mini_encode")
-    assert fused.model_dirs == ("fused", "fused_encode")
-    assert fused.ensembles == ("fused",)
+    assert split.model_dirs == ("mini", "mini_chunks", "mini_tokenize", "mini_encode")
+    assert fused.model_dirs == ("fused", "fused_chunks", "fused_encode")
+    assert fused.ensembles == ("fused", "fused_chunks")
 
 
 def test_fused_tokenize_is_refused_for_the_native_onnxruntime_encoder() -> None:

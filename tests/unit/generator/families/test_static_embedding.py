@@ -101,6 +101,6 @@ def test_a_static_model_builds_fused(tmp_path):
     variant = STATIC_VARIANTS[1]
     folder = build_static_model(variant, tmp_path / "model")
     dirs = build_variant(variant, folder, tmp_path / "work", fused_tokenize=True)
-    assert sorted(dirs) == [variant.name, f"{variant.name}_encode"]
+    assert sorted(dirs) == [variant.name, f"{variant.name}_chunks", f"{variant.name}_encode"]
     params = config_parameters(dirs[f"{variant.name}_encode"].config)
     assert (params["fused_tokenize"], params["add_special_tokens"]) == ("true", "false")

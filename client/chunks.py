@@ -1,0 +1,135 @@
+"""Long texts embedded whole: the chunks of ``<model>_chunks``, or one vector per text.
+
+``<model>_chunks`` takes ``TEXT`` [N, 1] and answers one row per chunk: ``EMBEDDING``
+[M, D], ``CHUNK_ROW`` [M, 1] (the input row), ``CHUNK_SPAN`` [M, 2] (start and end as
+Python ``str`` indices into that row) and ``TOKEN_COUNT`` [M, 1] (the chunk's own
+tokens). With ``long_text="mean"`` it answers one row per text: the token-weighted mean
+of its chunks' vectors. :meth:`ChunksMixin.embed_chunks` hands back :class:`TextChunk`
+rows; :meth:`ChunksMixin.embed_long_texts` the per-text vectors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import EmbeddingClientError
+from .payload import encode_texts
+
+TEXT_INPUT = "TEXT"
+CHUNKS_SUFFIX = "_chunks"
+OUTPUTS = ("EMBEDDING", "CHUNK_ROW", "CHUNK_SPAN", "TOKEN_COUNT")
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    """One chunk: ``texts[row][start:end]``, its ``tokens`` and its ``vector``."""
+
+    row: int
+    start: int
+    end: int
+    tokens: int
+    vector: np.ndarray
+
+
+def chunks_model(model: str) -> str:
+    """The model that chunks ``model``'s texts: ``<model>_chunks`` (a name given as is)."""
+    return model if model.endswith(CHUNKS_SUFFIX) else model + CHUNKS_SUFFIX
+
+
+def chunk_parameters(
+    chunk_tokens: int | None, chunk_overlap: int | None, **options: object
+) -> dict:
+    """The request parameters of a chunked call: each option given, by its name."""
+    given = {"chunk_tokens": chunk_tokens, "chunk_overlap": chunk_overlap, **options}
+    return {name: value for name, value in given.items() if value is not None}
+
+
+class ChunksMixin:
+    """``embed_chunks`` and ``embed_long_texts`` for :class:`client.api.EmbeddingClient`."""
+
+    def embed_chunks(
+        self,
+        model: str,
+        texts: Sequence[str],
+        *,
+        chunk_tokens: int | None = None,
+        chunk_overlap: int | None = None,
+        prompt_name: str | None = None,
+        dimensions: int | None = None,
+    ) -> list[TextChunk]:
+        """The chunks of every text of ``texts``, in order, each with its vector.
+
+        The server cuts each text in its tokenizer's tokens (``chunk_tokens`` each, by
+        default the model's window; ``chunk_overlap`` tokens shared by neighbours) and
+        embeds each chunk as ``SentenceTransformer.encode(text[start:end])`` does, with
+        the model's prompt ``prompt_name`` and ``dimensions`` as for any text.
+        """
+        parameters = chunk_parameters(
+            chunk_tokens, chunk_overlap, prompt_name=prompt_name, dimensions=dimensions
+        )
+        return self._chunked(chunks_model(model), texts, parameters)
+
+    def embed_long_texts(
+        self,
+        model: str,
+        texts: Sequence[str],
+        *,
+        chunk_tokens: int | None = None,
+        chunk_overlap: int | None = None,
+        prompt_name: str | None = None,
+        dimensions: int | None = None,
+    ) -> np.ndarray:
+        """One vector per text, however long: the token-weighted mean of its chunks.
+
+        Normalised as the model normalises (``long_text="mean"`` on ``<model>_chunks``);
+        float32 ``[N, D]``.
+        """
+        parameters = chunk_parameters(
+            chunk_tokens,
+            chunk_overlap,
+            prompt_name=prompt_name,
+            dimensions=dimensions,
+            long_text="mean",
+        )
+        rows = self._chunked(chunks_model(model), texts, parameters)
+        if not rows:
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.stack([row.vector for row in rows])
+
+    def _chunked(self, model: str, texts: Sequence[str], parameters: dict) -> list[TextChunk]:
+        items = encode_texts(texts)
+        if not items:
+            return []
+        done = [0]  # rows sent before the part under way
+
+        def part_chunks(part: list[bytes]) -> list[TextChunk]:
+            rows = self._infer_chunks(model, part, parameters, done[0])
+            done[0] += len(part)
+            return rows
+
+        parts = self._batched(model, items, part_chunks)
+        return [row for part in parts for row in part]
+
+    def _infer_chunks(
+        self, model: str, items: list[bytes], parameters: dict, first_row: int
+    ) -> list[TextChunk]:
+        outputs = [self._tc.InferRequestedOutput(n) for n in OUTPUTS]
+        result = self._send(model, [self._text_input(TEXT_INPUT, items)], outputs, parameters)
+        vectors, rows, spans, tokens = (result.as_numpy(n) for n in OUTPUTS)
+        if (
+            vectors is None
+            or rows is None
+            or spans is None
+            or tokens is None
+            or vectors.ndim != 2
+            or not len(vectors) == len(rows) == len(spans) == len(tokens)
+        ):
+            raise EmbeddingClientError(f"expected {', '.join(OUTPUTS)} of M rows each", model=model)
+        rows, tokens = rows.reshape(-1), tokens.reshape(-1)
+        return [
+            TextChunk(int(r) + first_row, int(s), int(e), int(t), v.astype(np.float32, copy=False))
+            for r, (s, e), t, v in zip(rows, spans.reshape(-1, 2), tokens, vectors, strict=True)
+        ]
