@@ -21,6 +21,7 @@ from .payload import encode_texts
 TEXT_INPUT = "TEXT"
 CHUNKS_SUFFIX = "_chunks"
 OUTPUTS = ("EMBEDDING", "CHUNK_ROW", "CHUNK_SPAN", "TOKEN_COUNT")
+SPAN_OUTPUTS = OUTPUTS[1:]
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class TextChunk:
     start: int
     end: int
     tokens: int
-    vector: np.ndarray
+    vector: np.ndarray | None  # None: the spans alone were asked (chunk_spans)
 
 
 def chunks_model(model: str) -> str:
@@ -59,6 +60,7 @@ class ChunksMixin:
         chunk_overlap: int | None = None,
         prompt_name: str | None = None,
         dimensions: int | None = None,
+        late_chunking: bool | None = None,
     ) -> list[TextChunk]:
         """The chunks of every text of ``texts``, in order, each with its vector.
 
@@ -66,11 +68,34 @@ class ChunksMixin:
         default the model's window; ``chunk_overlap`` tokens shared by neighbours) and
         embeds each chunk as ``SentenceTransformer.encode(text[start:end])`` does, with
         the model's prompt ``prompt_name`` and ``dimensions`` as for any text.
+        ``late_chunking=True`` pools each chunk from one transformer pass over its whole
+        text instead (a model built with ``late_chunking = true``).
         """
         parameters = chunk_parameters(
-            chunk_tokens, chunk_overlap, prompt_name=prompt_name, dimensions=dimensions
+            chunk_tokens,
+            chunk_overlap,
+            prompt_name=prompt_name,
+            dimensions=dimensions,
+            late_chunking=late_chunking,
         )
         return self._chunked(chunks_model(model), texts, parameters)
+
+    def chunk_spans(
+        self,
+        model: str,
+        texts: Sequence[str],
+        *,
+        chunk_tokens: int | None = None,
+        chunk_overlap: int | None = None,
+        prompt_name: str | None = None,
+    ) -> list[TextChunk]:
+        """The chunks :meth:`embed_chunks` would embed, without their vectors.
+
+        The server cuts the texts in its tokenizer's tokens and encodes nothing: what a
+        text splitter needs so that no chunk is cut again when it is embedded.
+        """
+        parameters = chunk_parameters(chunk_tokens, chunk_overlap, prompt_name=prompt_name)
+        return self._chunked(chunks_model(model), texts, parameters, SPAN_OUTPUTS)
 
     def embed_long_texts(
         self,
@@ -99,14 +124,16 @@ class ChunksMixin:
             return np.zeros((0, 0), dtype=np.float32)
         return np.stack([row.vector for row in rows])
 
-    def _chunked(self, model: str, texts: Sequence[str], parameters: dict) -> list[TextChunk]:
+    def _chunked(
+        self, model: str, texts: Sequence[str], parameters: dict, outputs=OUTPUTS
+    ) -> list[TextChunk]:
         items = encode_texts(texts)
         if not items:
             return []
         done = [0]  # rows sent before the part under way
 
         def part_chunks(part: list[bytes]) -> list[TextChunk]:
-            rows = self._infer_chunks(model, part, parameters, done[0])
+            rows = self._infer_chunks(model, part, parameters, done[0], outputs)
             done[0] += len(part)
             return rows
 
@@ -114,22 +141,20 @@ class ChunksMixin:
         return [row for part in parts for row in part]
 
     def _infer_chunks(
-        self, model: str, items: list[bytes], parameters: dict, first_row: int
+        self, model: str, items: list[bytes], parameters: dict, first_row: int, names=OUTPUTS
     ) -> list[TextChunk]:
-        outputs = [self._tc.InferRequestedOutput(n) for n in OUTPUTS]
+        outputs = [self._tc.InferRequestedOutput(n) for n in names]
         result = self._send(model, [self._text_input(TEXT_INPUT, items)], outputs, parameters)
-        vectors, rows, spans, tokens = (result.as_numpy(n) for n in OUTPUTS)
-        if (
-            vectors is None
-            or rows is None
-            or spans is None
-            or tokens is None
-            or vectors.ndim != 2
-            or not len(vectors) == len(rows) == len(spans) == len(tokens)
-        ):
-            raise EmbeddingClientError(f"expected {', '.join(OUTPUTS)} of M rows each", model=model)
-        rows, tokens = rows.reshape(-1), tokens.reshape(-1)
+        arrays = {n: result.as_numpy(n) for n in names}
+        if any(a is None for a in arrays.values()) or len({len(a) for a in arrays.values()}) > 1:
+            raise EmbeddingClientError(f"expected {', '.join(names)} of M rows each", model=model)
+        rows, spans = arrays["CHUNK_ROW"].reshape(-1), arrays["CHUNK_SPAN"].reshape(-1, 2)
+        tokens = arrays["TOKEN_COUNT"].reshape(-1)
+        vectors = arrays.get("EMBEDDING")
         return [
-            TextChunk(int(r) + first_row, int(s), int(e), int(t), v.astype(np.float32, copy=False))
-            for r, (s, e), t, v in zip(rows, spans.reshape(-1, 2), tokens, vectors, strict=True)
+            TextChunk(
+                int(r) + first_row, int(s), int(e), int(t),
+                None if vectors is None else vectors[n].astype(np.float32, copy=False),
+            )
+            for n, (r, (s, e), t) in enumerate(zip(rows, spans, tokens, strict=True))
         ]

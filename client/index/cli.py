@@ -57,6 +57,18 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     index.add_argument(
         "--task", choices=["query", "document"], help="sparse / multi-vector side (default doc)"
     )
+    index.add_argument(
+        "--chunk-tokens",
+        type=int,
+        help="cut each text into chunks of at most N of the model's tokens (one output row "
+        "per chunk: id, chunk, start, end, tokens, chunks, embedding)",
+    )
+    index.add_argument("--chunk-overlap", type=int, help="tokens shared by neighbouring chunks")
+    index.add_argument(
+        "--late-chunking",
+        action="store_true",
+        help="pool each chunk from one pass over its whole text (a model built with it)",
+    )
     index.add_argument("--shard-rows", type=int, default=10000, help="rows per shard file")
     index.add_argument("--batch-rows", type=int, help="rows per request (default: max batch)")
     index.add_argument("--concurrency", type=int, help="requests in flight (default: config)")
@@ -84,6 +96,9 @@ def job_from_args(args: argparse.Namespace, url: str) -> Any:
         "precision": args.precision,
         "truncate": False if args.no_truncate else None,
         "task": args.task,
+        "chunk_tokens": args.chunk_tokens,
+        "chunk_overlap": args.chunk_overlap,
+        "late_chunking": True if args.late_chunking else None,
     }
     return IndexJob(
         model=args.model,

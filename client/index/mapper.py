@@ -28,7 +28,9 @@ from ..errors import DeadlineExceededError, EmbeddingClientError, ServerOverload
 from ..payload import is_url
 from .sources import Row
 
-TEXT_KINDS = ("dense", "sparse", "multivector")
+TEXT_KINDS = ("dense", "sparse", "multivector", "chunks")
+# Options that make a dense model's run one of chunks (``<model>_chunks``).
+CHUNK_OPTIONS = ("chunk_tokens", "chunk_overlap", "late_chunking")
 KINDS = (*TEXT_KINDS, "image")
 SERVER_FAULTS = (ServerOverloadedError, DeadlineExceededError)
 FATAL_MARKERS = ("unknown model", "is not found", "not ready")
@@ -152,6 +154,13 @@ def resolve_model(
                 f"model {target!r} makes no vectors (outputs {sorted(outputs)}): "
                 "index takes dense, CLIP, sparse or multi-vector models"
             )
+        if kind == "dense" and set(CHUNK_OPTIONS) & set(options):
+            kind, target = "chunks", f"{target}_chunks"
+            meta = _metadata(client, target)
+            if meta is None:
+                raise ModelKindError(
+                    f"model {model!r} cuts no texts into chunks (no {target} on the server)"
+                )
         _check_text_options(kind, options)
     config = _config(client, target)
     max_batch = int((config or {}).get("max_batch_size", 0)) or 16
@@ -165,6 +174,7 @@ def _check_text_options(kind: str, options: dict[str, Any]) -> None:
         "dense": {"prompt_name", "dimensions", "precision", "truncate"},
         "sparse": {"prompt_name", "truncate", "task", "max_active_dims"},
         "multivector": {"task"},
+        "chunks": {"prompt_name", "dimensions", *CHUNK_OPTIONS},
     }[kind]
     extra = sorted(set(options) - allowed)
     if extra:
@@ -215,6 +225,11 @@ class Mapper:
             return client.embed_texts(plan.target, items, **opts)
         if plan.kind == "sparse":
             return client.embed_sparse(plan.target, items, **opts)
+        if plan.kind == "chunks":  # each row: the list of its chunks
+            per_row: list[list] = [[] for _ in items]
+            for chunk in client.embed_chunks(plan.target, items, **opts):
+                per_row[chunk.row].append(chunk)
+            return per_row
         return client.embed_multivector(plan.target, items, is_query=opts.get("task") == "query")
 
     def load(self, row: Row) -> Any:

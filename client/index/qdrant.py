@@ -1,7 +1,8 @@
 """Upserts of finished shards into a Qdrant collection (``--qdrant URL_OR_PATH``).
 
-Point ids are ``uuid5`` of the row id, so a resumed or repeated run writes the same
-points again (idempotent); the payload holds the row id and the kept columns. Vectors
+Point ids are ``uuid5`` of the row id (of ``"<row id>#<chunk>"`` for chunks), so a
+resumed or repeated run writes the same points again (idempotent); the payload holds the
+row id and the kept columns, and for chunks the chunk's index, start and end. Vectors
 are stored as the LangChain classes store them: dense and multi-vector (MaxSim) as the
 unnamed vector, sparse as the named vector ``langchain-sparse``.
 """
@@ -33,6 +34,19 @@ def open_qdrant(target: str) -> Any:
     if target == ":memory:":
         return QdrantClient(":memory:")
     return QdrantClient(path=target)
+
+
+def chunk_points(
+    ids: Sequence[str], values: Sequence[Any], payloads: Sequence[dict]
+) -> tuple[list[str], list[Any], list[dict]]:
+    """Each row's chunks as points: the row's id, the chunk's vector, its index and span."""
+    out_ids, out_values, out_payloads = [], [], []
+    for row_id, chunks, payload in zip(ids, values, payloads, strict=True):
+        for n, chunk in enumerate(chunks):
+            out_ids.append(row_id)
+            out_values.append(chunk.vector)
+            out_payloads.append({**payload, "chunk": n, "start": chunk.start, "end": chunk.end})
+    return out_ids, out_values, out_payloads
 
 
 class QdrantSink:
@@ -85,17 +99,35 @@ class QdrantSink:
             }
         return np.asarray(value, dtype=np.float32).tolist()
 
-    def upsert(self, ids: Sequence[str], values: Sequence[Any], payloads: Sequence[dict]) -> None:
-        """Upsert one shard's rows (nothing for an empty shard)."""
+    def upsert(
+        self,
+        ids: Sequence[str],
+        values: Sequence[Any],
+        payloads: Sequence[dict],
+        chunked: bool = False,
+    ) -> None:
+        """Upsert one shard's rows (nothing for an empty shard).
+
+        Chunks come as each row's list of chunks, or ``chunked`` as one row per chunk
+        already (a shard read back) with ``chunk``, ``start``, ``end`` in its payload.
+        """
         from qdrant_client import models  # noqa: PLC0415 - optional dependency
 
         if not ids:
             return
+        if self.kind == "chunks" and not chunked:  # a point per chunk, id and span in payload
+            ids, values, payloads = chunk_points(ids, values, payloads)
+            if not ids:
+                return
         if not self._ready:
             self._create(values)
+        # A chunk's point: uuid5 of "<row id>#<chunk index>", stable across runs too.
+        keys = [f"{i}#{p['chunk']}" for i, p in zip(ids, payloads, strict=True)] if (
+            self.kind == "chunks"
+        ) else ids
         points = [
-            models.PointStruct(id=point_id(i), vector=self._vector(v), payload={"id": i, **p})
-            for i, v, p in zip(ids, values, payloads, strict=True)
+            models.PointStruct(id=point_id(k), vector=self._vector(v), payload={"id": i, **p})
+            for k, i, v, p in zip(keys, ids, values, payloads, strict=True)
         ]
         for start in range(0, len(points), 256):
             self.client.upsert(self.collection, points[start : start + 256], wait=True)
@@ -104,6 +136,13 @@ class QdrantSink:
         """Upsert the rows of a shard file read back (a resumed run's shards not yet sent)."""
         data = table.to_pydict()
         ids = data.pop("id")
+        if self.kind == "chunks":
+            values = data.pop("embedding")
+            for name in ("tokens", "chunks"):
+                data.pop(name)
+            payloads = [{k: data[k][n] for k in data} for n in range(len(ids))]
+            self.upsert(ids, values, payloads, chunked=True)
+            return
         if self.kind == "sparse":
             values = list(zip(data.pop("indices"), data.pop("values"), strict=True))
         else:

@@ -66,7 +66,10 @@ def shard_tables(done: ShardDone, kind: str, kept_types: dict[str, Any], dtype: 
     import pyarrow as pa  # noqa: PLC0415 - the index extra
 
     columns: dict[str, Any] = {"id": pa.array([r.id for r in done.rows], pa.string())}
-    if kind == "sparse":
+    rows = done.rows
+    if kind == "chunks":
+        columns, rows = chunk_columns(done, dtype)
+    elif kind == "sparse":
         columns["indices"] = ragged_array([v[0] for v in done.values] or [np.zeros(0, np.int32)])
         columns["values"] = ragged_array([v[1] for v in done.values] or [np.zeros(0, np.float32)])
         if not done.values:
@@ -77,7 +80,7 @@ def shard_tables(done: ShardDone, kind: str, kept_types: dict[str, Any], dtype: 
         stacked = np.stack(done.values) if done.values else np.zeros((0, 0), dtype)
         columns["embedding"] = vectors_array(stacked.astype(dtype, copy=False))
     for name, kind_type in kept_types.items():
-        columns[name] = pa.array([r.extra.get(name) for r in done.rows], kind_type)
+        columns[name] = pa.array([r.extra.get(name) for r in rows], kind_type)
     errors = pa.table(
         {
             "id": pa.array([r.id for r, _ in done.errors], pa.string()),
@@ -86,6 +89,27 @@ def shard_tables(done: ShardDone, kind: str, kept_types: dict[str, Any], dtype: 
         }
     )
     return pa.table(columns), errors
+
+
+def chunk_columns(done: ShardDone, dtype: Any) -> tuple[dict[str, Any], list[Row]]:
+    """One row per chunk: the document's ``id``, ``chunk`` (its index), ``start`` / ``end``
+    (``str`` indices into the text), ``tokens``, ``chunks`` (the document's count) and the
+    ``embedding``; and the source row of each, for the kept columns."""
+    import pyarrow as pa  # noqa: PLC0415 - the index extra
+
+    pairs = [(row, n, c, len(chunks)) for row, chunks in zip(done.rows, done.values, strict=True)
+             for n, c in enumerate(chunks)]
+    vectors = np.stack([c.vector for _, _, c, _ in pairs]) if pairs else np.zeros((0, 0), dtype)
+    columns = {
+        "id": pa.array([row.id for row, *_ in pairs], pa.string()),
+        "chunk": pa.array([n for _, n, _, _ in pairs], pa.int32()),
+        "start": pa.array([c.start for _, _, c, _ in pairs], pa.int64()),
+        "end": pa.array([c.end for _, _, c, _ in pairs], pa.int64()),
+        "tokens": pa.array([c.tokens for _, _, c, _ in pairs], pa.int32()),
+        "chunks": pa.array([count for *_, count in pairs], pa.int32()),
+        "embedding": vectors_array(vectors.astype(dtype, copy=False)),
+    }
+    return columns, [row for row, *_ in pairs]
 
 
 class InFlightGate:

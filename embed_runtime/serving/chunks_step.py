@@ -15,7 +15,8 @@ token-weighted mean of its chunks' vectors, L2-normalised where the model normal
 With ``late_chunking=true`` (a model built with it) the chunks are pooled from one
 transformer pass over their whole row, here in this step
 (:mod:`..engines.late_chunks`); ``join_rows=true`` takes the request's rows as
-consecutive pieces of one document, one chunk each.
+consecutive pieces of one document, one chunk each. A request that asks for the spans
+alone (no ``EMBEDDING``) is answered without any encoding: the text splitters' call.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class ChunkedRequest:
     forward: dict[str, Any]
     timeout_us: int
     vectors: np.ndarray | None = None
+    spans_only: bool = False
 
 
 def token_weighted_mean(
@@ -147,7 +149,8 @@ class ChunksStep:
         texts = decode_texts(rows, "TEXT", self.tok.max_text_bytes, self.tok.max_request_bytes)
         size = self.chunker.chunk_size(prompt, options)
         vectors = None
-        if options.late:
+        spans_only = self.params.output_name not in _requested(request)
+        if options.late and not spans_only:
             if self.late is None:
                 raise InvalidInputError(
                     "late_chunking is not built for this model (manifest: late_chunking = true)"
@@ -169,7 +172,9 @@ class ChunksStep:
         forward = {k: v for k, v in parameters.items() if k not in CHUNK_PARAMETERS}
         timeout = getattr(request, "timeout", None)
         timeout_us = timeout() if timeout is not None else 0
-        return ChunkedRequest(texts, chunks, options, forward, int(timeout_us or 0), vectors)
+        return ChunkedRequest(
+            texts, chunks, options, forward, int(timeout_us or 0), vectors, spans_only
+        )
 
     def _refuse_past_bound(self, texts: list[str], size: int, options: ChunkOptions) -> None:
         """Refuse before the transformer runs a request whose chunks would pass the bound."""
@@ -186,7 +191,7 @@ class ChunksStep:
     async def _embed(self, job: ChunkedRequest) -> list:
         """The output tensors of one request: its chunks embedded by the target model."""
         pb = self.pb_utils
-        if job.vectors is not None:
+        if job.vectors is not None or job.spans_only:
             return self._outputs(job, job.vectors)
         texts = [job.texts[c.row][c.start : c.end].encode() for c in job.chunks]
         calls = []
@@ -209,23 +214,26 @@ class ChunksStep:
             vectors.append(tensor.as_numpy())
         return self._outputs(job, np.concatenate(vectors, axis=0))
 
-    def _outputs(self, job: ChunkedRequest, embeddings: np.ndarray) -> list:
+    def _outputs(self, job: ChunkedRequest, embeddings: np.ndarray | None) -> list:
+        """The request's output tensors; ``embeddings`` None: the spans alone were asked."""
         pb = self.pb_utils
         rows = np.array([c.row for c in job.chunks], dtype=np.int32)
         spans = np.array([(c.start, c.end) for c in job.chunks], dtype=np.int64).reshape(-1, 2)
         counts = np.array([c.tokens for c in job.chunks], dtype=np.int32)
-        if job.options.mean:
+        if job.options.mean and embeddings is not None:
             n = len(job.texts)
             embeddings = token_weighted_mean(embeddings, rows, counts, n, self.params.normalize)
             spans = np.array([(0, len(t)) for t in job.texts], dtype=np.int64)
             counts = np.bincount(rows, weights=counts, minlength=n).astype(np.int32)
             rows = np.arange(n, dtype=np.int32)
-        return [
-            pb.Tensor(self.params.output_name, np.ascontiguousarray(embeddings)),
+        tensors = [
             pb.Tensor(CHUNK_ROW, rows.reshape(-1, 1)),
             pb.Tensor(CHUNK_SPAN, spans),
             pb.Tensor(TOKEN_COUNT, counts.reshape(-1, 1)),
         ]
+        if embeddings is None:
+            return tensors
+        return [pb.Tensor(self.params.output_name, np.ascontiguousarray(embeddings)), *tensors]
 
     async def execute(self, requests: list) -> list:
         """Cut every request, send all their chunks on at once, answer each request."""
@@ -252,6 +260,12 @@ class ChunksStep:
     def finalize(self) -> None:
         """Drop the tokenizer."""
         self.chunker = None
+
+
+def _requested(request: Any) -> set[str]:
+    """The outputs a request asked for (all of them when it named none)."""
+    names = getattr(request, "requested_output_names", None)
+    return set(names()) if names is not None else set()
 
 
 def _parameters(request: Any) -> dict[str, Any]:

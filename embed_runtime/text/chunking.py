@@ -141,7 +141,8 @@ def plan(
     """Token ranges ``[i, k)`` of the chunks of a row whose tokens have ``offsets``.
 
     Each holds at most ``size`` tokens and ends at a word boundary when one lies in the
-    last :data:`BOUNDARY_SHARE` of its window; the next starts ``overlap`` tokens back.
+    last :data:`BOUNDARY_SHARE` of its window, else between two characters (a character
+    can be several tokens: byte-level pieces); the next starts ``overlap`` tokens back.
     """
     n = len(offsets)
     reach = max(1, int(size * BOUNDARY_SHARE))
@@ -154,6 +155,9 @@ def plan(
                 if _boundary(text, offsets, candidate):
                     k = candidate
                     break
+            else:  # no boundary: still never between the tokens of one character
+                while k > i + 1 and offsets[k][0] < offsets[k - 1][1]:
+                    k -= 1
         ranges.append((i, k))
         if k >= n:
             break

@@ -12,6 +12,8 @@ its reason.
 
 from __future__ import annotations
 
+import unicodedata
+
 import numpy as np
 import pytest
 
@@ -74,10 +76,15 @@ def test_small_overlapping_chunks_end_at_word_boundaries(server, reference) -> N
     with server.client() as client:
         chunks = client.embed_chunks(TEXT_MODEL, [text], chunk_tokens=64, chunk_overlap=16)
     _check_chunks(reference, [text], chunks, 64)
+    offsets = _tokens(reference, text)
+    ends = [end for _, end in offsets]
     for before, after in zip(chunks, chunks[1:], strict=False):
         assert after.start < before.end  # neighbours share their overlap
-        # Each cut falls between words or at punctuation (one lies in the last tenth).
-        assert not (text[before.end - 1].isalnum() and text[before.end].isalnum())
+        if text[before.end - 1].isalnum() and text[before.end].isalnum():
+            # A cut inside a word only where no boundary lay in the last tenth (6 tokens).
+            last = ends.index(before.end)
+            tail = text[offsets[last - 5][0] : before.end]
+            assert not any(c.isspace() or unicodedata.category(c)[0] == "P" for c in tail)
 
 
 def test_long_text_mean_is_the_token_weighted_mean(server, reference, documents) -> None:
@@ -214,7 +221,7 @@ def test_late_chunks_match_the_published_algorithm(
 
 
 def test_joined_rows_are_one_document_pieces(server, reference) -> None:
-    pieces = [s for s in varied_sentences(120) if s.isascii()][:40]
+    pieces = [s for s in varied_sentences(120) if s.isascii()][:16]  # one request: <= 16 rows
     vectors, rows, spans, counts = infer(
         server, "http", CHUNKS, {"TEXT": pieces}, OUTPUTS, {"late_chunking": True, "join_rows": True}
     )

@@ -256,3 +256,51 @@ def test_the_standard_suites_cannot_leave_the_machine() -> None:
 
     with pytest.raises(SocketConnectBlockedError):
         socket.create_connection(("192.0.2.1", 80), timeout=1)
+
+
+# --- text splitters that cut with the served tokenizer (client/splitters.py) ----------
+
+
+@pytest.fixture(scope="module")
+def long_document() -> str:
+    return " ".join(varied_sentences(400, seed=23))  # about 5,000 tokens
+
+
+def test_langchain_text_splitter_cuts_what_the_server_embeds_whole(
+    server, reference, long_document
+) -> None:
+    from langchain_text_splitters import TextSplitter
+
+    from client.splitters import TritonTextSplitter
+
+    splitter = TritonTextSplitter(TEXT_MODEL, server.http_url, chunk_tokens=64, chunk_overlap=8)
+    assert isinstance(splitter, TextSplitter)
+    docs = splitter.split_documents([Document(long_document, metadata={"source": "s1"})])
+    with server.client() as client:
+        spans = client.chunk_spans(TEXT_MODEL, [long_document], chunk_tokens=64, chunk_overlap=8)
+        # Every piece fits the window: embedded with truncate=false, none is refused.
+        vectors = client.embed_texts(TEXT_MODEL, [d.page_content for d in docs], truncate=False)
+    assert [d.page_content for d in docs] == [long_document[c.start : c.end] for c in spans]
+    assert all(c.vector is None for c in spans) and len(docs) > 60
+    assert {d.metadata["source"] for d in docs} == {"s1"}
+    for doc in docs:
+        tokens = reference.tokenizer(doc.page_content, add_special_tokens=False)["input_ids"]
+        assert len(tokens) <= 64
+    want = reference.encode([d.page_content for d in docs[:8]], normalize_embeddings=True)
+    np.testing.assert_allclose(vectors[:8], want, atol=1e-5)
+
+
+def test_llama_index_node_parser_gives_the_served_chunks(server, long_document) -> None:
+    from llama_index.core import Document as LlamaDocument
+    from llama_index.core.node_parser import NodeParser
+
+    from client.splitters import TritonNodeParser
+
+    parser = TritonNodeParser(model_name=TEXT_MODEL, url=server.url("grpc"), protocol="grpc")
+    assert isinstance(parser, NodeParser)
+    nodes = parser.get_nodes_from_documents([LlamaDocument(text=long_document, id_="d1")])
+    with server.client() as client:
+        spans = client.chunk_spans(TEXT_MODEL, [long_document])
+    assert [n.get_content() for n in nodes] == [long_document[c.start : c.end] for c in spans]
+    assert all(n.ref_doc_id == "d1" for n in nodes) and len(nodes) >= 15
+    assert nodes[1].prev_node.node_id == nodes[0].node_id  # LlamaIndex's own relations

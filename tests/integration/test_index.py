@@ -306,3 +306,46 @@ def test_index_into_qdrant_matches_exact_search_and_reruns_idempotently(
             assert {p.payload["lang"] for p in points} == {"en"}
     finally:
         qdrant.close()
+
+
+def test_index_of_chunks_resumes_after_sigkill_with_each_chunk_once(server, tmp_path):
+    """Documents past the window, one row (and one Qdrant point) per chunk, killed and resumed."""
+    from qdrant_client import QdrantClient
+
+    sentences = varied_sentences(900, seed=11)
+    documents = [" ".join(sentences[i * 30 : i * 30 + 6 + 24 * (i % 2)]) for i in range(24)]
+    path = tmp_path / "long.jsonl"
+    path.write_text(
+        "".join(json.dumps({"id": f"d{i:02d}", "text": t}) + "\n" for i, t in enumerate(documents)),
+        encoding="utf-8",
+    )
+    out, store = tmp_path / "out", tmp_path / "qdrant"
+    args = ["--model", TEXT_MODEL, str(path), "--out", str(out), "--shard-rows", "4"]
+    args += ["--chunk-tokens", "96", "--chunk-overlap", "16", "--qdrant", str(store)]
+    killed = _run(server, *args, env={"EMBED_INDEX_KILL_AFTER_SHARDS": "2"})
+    assert killed.returncode == -signal.SIGKILL
+    resumed = _run(server, *args)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "8 rows already done" in resumed.stderr
+    frame = pd.read_parquet(out / "embeddings").sort_values(["id", "chunk"])
+    with server.client() as client:
+        want = client.embed_chunks(TEXT_MODEL, documents, chunk_tokens=96, chunk_overlap=16)
+    assert len(frame) == len(want) > 2 * len(documents)  # every chunk once
+    for (_, row), chunk in zip(frame.iterrows(), want, strict=True):
+        assert row["id"] == f"d{chunk.row:02d}"
+        assert (row["start"], row["end"], row["tokens"]) == (chunk.start, chunk.end, chunk.tokens)
+        np.testing.assert_allclose(row["embedding"], chunk.vector, atol=1e-5)
+    counts = frame.groupby("id")["chunk"].count()
+    assert (frame.groupby("id")["chunks"].first() == counts).all()
+    qdrant = QdrantClient(path=str(store))
+    try:
+        assert qdrant.count(TEXT_MODEL).count == len(want)
+        query = want[5].vector.tolist()
+        (best,) = qdrant.query_points(TEXT_MODEL, query=query, limit=1).points
+        assert best.payload == {"id": f"d{want[5].row:02d}", "chunk": int(frame.iloc[5]["chunk"]),
+                                "start": want[5].start, "end": want[5].end}
+    finally:
+        qdrant.close()
+    changed = _run(server, *args[:-4], "--chunk-tokens", "64")
+    assert changed.returncode == 2
+    assert '"chunk_tokens": 96' in changed.stderr and '"chunk_tokens": 64' in changed.stderr

@@ -25,6 +25,7 @@ TOKENS_FILE = "tokens.onnx"
 HEAD_FILE = "head.onnx"
 TOKEN_EMBEDDINGS = "TOKEN_EMBEDDINGS"
 POOLED = "POOLED"
+TOKENS_ATOL = 1e-3
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,9 @@ def export_late_graphs(
     tokens_path, head_path = work / TOKENS_FILE, work / HEAD_FILE
     tokens_module, head_module = Tokens().eval(), Head().eval()
     export_module(tokens_module, tokens_spec, cases[0], tokens_path)
-    validate_graph(tokens_path, tokens_spec, tokens_module, cases)
+    # Raw hidden states (values up to ~10) at padded positions too: a looser absolute gate;
+    # the chunk vectors themselves are checked in tests within 1e-5 of the library.
+    validate_graph(tokens_path, tokens_spec, tokens_module, cases, atol=TOKENS_ATOL)
     rng = np.random.default_rng(0)
     pooled = [{POOLED: rng.standard_normal((n, hidden)).astype(np.float32)} for n in (1, 5)]
     export_module(head_module, head_spec, pooled[1], head_path)
