@@ -55,7 +55,7 @@ def export_late_graphs(
     import torch  # noqa: PLC0415
 
     transformer, after = _split_at_pooling(model, name)
-    hidden = int(transformer.get_word_embedding_dimension())
+    hidden = int(transformer.get_embedding_dimension())
     dim = int(model.get_embedding_dimension())
 
     class Tokens(torch.nn.Module):
