@@ -125,6 +125,9 @@ clean:
 # a bare manifest entry against the tuned one and the generic one, side by side
 # (bench.studies.bare_entry, gate >= 0.95x at every load; BARE_ARGS="--quick"), the
 # rerank load (bench.rerank, RERANK_ARGS="--quick"),
+# long documents (bench.long_documents: recall@10 of truncation, chunks, late chunks and the
+# mean vector on Python's help topics, chunk rows/s of <name>_chunks and of the indexer
+# against plain rows, gate >= 0.9x; LONG_DOCS_ARGS="--quick"),
 # then the precision / graph-optimisation knobs in-process, written to docs/precision.md,
 # then the rate of each model kind beyond dense text (static, sparse, multi-vector, LLM
 # reranker) served against the library in-process, written to docs/model-kinds.md
@@ -145,6 +148,7 @@ bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)
 	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[bench]"
 	$(PY) -m bench.run $(BENCH_ARGS)
 	$(PY) -m bench.index_rate $(INDEX_RATE_ARGS)
+	$(PY) -m bench.long_documents $(LONG_DOCS_ARGS)
 	$(PY) -m bench.studies.bare_entry $(BARE_ARGS)
 	$(PY) -m bench.rerank $(RERANK_ARGS)
 	$(PY) -m bench.studies.precision $(PRECISION_ARGS)

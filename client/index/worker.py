@@ -92,9 +92,11 @@ def shard_tables(done: ShardDone, kind: str, kept_types: dict[str, Any], dtype: 
 
 
 def chunk_columns(done: ShardDone, dtype: Any) -> tuple[dict[str, Any], list[Row]]:
-    """One row per chunk: the document's ``id``, ``chunk`` (its index), ``start`` / ``end``
-    (``str`` indices into the text), ``tokens``, ``chunks`` (the document's count) and the
-    ``embedding``; and the source row of each, for the kept columns."""
+    """One row per chunk, and the source row of each (for the kept columns).
+
+    Columns: the document's ``id``, ``chunk`` (its index), ``start`` / ``end`` (``str``
+    indices into the text), ``tokens``, ``chunks`` (the document's count), ``embedding``.
+    """
     import pyarrow as pa  # noqa: PLC0415 - the index extra
 
     pairs = [(row, n, c, len(chunks)) for row, chunks in zip(done.rows, done.values, strict=True)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidInputError
+from ..text.chunking import refuse_chunk_options
 from ..text.request_options import (
     TASKS,
     apply_prompt,
@@ -37,7 +38,6 @@ from ..text.request_options import (
     resolve_prompt,
     resolve_task,
 )
-from ..text.chunking import refuse_chunk_options
 from ..text.tokenizer import BatchTokenizer, TokenizerParams, decode_texts, keeps_end
 from .contract import TEXT_INPUT, text_rows
 from .ragged import Chunk

@@ -195,7 +195,8 @@ class ChunksStep:
             return self._outputs(job, job.vectors)
         texts = [job.texts[c.row][c.start : c.end].encode() for c in job.chunks]
         calls = []
-        for part in pieces(texts, self.params.target_max_batch, self.params.target_max_request_bytes):
+        bounds = self.params.target_max_batch, self.params.target_max_request_bytes
+        for part in pieces(texts, *bounds):
             batch = np.array(texts[part], dtype=object).reshape(-1, 1)
             kwargs = {"timeout": job.timeout_us} if job.timeout_us > 0 else {}
             call = pb.InferenceRequest(
@@ -249,7 +250,8 @@ class ChunksStep:
                 jobs[i] = self.read(request)
             except RequestError as exc:
                 responses[i] = error_response(pb, exc)
-        done = await asyncio.gather(*(self._embed(j) for j in jobs.values()), return_exceptions=True)
+        embedded = (self._embed(job) for job in jobs.values())
+        done = await asyncio.gather(*embedded, return_exceptions=True)
         for i, out in zip(jobs, done, strict=True):
             if isinstance(out, BaseException):
                 responses[i] = error_response(pb, out, log)

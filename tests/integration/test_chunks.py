@@ -222,9 +222,8 @@ def test_late_chunks_match_the_published_algorithm(
 
 def test_joined_rows_are_one_document_pieces(server, reference) -> None:
     pieces = [s for s in varied_sentences(120) if s.isascii()][:16]  # one request: <= 16 rows
-    vectors, rows, spans, counts = infer(
-        server, "http", CHUNKS, {"TEXT": pieces}, OUTPUTS, {"late_chunking": True, "join_rows": True}
-    )
+    joined = {"late_chunking": True, "join_rows": True}
+    vectors, rows, spans, _ = infer(server, "http", CHUNKS, {"TEXT": pieces}, OUTPUTS, joined)
     assert rows.reshape(-1).tolist() == list(range(len(pieces)))
     assert spans.tolist() == [[0, len(p)] for p in pieces]
     document, at, bounds = " ".join(pieces), 0, []

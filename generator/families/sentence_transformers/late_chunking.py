@@ -23,7 +23,7 @@ from ...onnx_export import GraphSpec, TensorSpec, export_module, validate_graph
 
 TOKENS_FILE = "tokens.onnx"
 HEAD_FILE = "head.onnx"
-TOKEN_EMBEDDINGS = "TOKEN_EMBEDDINGS"
+TOKEN_EMBEDDINGS = "TOKEN_EMBEDDINGS"  # noqa: S105 - a tensor name
 POOLED = "POOLED"
 TOKENS_ATOL = 1e-3
 
