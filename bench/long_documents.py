@@ -170,6 +170,7 @@ def measure_cost(make_client, model: str, texts: list[str], rounds: int, url: st
              for i in range(0, len(pieces), 32)]
     per_doc = [(lambda c, t=texts[i : i + 2]: c.embed_chunks(model, t),
                 sum(1 for x in chunks if i <= x.row < i + 2)) for i in range(0, len(texts), 2)]
+    per_doc.sort(key=lambda call: call[1])  # the largest first (popped from the end)
     best = {"plain rows": 0.0, "chunks": 0.0, "index": 0.0}
     for n in range(rounds):
         best["plain rows"] = max(best["plain rows"], _rate(make_client, plain, 4))

@@ -132,12 +132,16 @@ class ChunksStep:
         path = os.path.join(model_dir, params["tokenizer_file"])
         tokenizer = untruncated(Tokenizer.from_file(path))
         self.chunker = Chunker(tokenizer, self.tok.max_length, self.tok.lowercase)
-        self.late = None
-        if self.params.late_window:
-            self.late = LateChunker(
-                model_dir, tokenizer, self.tok.output_names, self.params.late_window,
-                self.tok.lowercase,
-            )
+        self._late_args = (model_dir, tokenizer, self.tok.output_names, self.params.late_window,
+                           self.tok.lowercase)
+        self._late: LateChunker | None = None
+
+    @property
+    def late(self) -> LateChunker | None:
+        """Late chunking's graphs, opened on the first request that asks (None: not built)."""
+        if self._late is None and self.params.late_window:
+            self._late = LateChunker(*self._late_args)
+        return self._late
 
     def read(self, request: Any) -> ChunkedRequest:
         """Validate one request and cut its rows; raises :class:`RequestError`."""

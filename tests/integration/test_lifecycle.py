@@ -87,7 +87,7 @@ def test_unload_keeps_the_record_and_a_restart_serves_the_model_again(server, ma
 
         answer = manager.unload_model("rt-restart")
         assert answer["status"] == "unloaded" and answer["name"] == "rt-restart"
-        steps = {"rt-restart", "rt-restart_tokenize", "rt-restart_encode"}  # two steps
+        steps = {"rt-restart", "rt-restart_chunks", "rt-restart_tokenize", "rt-restart_encode"}
         assert set(answer["models"]) == steps
         assert not any(manager.is_model_ready(m) for m in steps)
         with pytest.raises(EmbeddingClientError):
