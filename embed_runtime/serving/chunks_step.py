@@ -173,7 +173,12 @@ class ChunksStep:
                 f"this model's bound of {self.params.max_chunks} chunks a request "
                 "(max_chunks); send fewer rows a request or larger chunks"
             )
-        forward = {k: v for k, v in parameters.items() if k not in CHUNK_PARAMETERS}
+        # What business logic scripting can carry (bool, int, str); the steps read no other.
+        forward = {
+            k: v
+            for k, v in parameters.items()
+            if k not in CHUNK_PARAMETERS and isinstance(v, (bool, int, str))
+        }
         timeout = getattr(request, "timeout", None)
         timeout_us = timeout() if timeout is not None else 0
         return ChunkedRequest(

@@ -470,7 +470,6 @@ def chain_dir(
 CHUNK_TEXT_BYTES = 1 << 20
 CHUNK_REQUEST_BYTES = 8 << 20
 MAX_CHUNKS = 4096
-CHUNK_INSTANCES = 4
 
 
 def chunks_dir(entry: ModelEntry, graph: TextGraph, dim: int, late=None) -> ModelDir:
@@ -507,8 +506,9 @@ def chunks_dir(entry: ModelEntry, graph: TextGraph, dim: int, late=None) -> Mode
         {**caps.to_parameters(), "tokenizer_file": "tokenizer.json", **chunks.to_parameters()},
         step_batching(entry, 0),
         # An execution waits for all its chunks; other instances keep the encoder fed
-        # meanwhile (one instance: 0.75x of plain rows, bench.long_documents).
-        Instances(max(CHUNK_INSTANCES, entry.preprocess_instances, 2 * entry.encoder_instances)),
+        # meanwhile (one instance: 0.75x of plain rows, two per encoder instance: 1.02x;
+        # bench.long_documents).
+        Instances(max(2, entry.preprocess_instances, 2 * entry.encoder_instances)),
     )
     files = {"tokenizer.json": graph.tokenizer_json}
     if late is not None:

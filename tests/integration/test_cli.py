@@ -72,7 +72,7 @@ def test_generator_add_list_remove_round_trip(workspace):
     )
     assert added.returncode == 0, added.stderr
     first, profile = added.stdout.strip().splitlines()[-2:]
-    assert first == "added st-mini: serves st-mini"
+    assert first == "added st-mini: serves st-mini, st-mini_chunks"
     # A bare entry takes the CPU profile, and add says what it took.
     assert profile.startswith("  cpu profile (python -m generator defaults): ")
     assert "fused_tokenize = False" in profile and "encoder_instances = 2" in profile
@@ -93,8 +93,10 @@ def test_generator_add_list_remove_round_trip(workspace):
         out.write('\n[[models]]\nname = "later"\nfamily = "sentence-transformers"\n')
         out.write(f'source = "{MINI}"\n')
     rows = _list_rows(manifest, repo)
-    assert rows["st-mini"] == ["st-mini", "sentence-transformers", "built", "st-mini"]
-    assert rows["later"] == ["later", "sentence-transformers", "not", "built", "later"]
+    assert rows["st-mini"] == ["st-mini", "sentence-transformers", "built", "st-mini",
+                               "st-mini_chunks"]
+    assert rows["later"] == ["later", "sentence-transformers", "not", "built", "later",
+                             "later_chunks"]
 
     removed = _generator(manifest, repo, "remove", "st-mini")
     assert removed.returncode == 0, removed.stderr

@@ -67,7 +67,8 @@ def fused_server(tmp_path_factory) -> Server:
 
 def test_fused_repository_has_a_one_step_ensemble_and_no_tokenize_model(fused_server):
     repo = fused_server.repo
-    assert {p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file()} == {MODEL, ENCODER}
+    models = {p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file()}
+    assert models == {MODEL, ENCODER, f"{MODEL}_chunks"}  # chunks go through MODEL
     (step,) = parse_config((repo / MODEL / "config.pbtxt").read_text()).ensemble_scheduling.step
     assert (step.model_name, dict(step.input_map)) == (ENCODER, {"TEXT": "TEXT"})
     encoder = parse_config((repo / ENCODER / "config.pbtxt").read_text())

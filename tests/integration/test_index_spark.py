@@ -157,3 +157,26 @@ def test_spark_tasks_killed_for_real_resume_to_the_same_output(
     manifest = json.loads((out / "manifest.json").read_text())
     assert sum(s["rows"] for s in manifest["shards"].values()) == ROWS
     assert not list((out / "embeddings").glob(".*"))  # no temporary file left
+
+
+def test_spark_job_of_chunks_writes_one_row_per_chunk(server, corpus, tmp_path):
+    """The same job with ``--chunk-tokens``: each row's chunks, as the client cuts them."""
+    out = tmp_path / "out"
+    done = _index(server.http_url, corpus, out, "--spark", "local[2]", "--chunk-tokens", "8")
+    assert done.returncode == 0, done.stderr
+    frame = pd.read_parquet(out / "embeddings").sort_values(["id", "chunk"], key=_by_number)
+    texts = [t for name in ("a", "b") for t in pd.read_parquet(corpus / f"{name}.parquet")["text"]]
+    from client import EmbeddingClient
+
+    with EmbeddingClient(server.http_url, admin_key=ADMIN_KEY) as client:
+        want = client.embed_chunks(TEXT_MODEL, texts, chunk_tokens=8)
+    assert len(frame) == len(want) > ROWS  # every chunk once, rows of several chunks
+    assert list(frame["id"]) == [str(c.row) for c in want]
+    assert list(zip(frame["start"], frame["end"], strict=True)) == [(c.start, c.end) for c in want]
+    np.testing.assert_allclose(
+        np.stack(frame["embedding"]), np.stack([c.vector for c in want]), atol=1e-5
+    )
+
+
+def _by_number(column: pd.Series) -> pd.Series:
+    return column.astype(int) if column.name == "id" else column

@@ -44,7 +44,7 @@ def runtime_text_model(server, manager):
 
 def test_load_local_sentence_transformer_folder(server, manager, runtime_text_model):
     assert runtime_text_model["status"] == "loaded"
-    assert runtime_text_model["ensembles"] == ["rt-mini"]
+    assert runtime_text_model["ensembles"] == ["rt-mini", "rt-mini_chunks"]
     texts = ["a cat", "a dog on a skateboard"]
     np.testing.assert_allclose(
         manager.embed_texts("rt-mini", texts), manager.embed_texts(TEXT_MODEL, texts), atol=1e-5

@@ -115,6 +115,16 @@ def _check_text(shipped: Shipped, name: str, corpus: list[str], reference) -> No
     assert cosines.min() >= 0.999999, f"{name}: minimum cosine {cosines.min():.8f}"
 
 
+def _check_chunks(shipped: Shipped, name: str, corpus: list[str], reference) -> None:
+    """``<name>_chunks``: each chunk is the library's vector of its span, late ones too."""
+    chunks = shipped.client.embed_chunks(name, corpus, chunk_tokens=32)
+    spans = [corpus[c.row][c.start : c.end] for c in chunks]
+    want = reference.encode(spans, normalize_embeddings=True, batch_size=32)
+    assert np.abs(np.stack([c.vector for c in chunks]) - want).max() <= 1e-5, name
+    late = shipped.client.embed_chunks(name, corpus[:4], late_chunking=True)
+    assert {c.row for c in late} == {0, 1, 2, 3}, "the shipped model builds late chunking"
+
+
 def _check_litellm(shipped: Shipped, name: str, corpus: list[str], reference) -> None:
     """LiteLLM's triton/ provider, unchanged, on ``<name>_litellm`` (litellm = true)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -203,6 +213,8 @@ def test_every_shipped_ensemble_answers_correctly(shipped, corpus, reference):
                 _check_litellm(shipped, ensemble, corpus[:32], reference)
             elif ensemble.endswith(OPENAI_SUFFIX):
                 _check_openai(shipped, ensemble, corpus[:64], reference)
+            elif ensemble.endswith("_chunks"):
+                _check_chunks(shipped, ensemble, corpus[:64], reference)
             else:
                 _check_text(shipped, ensemble, corpus[:64], reference)
         elif entry.family == "cross-encoder":
