@@ -194,6 +194,9 @@ class EnsembleProbe:
         state = self.states.setdefault(model, ProbeState())
         outputs = self.configs[model].get("output") or [{}]
         body, header_length = infer_body(inputs, outputs[0].get("name"))
+        # A failure is dated when its request was sent: the stub that failed it served
+        # then, so one a reload started while the request was out is not the one named.
+        sent = self.clock()
         try:
             problem = answer_problem(self.infer(model, body, header_length))
         except Exception as exc:  # noqa: BLE001 - any failure is the probe's finding
@@ -202,7 +205,7 @@ class EnsembleProbe:
                 return
         if problem:
             state.failures_in_a_row += 1
-            state.error, state.failed_at = problem[:300], self.clock()
+            state.error, state.failed_at = problem[:300], sent
         else:
             state.failures_in_a_row, state.error, state.last_ok = 0, "", time.time()
             self.handled = {h for h in self.handled if h[0] != model}

@@ -165,6 +165,23 @@ def test_a_stub_reported_not_healthy_is_named_once_until_its_ensemble_answers() 
     assert probe.hung_instances() == {"t_encode_0_1": probe.states["t"].failed_at}
 
 
+def test_a_failure_is_dated_when_its_request_was_sent() -> None:
+    """A reload that ends while a probe is out: the failure names the stub it replaced."""
+    server = Server({"t": TEXT})
+    probe = _probe(server)
+
+    def slow_failure(model: str, body: bytes, head: int) -> dict:
+        probe.now[0] += 5.0  # the answer comes 5 s later, a reload ended meanwhile
+        raise RuntimeError("Stub process 't_tokenize_0_0' is not healthy.")
+
+    probe.infer = slow_failure
+    probe.now[0] = 100.0
+    probe.run()
+    probe.now[0] = 200.0
+    probe.run()
+    assert probe.hung_instances() == {"t_tokenize_0_0": 200.0}  # sent at 200, not 205
+
+
 def test_the_watch_kills_a_hung_stub_of_its_server_only(tmp_path) -> None:
     import subprocess
     import sys
