@@ -31,6 +31,7 @@ from .payload import (
     encode_texts,
     image_target,
     reassemble,
+    request_parameters,
     route_images,
     split_batches,
 )
@@ -86,11 +87,6 @@ def admin_key_from_env(environ: Mapping[str, str] | None = None) -> str | None:
         except OSError as exc:
             raise EmbeddingClientError(f"cannot read {ADMIN_KEY_FILE_ENV}={path}: {exc}") from exc
     return None
-
-
-def _request_parameters(**options: Any) -> dict[str, Any]:
-    """The request parameters of a call: each option it was given (not None), by its name."""
-    return {name: value for name, value in options.items() if value is not None}
 
 
 def _precision_output(precision: str, parameters: dict[str, Any]) -> tuple[str, type]:
@@ -277,7 +273,7 @@ class EmbeddingClient(
         float32 rows (int8 / uint8 with the model's stored calibration ranges; the binary
         forms are packed bits, [N, ceil(D / 8)]); python-ort text models offer them.
         """
-        parameters = _request_parameters(
+        parameters = request_parameters(
             prompt_name=prompt_name,
             dimensions=dimensions,
             truncate=truncate,
@@ -301,7 +297,7 @@ class EmbeddingClient(
         The tokens the encoder saw, prompt and special tokens included, after truncation:
         what to meter usage by. Text models with the python-ort encoder answer it.
         """
-        parameters = _request_parameters(
+        parameters = request_parameters(
             prompt_name=prompt_name,
             dimensions=dimensions,
             truncate=truncate,
@@ -353,8 +349,8 @@ class EmbeddingClient(
         items = encode_texts(texts)
         if not items:
             return []
-        parameters = _request_parameters(task=task, max_active_dims=max_active_dims)
-        parameters |= _request_parameters(
+        parameters = request_parameters(task=task, max_active_dims=max_active_dims)
+        parameters |= request_parameters(
             prompt_name=prompt_name, truncate=truncate, truncation_direction=truncation_direction
         )
         chunks = self._batched(

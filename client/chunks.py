@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import EmbeddingClientError
-from .payload import encode_texts
+from .payload import encode_texts, request_parameters
 
 TEXT_INPUT = "TEXT"
 CHUNKS_SUFFIX = "_chunks"
@@ -38,14 +38,6 @@ class TextChunk:
 def chunks_model(model: str) -> str:
     """The model that chunks ``model``'s texts: ``<model>_chunks`` (a name given as is)."""
     return model if model.endswith(CHUNKS_SUFFIX) else model + CHUNKS_SUFFIX
-
-
-def chunk_parameters(
-    chunk_tokens: int | None, chunk_overlap: int | None, **options: object
-) -> dict:
-    """The request parameters of a chunked call: each option given, by its name."""
-    given = {"chunk_tokens": chunk_tokens, "chunk_overlap": chunk_overlap, **options}
-    return {name: value for name, value in given.items() if value is not None}
 
 
 class ChunksMixin:
@@ -71,9 +63,9 @@ class ChunksMixin:
         ``late_chunking=True`` pools each chunk from one transformer pass over its whole
         text instead (a model built with ``late_chunking = true``).
         """
-        parameters = chunk_parameters(
-            chunk_tokens,
-            chunk_overlap,
+        parameters = request_parameters(
+            chunk_tokens=chunk_tokens,
+            chunk_overlap=chunk_overlap,
             prompt_name=prompt_name,
             dimensions=dimensions,
             late_chunking=late_chunking,
@@ -94,7 +86,9 @@ class ChunksMixin:
         The server cuts the texts in its tokenizer's tokens and encodes nothing: what a
         text splitter needs so that no chunk is cut again when it is embedded.
         """
-        parameters = chunk_parameters(chunk_tokens, chunk_overlap, prompt_name=prompt_name)
+        parameters = request_parameters(
+            chunk_tokens=chunk_tokens, chunk_overlap=chunk_overlap, prompt_name=prompt_name
+        )
         return self._chunked(chunks_model(model), texts, parameters, SPAN_OUTPUTS)
 
     def embed_long_texts(
@@ -112,9 +106,9 @@ class ChunksMixin:
         Normalised as the model normalises (``long_text="mean"`` on ``<model>_chunks``);
         float32 ``[N, D]``.
         """
-        parameters = chunk_parameters(
-            chunk_tokens,
-            chunk_overlap,
+        parameters = request_parameters(
+            chunk_tokens=chunk_tokens,
+            chunk_overlap=chunk_overlap,
             prompt_name=prompt_name,
             dimensions=dimensions,
             long_text="mean",

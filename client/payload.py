@@ -6,6 +6,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +41,11 @@ def encode_texts(texts: Sequence[str]) -> list[bytes]:
         else:
             raise EmbeddingClientError(f"texts[{i}] is {type(text).__name__}, expected str")
     return encoded
+
+
+def request_parameters(**options: Any) -> dict[str, Any]:
+    """The request parameters of a call: each option it was given (not None), by its name."""
+    return {name: value for name, value in options.items() if value is not None}
 
 
 def split_batches(

@@ -99,26 +99,20 @@ class QdrantSink:
             }
         return np.asarray(value, dtype=np.float32).tolist()
 
-    def upsert(
-        self,
-        ids: Sequence[str],
-        values: Sequence[Any],
-        payloads: Sequence[dict],
-        chunked: bool = False,
-    ) -> None:
-        """Upsert one shard's rows (nothing for an empty shard).
+    def upsert(self, ids: Sequence[str], values: Sequence[Any], payloads: Sequence[dict]) -> None:
+        """Upsert one shard's rows (nothing for an empty shard); chunks as each row's list."""
+        if self.kind == "chunks" and ids:  # a point per chunk, id and span in payload
+            ids, values, payloads = chunk_points(ids, values, payloads)
+        self._upsert_points(ids, values, payloads)
 
-        Chunks come as each row's list of chunks, or ``chunked`` as one row per chunk
-        already (a shard read back) with ``chunk``, ``start``, ``end`` in its payload.
-        """
+    def _upsert_points(
+        self, ids: Sequence[str], values: Sequence[Any], payloads: Sequence[dict]
+    ) -> None:
+        """Upsert points, a chunk's with ``chunk``, ``start``, ``end`` in its payload."""
         from qdrant_client import models  # noqa: PLC0415 - optional dependency
 
         if not ids:
             return
-        if self.kind == "chunks" and not chunked:  # a point per chunk, id and span in payload
-            ids, values, payloads = chunk_points(ids, values, payloads)
-            if not ids:
-                return
         if not self._ready:
             self._create(values)
         # A chunk's point: uuid5 of "<row id>#<chunk index>", stable across runs too.
@@ -141,7 +135,7 @@ class QdrantSink:
             for name in ("tokens", "chunks"):
                 data.pop(name)
             payloads = [{k: data[k][n] for k in data} for n in range(len(ids))]
-            self.upsert(ids, values, payloads, chunked=True)
+            self._upsert_points(ids, values, payloads)  # one row per chunk already
             return
         if self.kind == "sparse":
             values = list(zip(data.pop("indices"), data.pop("values"), strict=True))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidInputError
-from ..text.chunking import Chunk, plan
+from ..text.chunking import Chunk, plan, span
 
 TOKENS_FILE, HEAD_FILE = "tokens.onnx", "head.onnx"
 TOKEN_EMBEDDINGS, POOLED = "TOKEN_EMBEDDINGS", "POOLED"
@@ -134,10 +134,7 @@ class LateChunker:
             if not seq.positions:
                 raise InvalidInputError(f"TEXT row {row} has no tokens")
             ranges = plan(text, seq.offsets, size, overlap)
-            for n, (i, k) in enumerate(ranges):
-                start = 0 if n == 0 else seq.offsets[i][0]
-                end = len(text) if n == len(ranges) - 1 else seq.offsets[k - 1][1]
-                chunks.append(Chunk(row, start, end, k - i))
+            chunks += [Chunk(row, *span(text, seq.offsets, i, k), k - i) for i, k in ranges]
             vectors.append(self.embed(seq, ranges))
         return chunks, np.concatenate(vectors, axis=0)
 

@@ -43,7 +43,7 @@ from ..text.request_options import (
     truncate,
 )
 from ..text.tokenizer import TokenizerParams, decode_texts, untruncated
-from .adapter import config_parameters, error_response, input_array
+from .adapter import _parameters, config_parameters, error_response, input_array
 from .admission import gone_reason
 
 CHUNK_ROW, CHUNK_SPAN, TOKEN_COUNT = "CHUNK_ROW", "CHUNK_SPAN", "TOKEN_COUNT"
@@ -277,13 +277,6 @@ def _requested(request: Any) -> set[str]:
     """The outputs a request asked for (all of them when it named none)."""
     names = getattr(request, "requested_output_names", None)
     return set(names()) if names is not None else set()
-
-
-def _parameters(request: Any) -> dict[str, Any]:
-    try:
-        return request_parameters(request.parameters())
-    except RequestError:
-        return {}
 
 
 def target_error(error: Any) -> RequestError:

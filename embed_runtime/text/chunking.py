@@ -68,8 +68,9 @@ def _int_parameter(parameters: Mapping[str, Any], name: str, default: int) -> in
     return value
 
 
-def _flag(parameters: Mapping[str, Any], name: str) -> bool:
-    value = parameters.get(name, False)
+def flag_parameter(parameters: Mapping[str, Any], name: str, default: bool = False) -> bool:
+    """The request parameter ``name``: a bool or ``"true"`` / ``"false"`` (any case)."""
+    value = parameters.get(name, default)
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
     if not isinstance(value, bool):
@@ -84,7 +85,7 @@ def chunk_options(parameters: Mapping[str, Any]) -> ChunkOptions:
     refuse), a ``long_text`` other than ``chunks`` (one row per chunk) or ``mean``, and
     ``join_rows`` without ``late_chunking`` (pieces embedded apart need no joining).
     """
-    late, join = _flag(parameters, LATE_CHUNKING), _flag(parameters, JOIN_ROWS)
+    late, join = flag_parameter(parameters, LATE_CHUNKING), flag_parameter(parameters, JOIN_ROWS)
     if join and not late:
         raise InvalidInputError("join_rows applies to late_chunking=true only")
     if "truncate" in parameters and parameters["truncate"] in (False, "false", "False"):
@@ -165,6 +166,13 @@ def plan(
     return ranges
 
 
+def span(text: str, offsets: Sequence[tuple[int, int]], i: int, k: int) -> tuple[int, int]:
+    """The span of tokens ``[i, k)`` of ``text``: the first from its start, the last to its end."""
+    start = 0 if i == 0 else offsets[i][0]
+    end = len(text) if k == len(offsets) else offsets[k - 1][1]
+    return start, end
+
+
 class Chunker:
     """Cuts texts with a ``tokenizers.Tokenizer`` (no truncation, no padding) of the model.
 
@@ -237,7 +245,7 @@ class Chunker:
                 raise InvalidInputError(f"TEXT row {row} has no tokens")
             for i, k in plan(text, offsets, size, overlap):
                 planned.append((row, text, offsets, i, k))
-        spans = [self._span(text, offsets, i, k) for _, text, offsets, i, k in planned]
+        spans = [span(text, offsets, i, k) for _, text, offsets, i, k in planned]
         pieces = [text[s:e] for (_, text, *_), (s, e) in zip(planned, spans, strict=True)]
         counts = [len(e.ids) for e in self._tokens(pieces)]
         out = []
@@ -248,15 +256,10 @@ class Chunker:
                 out.append(Chunk(plan_[0], start, end, count))
         return out
 
-    def _span(self, text: str, offsets, i: int, k: int) -> tuple[int, int]:
-        start = 0 if i == 0 else offsets[i][0]
-        end = len(text) if k == len(offsets) else offsets[k - 1][1]
-        return start, end
-
     def _fitted(self, row, text, offsets, i, k, size, prompt) -> Chunk:
         """The chunk of tokens ``[i, k)``, shortened until its span tokenizes within bounds."""
         while True:
-            start, end = self._span(text, offsets, i, k)
+            start, end = span(text, offsets, i, k)
             piece = text[start:end]
             own, whole = self._tokens([piece, prompt + piece])
             fits = 0 < len(own.ids) <= size

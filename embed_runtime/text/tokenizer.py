@@ -10,7 +10,7 @@ import numpy as np
 
 from ..config_params import ConfigParams, json_text, param
 from ..errors import InvalidInputError
-from .chunking import refuse_chunk_options
+from .chunking import flag_parameter, refuse_chunk_options
 from .clip_clean import TextClean
 from .request_options import apply_prompt, parse_prompts, resolve_dimensions, resolve_prompt
 
@@ -260,12 +260,7 @@ def keeps_end(parameters: Mapping[str, Any]) -> bool:
 
 def truncation_allowed(parameters: Mapping[str, Any]) -> bool:
     """The request parameter ``truncate`` (default true); anything but a bool is refused."""
-    value = parameters.get("truncate", True)
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    if not isinstance(value, bool):
-        raise InvalidInputError(f"parameter truncate must be true or false, got {value!r}")
-    return value
+    return flag_parameter(parameters, "truncate", True)
 
 
 _FIELDS = {
