@@ -128,6 +128,9 @@ clean:
 # long documents (bench.long_documents: recall@10 of truncation, chunks, late chunks and the
 # mean vector on Python's help topics, chunk rows/s of <name>_chunks and of the indexer
 # against plain rows, gate >= 0.9x; LONG_DOCS_ARGS="--quick"),
+# the OpenAI gateway against Triton direct, side by side, its CPU by part (bench.gateway:
+# gates <= 1 ms of gateway CPU per one-sentence request, >= 0.85x at 16x1, >= 0.95x at 4x32;
+# GATEWAY_ARGS="--quick"),
 # then the precision / graph-optimisation knobs in-process, written to docs/precision.md,
 # then the rate of each model kind beyond dense text (static, sparse, multi-vector, LLM
 # reranker) served against the library in-process, written to docs/model-kinds.md
@@ -144,11 +147,12 @@ clean:
 # watch off and on, hangs counted (bench.faults.start_loop; START_LOOP_ARGS="--starts 5").
 CLIP_CLEAN_ARGS ?= --replica-commit 9ab1dac
 .PHONY: bench
-bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK)
+bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK) .build/gateway-venv/.installed
 	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[bench]"
 	$(PY) -m bench.run $(BENCH_ARGS)
 	$(PY) -m bench.index_rate $(INDEX_RATE_ARGS)
 	$(PY) -m bench.long_documents $(LONG_DOCS_ARGS)
+	$(PY) -m bench.gateway $(GATEWAY_ARGS)
 	$(PY) -m bench.studies.bare_entry $(BARE_ARGS)
 	$(PY) -m bench.rerank $(RERANK_ARGS)
 	$(PY) -m bench.studies.precision $(PRECISION_ARGS)
@@ -175,9 +179,9 @@ k8s-lint: $(STAMP)
 test unit: k8s-tools
 lint: k8s-lint
 
-# The OpenAI-compatible gateway (docs/clients.md "OpenAI /v1/embeddings"): LiteLLM's proxy
-# 1.100.0 in a venv of its own (.build/gateway-venv) from the full lock
-# requirements/gateway.txt, so its pins never meet the project's. `make serve-gateway`
+# The OpenAI-compatible gateway (docs/clients.md "OpenAI /v1/embeddings"):
+# deploy/gateway/openai_gateway.py on uvicorn, in a venv of its own (.build/gateway-venv)
+# from the full lock requirements/gateway.txt, so its pins never meet the project's. `make serve-gateway`
 # writes its config from models.toml (python -m generator gateway-config) and runs it on
 # 127.0.0.1:$(GATEWAY_PORT) in front of `make serve`'s Triton; its API key is
 # LITELLM_MASTER_KEY / LITELLM_MASTER_KEY_FILE, else the local key file .build/gateway-key
@@ -206,7 +210,7 @@ serve-gateway: $(GATEWAY_STAMP) $(STAMP)
 	  echo "wrote the gateway's API key to $(GATEWAY_KEY) (mode 0600)"; fi
 	if [ -z "$$LITELLM_MASTER_KEY$$LITELLM_MASTER_KEY_FILE" ]; then \
 	  export LITELLM_MASTER_KEY_FILE=$(CURDIR)/$(GATEWAY_KEY); fi; \
-	LITELLM_BIN=$(CURDIR)/$(GATEWAY_VENV)/bin/litellm GATEWAY_PORT=$(GATEWAY_PORT) \
+	GATEWAY_PYTHON=$(CURDIR)/$(GATEWAY_VENV)/bin/python GATEWAY_PORT=$(GATEWAY_PORT) \
 	TRITON_HTTP_URL=$${TRITON_HTTP_URL:-http://127.0.0.1:$${TRITON_HTTP_PORT:-8000}} \
 	deploy/gateway/run_gateway.sh $(GATEWAY_CONFIG)
 

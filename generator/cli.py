@@ -131,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
         help=f"export spans at least this often (default ${EXPORT_DELAY_ENV}, else 5000)",
     )
     gateway = sub.add_parser(
-        "gateway-config", help="write the OpenAI gateway's (LiteLLM proxy) config"
+        "gateway-config", help="write the OpenAI gateway's config"
     )
     gateway.add_argument("out", type=Path, help="the YAML file to write")
     stop = sub.add_parser("stop", help="stop the server started by serve")

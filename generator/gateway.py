@@ -1,19 +1,17 @@
-"""The OpenAI-compatible gateway's config (LiteLLM's proxy), generated from the manifest.
+"""The OpenAI-compatible gateway's config, generated from the manifest.
 
-Every dense text model the manifest serves gets a route ``/v1/embeddings`` with
-``model`` = its Triton ensemble's name (``<name>`` for a sentence-transformers entry,
-``<name>_text`` for an OpenCLIP entry's text tower). The gateway calls an ensemble
-through the provider in ``deploy/gateway/triton_embeddings.py``: ``<name>_openai``
-(``EMBEDDING`` and ``TOKEN_COUNT``) where the entry builds it (``litellm = true``,
-python-ort), else the public ensemble itself. Each route's ``model_info`` tells the
-provider what the model takes: rows per request (``max_batch_size``), whether
-``dimensions`` may be asked (python-ort sentence-transformers models), whether the
-ensemble answers ``TOKEN_COUNT`` (usage; 0 where it does not), the name to answer with
-(``public_name``). The default prompt is the ensemble's own: a request without
-``prompt_name`` gets it.
+Every dense text model the manifest serves gets a name on ``/v1/embeddings`` (``model`` =
+its Triton ensemble's name: ``<name>`` for a sentence-transformers entry, ``<name>_text``
+for an OpenCLIP entry's text tower). The gateway (``deploy/gateway/openai_gateway.py``)
+calls, for each, ``<name>_openai`` (``EMBEDDING`` and ``TOKEN_COUNT``) where the entry
+builds it (``litellm = true``, python-ort), else the public ensemble itself. Each model's
+entry says what it takes: rows per Triton request (``max_batch_size``), whether
+``dimensions`` may be asked (python-ort sentence-transformers models), whether the ensemble
+answers ``TOKEN_COUNT`` (usage; 0 where it does not). The default prompt is the
+ensemble's own: a request without ``prompt_name`` gets it.
 
-Nothing here is written by hand beside ``models.toml``; secrets and Triton's address are
-read by the gateway from its environment (``os.environ/...``), never written here.
+Nothing here is written by hand beside ``models.toml``; the key and Triton's address are
+read by the gateway from its environment, never written here.
 """
 
 from __future__ import annotations
@@ -30,21 +28,14 @@ import yaml
 from .families.spec import OPENAI_SUFFIX, serves_openai
 from .manifest import Manifest, ModelEntry
 
-PROVIDER = "triton-embeddings"
-# The provider's module (deploy/gateway/triton_embeddings.py), its instance and its hook
-# (which carries dimensions / encoding_format past LiteLLM's check to the provider).
-HANDLER = "triton_embeddings.handler"
-HOOK = "triton_embeddings.openai_params"
-# The key check: the one key of the gateway, 401 otherwise (LiteLLM's own needs a database).
-AUTH = "triton_embeddings.user_api_key_auth"
-# Environment the gateway reads at start (LiteLLM's os.environ/ references).
+# Environment the gateway reads at start.
 TRITON_URL_ENV = "TRITON_HTTP_URL"
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 DENSE_TEXT_FAMILIES = ("sentence-transformers", "open-clip")
 
 
 def gateway_routes(manifest: Manifest) -> list[dict[str, Any]]:
-    """One LiteLLM ``model_list`` item per dense text ensemble of ``manifest``."""
+    """One ``models`` item per dense text ensemble of ``manifest``."""
     return [_route(entry) for entry in manifest.models if entry.family in DENSE_TEXT_FAMILIES]
 
 
@@ -56,37 +47,17 @@ def _route(entry: ModelEntry) -> dict[str, Any]:
     # ensemble, which answers it only where the entry asks (token_count).
     ensemble = f"{entry.name}{OPENAI_SUFFIX}" if serves_openai(entry) else public
     return {
-        "model_name": public,
-        "litellm_params": {
-            "model": f"{PROVIDER}/{ensemble}",
-            "api_base": f"os.environ/{TRITON_URL_ENV}",
-        },
-        "model_info": {
-            "mode": "embedding",
-            "public_name": public,
-            "max_batch_size": entry.max_batch_size,
-            "dimensions": not clip and python_ort,
-            "token_count": ensemble != public or (not clip and python_ort and entry.token_count),
-        },
+        "name": public,
+        "ensemble": ensemble,
+        "max_batch_size": entry.max_batch_size,
+        "dimensions": not clip and python_ort,
+        "token_count": ensemble != public or (not clip and python_ort and entry.token_count),
     }
 
 
 def gateway_config(manifest: Manifest) -> dict[str, Any]:
-    """LiteLLM proxy config: the routes, the provider, a master key, nothing sent out."""
-    return {
-        "model_list": gateway_routes(manifest),
-        "litellm_settings": {
-            "custom_provider_map": [{"provider": PROVIDER, "custom_handler": HANDLER}],
-            "callbacks": [HOOK],
-            "drop_params": False,
-            "telemetry": False,
-        },
-        "general_settings": {
-            "master_key": f"os.environ/{MASTER_KEY_ENV}",
-            "custom_auth": AUTH,
-            "disable_spend_logs": True,
-        },
-    }
+    """The gateway's config: the models it answers for, nothing secret."""
+    return {"models": gateway_routes(manifest)}
 
 
 def write_gateway_config(manifest: Manifest, path: Path) -> list[str]:
@@ -101,7 +72,7 @@ def write_gateway_config(manifest: Manifest, path: Path) -> list[str]:
     partial = path.with_name(path.name + ".tmp")
     partial.write_text(text)
     partial.replace(path)
-    return [route["model_name"] for route in config["model_list"]]
+    return [route["name"] for route in config["models"]]
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,27 +90,28 @@ class GatewayProcess:
 
     def __init__(
         self, config: Path, triton_url: str, key: str, port: int, log: Path,
-        venv: Path = GATEWAY_VENV,
+        venv: Path = GATEWAY_VENV, workers: int = 1,
     ):
         self.config, self.triton_url, self.key, self.port, self.log = (
             config, triton_url, key, port, log
         )
-        self.venv = venv
+        self.venv, self.workers = venv, workers
         self.url = f"http://127.0.0.1:{port}"
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        """Start the proxy; FileNotFoundError when the venv is missing."""
-        litellm = self.venv / "bin" / "litellm"
-        if not litellm.is_file():
-            raise FileNotFoundError(f"{litellm}: `make gateway` installs requirements/gateway.txt")
+        """Start the gateway; FileNotFoundError when the venv is missing."""
+        python = self.venv / "bin" / "python"
+        if not (self.venv / "bin" / "uvicorn").is_file():
+            raise FileNotFoundError(f"{self.venv}: `make gateway` installs its lock")
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         env.update(
             PATH=f"{self.venv / 'bin'}:{os.environ.get('PATH', '')}",
-            LITELLM_BIN=str(litellm),
+            GATEWAY_PYTHON=str(python),
             LITELLM_MASTER_KEY=self.key,
             TRITON_HTTP_URL=self.triton_url,
             GATEWAY_PORT=str(self.port),
+            GATEWAY_WORKERS=str(self.workers),
         )
         env.pop("LITELLM_MASTER_KEY_FILE", None)
         with self.log.open("wb") as out:

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Start the OpenAI-compatible gateway (LiteLLM's proxy, requirements/gateway.txt) in front
-# of Triton: POST /v1/embeddings for every text model of the config that
-# `python -m generator gateway-config` wrote. Closed by default:
+# Start the OpenAI-compatible gateway (deploy/gateway/openai_gateway.py on uvicorn,
+# requirements/gateway.txt) in front of Triton: POST /v1/embeddings for every text model of
+# the config that `python -m generator gateway-config` wrote. Closed by default:
 #   - it needs an API key (LITELLM_MASTER_KEY, or LITELLM_MASTER_KEY_FILE naming a file
 #     that holds it; at least 16 characters, LiteLLM wants the "sk-" prefix): no key, no start;
 #   - it listens on 127.0.0.1 unless GATEWAY_HOST says otherwise (containers: 0.0.0.0);
-#   - it sends nothing out: local model cost map, telemetry off, no database.
+#   - it sends nothing out but its requests to Triton; no access log of request bodies.
+# (The key variable keeps the name of the LiteLLM proxy this gateway replaced, so existing
+# deployments and secrets carry over.)
 # Usage: run_gateway.sh CONFIG   (env: TRITON_HTTP_URL, GATEWAY_HOST, GATEWAY_PORT,
-#        GATEWAY_WORKERS, LITELLM_BIN)
+#        GATEWAY_WORKERS: processes, one core each; GATEWAY_MAX_IN_FLIGHT: requests in
+#        progress per process before it refuses with 503; GATEWAY_PYTHON)
 set -euo pipefail
 
 config=${1:?usage: run_gateway.sh CONFIG}
@@ -29,17 +32,12 @@ fi
 export LITELLM_MASTER_KEY=$key
 export TRITON_HTTP_URL=${TRITON_HTTP_URL:-http://127.0.0.1:8000}
 
-# Offline: the model cost map shipped in the package, no telemetry, no update checks.
-export LITELLM_LOCAL_MODEL_COST_MAP=True
-export LITELLM_TELEMETRY=False
-export LITELLM_DONT_SHOW_FEEDBACK_BOX=True
-export DISABLE_ADMIN_UI=True
-export NO_DOCS=True
-export NO_REDOC=True
-export HF_HUB_OFFLINE=1
-# The provider module (triton_embeddings.py) sits beside this script.
+export GATEWAY_CONFIG=$config
+# The app module (openai_gateway.py) sits beside this script.
 export PYTHONPATH=$here${PYTHONPATH:+:$PYTHONPATH}
 
-exec "${LITELLM_BIN:-litellm}" --config "$config" \
+exec "${GATEWAY_PYTHON:-python3}" -m uvicorn openai_gateway:app --factory \
     --host "${GATEWAY_HOST:-127.0.0.1}" --port "${GATEWAY_PORT:-4000}" \
-    --num_workers "${GATEWAY_WORKERS:-1}" --telemetry False
+    --workers "${GATEWAY_WORKERS:-1}" --loop uvloop --http h11 \
+    --no-access-log --no-server-header --no-date-header --log-level warning \
+    --backlog 2048 --timeout-keep-alive 30

@@ -547,7 +547,7 @@ def openai_dir(
 ) -> ModelDir:
     """``<name>_openai``: the plain ensemble's ``steps`` answering ``TOKEN_COUNT`` too.
 
-    What the OpenAI gateway's provider (``deploy/gateway/triton_embeddings.py``) calls, so
+    What the OpenAI gateway (``deploy/gateway/openai_gateway.py``) calls, so
     ``usage.prompt_tokens`` counts the model's tokens while ``<name>`` keeps ``EMBEDDING``
     alone (its default outputs are its contract). Input, batching and request parameters
     as ``<name>``; the last step must answer ``EMBEDDING`` and ``TOKEN_COUNT``.

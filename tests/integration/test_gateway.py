@@ -1,4 +1,4 @@
-"""The OpenAI-compatible gateway (LiteLLM's proxy, its own venv) in front of a real Triton.
+"""The OpenAI-compatible gateway (deploy/gateway/openai_gateway.py, its own venv) before Triton.
 
 The session's Triton (conftest ``server``: all-MiniLM-L6-v2 with ``max_batch_size`` 16 and
 ``token_count``, minilm-int8 with ``litellm = true`` as shipped, clip-tiny) and one
@@ -12,6 +12,7 @@ vectors against sentence-transformers (max abs 1e-5) and against Triton's own an
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import secrets
@@ -44,18 +45,21 @@ TEXTS = [
 class Gateway(GatewayProcess):
     """The running gateway, with a raw POST for the error cases."""
 
-    def post(self, body: dict, key: str | None = None) -> tuple[int, dict]:
-        """POST ``body`` to /v1/embeddings; (status, decoded JSON answer)."""
-        headers = {"Content-Type": "application/json"}
+    def post(self, body: dict | bytes, key: str | None = None, **headers: str):
+        """POST ``body`` to /v1/embeddings; (status, decoded JSON answer).
+
+        The answer's headers are kept in :attr:`headers`."""
+        headers = {"Content-Type": "application/json", **headers}
         if key is not None:
             headers["Authorization"] = f"Bearer {key}"
-        request = urllib.request.Request(
-            f"{self.url}/v1/embeddings", json.dumps(body).encode(), headers
-        )
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.url}/v1/embeddings", data, headers)
         try:
             with urllib.request.urlopen(request, timeout=120) as answer:
+                self.headers = answer.headers
                 return answer.status, json.loads(answer.read())
         except urllib.error.HTTPError as error:
+            self.headers = error.headers
             return error.code, json.loads(error.read())
 
 
@@ -262,12 +266,55 @@ def test_unknown_model_empty_and_too_many_inputs_are_openai_errors(gateway) -> N
     assert status == 400 and "dimensions" in message, (status, message)
 
 
+def test_a_request_past_its_timeout_is_refused_by_triton_as_503_with_retry_after(
+    gateway,
+) -> None:
+    """The client's timeout (the OpenAI SDK's ``X-Stainless-Read-Timeout``) becomes Triton's
+    deadline: one that has passed when Triton reads it is refused there before any work, and
+    the gateway answers that refusal as 503 with ``Retry-After``, in OpenAI's error shape."""
+    body = {"model": TEXT_MODEL, "input": "hello"}
+    status, message = _error(gateway.post(body, gateway.key, **{
+        "X-Stainless-Read-Timeout": "0.000001"}))
+    assert status == 503 and "deadline" in message, (status, message)
+    assert gateway.headers["Retry-After"] == "1"
+    status, answer = gateway.post(body, gateway.key, **{"X-Stainless-Read-Timeout": "30"})
+    assert status == 200 and len(answer["data"][0]["embedding"]) == 384
+
+
+def test_malformed_oversized_and_unknown_requests_are_refused_by_name(gateway) -> None:
+    key = gateway.key
+    status, message = _error(gateway.post(b"{not json", key))
+    assert status == 400 and "not JSON" in message
+    status, message = _error(gateway.post({"model": TEXT_MODEL, "input": "x", "n": 2}, key))
+    assert status == 400 and "unsupported parameter: n" in message
+    status, message = _error(gateway.post({"model": TEXT_MODEL, "input": [[1, 2]]}, key))
+    assert status == 400 and "token arrays" in message
+    # A body declared over 16 MiB is refused before a byte of it is read.
+    connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
+    connection.putrequest("POST", "/v1/embeddings")
+    connection.putheader("Authorization", f"Bearer {key}")
+    connection.putheader("Content-Length", str(17 << 20))
+    connection.endheaders()
+    answer = connection.getresponse()
+    assert answer.status == 413, answer.read()
+    connection.close()
+    # Only /health answers without the key; the model list needs it.
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{gateway.url}/v1/models", timeout=10)
+    assert refused.value.code == 401
+    models = urllib.request.Request(f"{gateway.url}/v1/models",
+                                    headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(models, timeout=10) as answer:
+        names = [m["id"] for m in json.loads(answer.read())["data"]]
+    assert TEXT_MODEL in names and INT8_MODEL in names
+
+
 def test_gateway_refuses_to_start_without_a_key(tmp_path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("model_list: []\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LITELLM_MASTER_KEY")}
     run = subprocess.run(
-        [str(RUN_GATEWAY), str(config)], env={**env, "LITELLM_BIN": sys.executable},
+        [str(RUN_GATEWAY), str(config)], env={**env, "GATEWAY_PYTHON": sys.executable},
         capture_output=True, text=True, timeout=30, check=False,
     )
     assert run.returncode == 2

@@ -263,6 +263,7 @@ def test_gateway_service_reads_the_generated_config_and_needs_a_key(compose) -> 
     assert gateway["environment"] == {
         "TRITON_HTTP_URL": "http://triton:8000",
         "LITELLM_MASTER_KEY": "${GATEWAY_API_KEY:-}",
+        "GATEWAY_WORKERS": "${GATEWAY_WORKERS:-1}",
     }
     assert gateway["ports"] == ["${GATEWAY_PUBLISH_ADDRESS:-127.0.0.1}:4000:4000"]
     dockerfile = ROOT / "deploy" / "gateway" / "Dockerfile"
@@ -272,7 +273,7 @@ def test_gateway_service_reads_the_generated_config_and_needs_a_key(compose) -> 
     assert "pip install --no-cache-dir -q --no-deps -r /tmp/gateway.txt" in text
     assert 'CMD ["/gateway/config.yaml"]' in text and "USER 10001:10001" in text
     assert not dockerignored("requirements/gateway.txt")
-    assert not dockerignored("deploy/gateway/triton_embeddings.py")
+    assert not dockerignored("deploy/gateway/openai_gateway.py")
 
 
 def test_perf_service_writes_to_a_mounted_folder(compose) -> None:

@@ -309,6 +309,12 @@ def test_gateway_overlay_reads_the_servers_manifest_and_needs_its_key_secret() -
             "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]},
         }
+    # It scales on its own CPU: one worker per pod, one core requested, an HPA on that.
+    assert env["GATEWAY_WORKERS"] == "1"
+    assert gateway["resources"]["requests"]["cpu"] == "1"
+    hpa = k8s.find(objects, "HorizontalPodAutoscaler", "triton-embeddings-gateway")["spec"]
+    assert hpa["scaleTargetRef"]["name"] == "triton-embeddings-gateway"
+    assert hpa["metrics"][0]["resource"]["name"] == "cpu"
     service = k8s.find(objects, "Service", "triton-embeddings-gateway")["spec"]
     assert service["type"] == "ClusterIP"
     assert service["selector"] == pod_labels(objects, "triton-embeddings-gateway")

@@ -1,4 +1,4 @@
-"""The gateway's config (LiteLLM proxy) generated from a manifest: routes, flags, no secrets."""
+"""The gateway's config generated from a manifest: models, flags, no secrets."""
 
 from __future__ import annotations
 
@@ -27,53 +27,45 @@ def _manifest(tmp_path: Path):
 
 
 def test_every_dense_text_ensemble_gets_a_route_under_its_triton_name(tmp_path) -> None:
-    routes = {r["model_name"]: r for r in gateway_config(_manifest(tmp_path))["model_list"]}
+    routes = {r["name"]: r for r in gateway_config(_manifest(tmp_path))["models"]}
     assert list(routes) == ["st", "st-native", "shipped", "clip_text"]
-    assert routes["st"]["litellm_params"] == {
-        "model": "triton-embeddings/st",
-        "api_base": "os.environ/TRITON_HTTP_URL",
-    }
-    assert routes["st"]["model_info"] == {
-        "mode": "embedding", "public_name": "st", "max_batch_size": 8, "dimensions": True,
+    assert routes["st"] == {
+        "name": "st", "ensemble": "st", "max_batch_size": 8, "dimensions": True,
         "token_count": True,
     }
-    assert routes["st-native"]["model_info"]["dimensions"] is False
-    assert routes["st-native"]["model_info"]["token_count"] is False
-    assert routes["clip_text"]["model_info"]["dimensions"] is False
-    assert routes["clip_text"]["model_info"]["token_count"] is False
+    assert routes["st-native"]["dimensions"] is False
+    assert routes["st-native"]["token_count"] is False
+    assert routes["clip_text"]["ensemble"] == "clip_text"
+    assert routes["clip_text"]["dimensions"] is False
+    assert routes["clip_text"]["token_count"] is False
 
 
 def test_a_litellm_entry_is_served_through_its_openai_ensemble_which_counts(tmp_path) -> None:
     """``litellm = true`` (the shipped all-MiniLM-L6-v2): usage from ``<name>_openai``."""
     manifest = _manifest(tmp_path)
-    routes = {r["model_name"]: r for r in gateway_config(manifest)["model_list"]}
+    routes = {r["name"]: r for r in gateway_config(manifest)["models"]}
     shipped = routes["shipped"]
-    assert shipped["litellm_params"]["model"] == "triton-embeddings/shipped_openai"
-    assert shipped["model_info"]["public_name"] == "shipped"
-    assert shipped["model_info"]["token_count"] is True
+    assert shipped["ensemble"] == "shipped_openai"
+    assert shipped["token_count"] is True
     assert "shipped_openai" in manifest.get("shipped").ensembles
     # Triton's native backend cannot count: no <name>_openai, the plain ensemble, usage 0.
-    assert routes["st-native"]["litellm_params"]["model"] == "triton-embeddings/st-native"
+    assert routes["st-native"]["ensemble"] == "st-native"
     assert "st-native_openai" not in manifest.get("st-native").ensembles
 
 
-def test_config_requires_a_key_from_the_environment_and_writes_no_secret(tmp_path) -> None:
+def test_config_holds_the_models_only_and_no_secret(tmp_path) -> None:
     path = tmp_path / "gateway" / "config.yaml"
     write_gateway_config(_manifest(tmp_path), path)
     config = yaml.safe_load(path.read_text())
-    general = config["general_settings"]
-    assert general["master_key"] == "os.environ/LITELLM_MASTER_KEY"
-    assert general["custom_auth"] == "triton_embeddings.user_api_key_auth"
-    assert config["litellm_settings"]["telemetry"] is False
-    assert config["litellm_settings"]["drop_params"] is False
-    assert "sk-" not in path.read_text()
+    assert list(config) == ["models"]
+    assert "sk-" not in path.read_text() and "http" not in path.read_text()
 
 
 def test_cli_writes_the_shipped_manifests_routes(tmp_path, capsys) -> None:
     out = tmp_path / "config.yaml"
     assert main(["--manifest", str(ROOT / "models.toml"), "--repo", str(tmp_path / "repo"),
                  "gateway-config", str(out)]) == 0
-    names = [r["model_name"] for r in yaml.safe_load(out.read_text())["model_list"]]
+    names = [r["name"] for r in yaml.safe_load(out.read_text())["models"]]
     shipped = load_manifest(ROOT / "models.toml")
     want = [
         f"{e.name}_text" if e.family == "open-clip" else e.name
