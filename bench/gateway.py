@@ -220,7 +220,7 @@ def cpu_by_part(triton_port: int, texts: list[str]) -> dict[str, float]:
         "the request's JSON parsed and checked": request,
         "Triton's request written (JSON)": lambda: gw.triton_body(texts, None, False, 1),
         "Triton's answer parsed (JSON)": lambda: gw.triton_rows(answer, len(texts)),
-        f"the answer's JSON ({len(texts)} x {DIM} floats)": lambda: gw.orjson.dumps(
+        "the answer's JSON (the floats)": lambda: gw.orjson.dumps(
             {"object": "list", "data": data, "model": TEXT_MODEL, "usage": {}}),
         "base64 rows instead (encoding_format base64)": lambda: [gw.base64_row(r) for r in rows],
     }

@@ -38,6 +38,6 @@ export PYTHONPATH=$here${PYTHONPATH:+:$PYTHONPATH}
 
 exec "${GATEWAY_PYTHON:-python3}" -m uvicorn openai_gateway:app --factory \
     --host "${GATEWAY_HOST:-127.0.0.1}" --port "${GATEWAY_PORT:-4000}" \
-    --workers "${GATEWAY_WORKERS:-1}" --loop uvloop --http h11 \
+    --workers "${GATEWAY_WORKERS:-1}" --loop uvloop --http httptools \
     --no-access-log --no-server-header --no-date-header --log-level warning \
     --backlog 2048 --timeout-keep-alive 30
