@@ -162,6 +162,7 @@ bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK) .build/gateway-venv/.installed
 	$(PY) -m bench.faults.overload $(OVERLOAD_ARGS)
 	$(PY) -m bench.faults.soak $(SOAK_ARGS)
 	$(PY) -m bench.faults.start_loop $(START_LOOP_ARGS)
+	$(PY) -m bench.page
 
 # Kubernetes (deploy/k8s, docs/kubernetes.md). tests/unit/deploy/test_k8s_*.py render
 # every kustomization with a real Kustomize: kubectl 1.32.3 (embedded Kustomize v5.5.0)

@@ -20,15 +20,26 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
 
-def save_results(results: dict[str, Any], prefix: str) -> str:
-    """Write ``bench/results/<prefix>-<results["started"], compact>.json``; its path from the root.
+def save_results(results: dict[str, Any], prefix: str, quick: bool = False) -> str:
+    """Write ``<prefix>-<results["started"], compact>.json`` as :func:`write_results` does.
 
-    The path is what the documents a benchmark renders name as their source.
+    Its path from the root: what the page names as a section's source.
     """
     stamp = results["started"].replace(":", "").replace("-", "")
-    out = RESULTS / f"{prefix}-{stamp}.json"
-    out.write_text(json.dumps(results, indent=1), encoding="utf-8")
-    return str(out.relative_to(ROOT))
+    return str(write_results(results, f"{prefix}-{stamp}", quick).relative_to(ROOT))
+
+
+def write_results(results: dict[str, Any], name: str, quick: bool = False) -> Path:
+    """Write ``bench/results/<name>.json`` (``.build/bench-results/`` for a quick run).
+
+    Its path from the root goes into ``results["meta"]["results_file"]`` first, if any meta.
+    """
+    out = (ROOT / ".build" / "bench-results" if quick else RESULTS) / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if "meta" in results:
+        results["meta"]["results_file"] = str(out.relative_to(ROOT))
+    out.write_text(json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8")
+    return out
 
 
 def logger(tag: str, stream: TextIO | None = None) -> Callable[[str], None]:

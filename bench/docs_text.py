@@ -1,27 +1,12 @@
-"""The text of ``docs/benchmarks.md``: tables from a :class:`bench.summary.Summary`.
-
-The prose is ``bench/templates/benchmarks.md`` (the "Method" section is
-``bench/templates/method.md``); this module computes the tables and values it places.
-
-Everything is regenerated on every full run except the hand-written analysis between
-the ``analysis:begin`` / ``analysis:end`` markers, which is carried over.
-"""
+"""Tables of ``docs/benchmarks.md`` (:mod:`bench.page`) from a :class:`bench.summary.Summary`."""
 
 from __future__ import annotations
 
-import re
-
-from bench.common import render_template, table
-from bench.gpu import report as gpu_report
-from bench.rerank import report as rerank_report
+from bench.common import table
 from bench.summary import Summary
-from client.load.perf_data import perf_analyzer_commands
 
-BEGIN, END = "<!-- analysis:begin -->", "<!-- analysis:end -->"
-# `make perf` (deploy/perf/perf_table.py) owns this block; a bench run carries it over.
+# `make perf` (deploy/perf/perf_table.py) owns this block; the page carries it over.
 PERF_BEGIN, PERF_END = "<!-- perf:begin -->", "<!-- perf:end -->"
-DEFAULT_ANALYSIS = "(no analysis written yet)"
-SDK_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3-sdk"
 
 
 def _f(value: float, digits: int = 1) -> str:
@@ -206,86 +191,6 @@ def machine_table(s: Summary) -> str:
         rows.append(["overrides (--text-set)", ", ".join(s.meta["args"]["text_set"])])
     rows += [[f"peer: {name}", state] for name, state in s.meta["peers"].items()]
     return table(["What", "Version / value"], rows)
-
-
-def _analysis(previous: str) -> str:
-    match = re.search(re.escape(BEGIN) + r"\n(.*?)\n?" + re.escape(END), previous, re.S)
-    return match.group(1).strip() if match else DEFAULT_ANALYSIS
-
-
-def _perf_block(previous: str) -> list[str]:
-    """The ``make perf`` section of the previous document, markers included (or nothing)."""
-    match = re.search(re.escape(PERF_BEGIN) + r".*?" + re.escape(PERF_END), previous, re.S)
-    return [match.group(0)] if match else []
-
-
-def render(s: Summary, chart_name: str, previous: str = "") -> str:
-    """The whole markdown document (``bench/templates/benchmarks.md``)."""
-    meta = s.meta
-
-    def loads(kind_is_text: bool, unit: str) -> list[dict[str, str]]:
-        return [
-            {
-                "name": load,
-                "table": load_table(s, load, unit),
-                "server_table": server_table(s, load),
-            }
-            for load in s.loads
-            if (s.kinds[load] == "text") == kind_is_text
-        ]
-
-    return render_template(
-        "benchmarks.md",
-        meta=meta,
-        machine=meta["machine"],
-        results_file=meta.get("results_file", "bench/results"),
-        seconds=meta.get("seconds", "?"),
-        headline=s.headline,
-        targets_table=targets_table(s),
-        analysis_begin=BEGIN,
-        analysis=_analysis(previous),
-        analysis_end=END,
-        load_ceiling_table=load_ceiling_table(s),
-        ceiling_table=ceiling_table(s),
-        text_loads=loads(True, "sentences"),
-        image_loads=loads(False, "images"),
-        image_ceiling=image_ceiling(s),
-        kept_rerank=rerank_report.kept_section(previous),
-        chart_name=chart_name,
-        machine_table=machine_table(s),
-        sdk_image=SDK_IMAGE,
-        perf_commands=perf_analyzer_lines(),
-        kept_blocks=[*_perf_block(previous), *gpu_report.kept_block(previous)],
-    )
-
-
-def image_ceiling(s: Summary) -> dict[str, float | None] | None:
-    """The image tower's raw ORT speed (medians over repeats), or None if not measured."""
-    rows = s.results["image_ceiling"]
-    if not rows:
-        return None
-
-    def med(key: str) -> float:
-        return sorted(r.get(key, 0.0) for r in rows)[len(rows) // 2]
-
-    parallel = any(r.get("parallel_items_per_s") for r in rows)
-    return {
-        "batch32": med("batch32_items_per_s"),
-        "batch1": med("batch1_items_per_s"),
-        "batch1_p50_ms": med("batch1_p50_ms"),
-        "parallel": med("parallel_items_per_s") if parallel else None,
-    }
-
-
-def perf_analyzer_lines() -> list[str]:
-    """The perf_analyzer command lines for the text and CLIP ensembles (SDK container)."""
-    commands = (
-        perf_analyzer_commands("all-MiniLM-L6-v2", "text", url="localhost:8001")
-        + perf_analyzer_commands("clip-vit-b-32", "clip", url="localhost:8001")[3:]
-    )
-    return [c.replace("/data/", "/data/text/", 1) for c in commands[:3]] + [
-        c.replace("/data/", "/data/clip/", 1) for c in commands[3:]
-    ]
 
 
 def plain_summary(s: Summary) -> str:

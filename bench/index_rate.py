@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import shutil
 import statistics
 import sys
@@ -39,7 +38,7 @@ from pathlib import Path
 from bench.common import logger
 from bench.loads import IMAGE_URL, image_loads, text_loads
 from bench.machine import CpuMonitor, machine_info
-from bench.manifest import BUILD, ROOT, TEXT_MODEL, bench_manifest_data
+from bench.manifest import BUILD, ROOT, TEXT_MODEL, bench_manifest_data, served
 from client.index import IndexJob, run_index
 from client.load.loadgen import run_triton_load
 from client.load.workload import (
@@ -50,9 +49,8 @@ from client.load.workload import (
     text_requests,
 )
 from generator.admin import KEY_ENV
-from generator.build import build_repository
 from generator.manifest import parse_manifest
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
+from generator.triton_local import TritonPorts
 
 log = logger("bench.index_rate")
 IMAGE_MODEL = "clip-tiny"  # models.toml's tiny CLIP (make bench writes its checkpoint)
@@ -84,17 +82,9 @@ def start_triton(stack: ExitStack, images: bool) -> TritonPorts:
         project = tomllib.loads((ROOT / "models.toml").read_text())
         data["models"].append(next(m for m in project["models"] if m["name"] == IMAGE_MODEL))
     manifest = parse_manifest(data, ROOT, "index bench manifest")
-    repo = BUILD / "bench-repo-index"  # its own: a build drops the models it does not list
-    build_repository(manifest, repo, log=log)
-    ports = TritonPorts(*free_ports(3))
-    key = os.environ.setdefault(KEY_ENV, secrets.token_urlsafe(32))
     names = tuple(n for entry in manifest.models for n in entry.ensembles)
-    launch = TritonLaunch(repo, ports, load_models=names, admin_key=key)
-    process = TritonProcess(launch, BUILD / "bench-work-index")
-    process.start()
-    stack.callback(process.stop)
-    process.wait_ready(timeout_s=300)
-    return ports
+    # its own folder: a build drops the models it does not list
+    return stack.enter_context(served(manifest, "bench-index-server", models=names, log=log)).ports
 
 
 def write_corpus(path: Path, pool: list[str], rows: int) -> None:

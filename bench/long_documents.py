@@ -40,8 +40,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import logger, save_results
-from bench.faults.overload import start_server
-from bench.manifest import TEXT_MODEL, bench_manifest_data
+from bench.manifest import TEXT_MODEL, bench_manifest_data, served
 from generator.manifest import parse_manifest
 
 log = logger("long-documents")
@@ -226,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     from client import EmbeddingClient
 
     with ExitStack() as stack:
-        ports, _ = start_server(manifest, "long-documents", stack, log)
+        ports = stack.enter_context(served(manifest, "long-documents", log=log)).ports
         url = f"127.0.0.1:{ports.http}"
 
         def make_client():
@@ -244,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     results["gates"] = {"chunks_ratio": cost["chunks_ratio"] >= RATE_GATE,
                         "index_ratio": cost["index_ratio"] >= RATE_GATE}
     log(f"chunks {cost['chunks_ratio']:.2f}x, index {cost['index_ratio']:.2f}x of plain rows")
-    log(f"recorded {save_results(results, 'long-documents')}")
+    log(f"recorded {save_results(results, 'long-documents', args.quick)}")
     return 0 if all(results["gates"].values()) else 1
 
 

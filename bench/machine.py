@@ -1,4 +1,4 @@
-"""What the benchmark ran on, and how busy the rest of the machine was meanwhile.
+"""What the benchmark ran on, how busy the rest of the machine was, a server's memory.
 
 The machine is shared: :class:`CpuMonitor` measures, for a window, the CPU time used by
 every process on the machine and by this benchmark's own process tree (the bench, the
@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+STUB = "triton_python_backend_stub"
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -172,3 +176,101 @@ def machine_info() -> dict[str, str]:
         if version != "not installed" or package != "onnxruntime-gpu":
             info[package] = version
     return info
+
+
+def _kib(text: str, key: str) -> int:
+    line = next((x for x in text.splitlines() if x.startswith(key + ":")), "")
+    return int(line.split()[1]) if line else 0
+
+
+def memory(pid: int) -> dict[str, int]:
+    """RSS, PSS and USS (private pages) of ``pid`` in KiB; PSS/USS 0 if unreadable."""
+    try:
+        rss = _kib(Path(f"/proc/{pid}/status").read_text(), "VmRSS")
+    except OSError:
+        return {}
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        rollup = ""
+    uss = _kib(rollup, "Private_Clean") + _kib(rollup, "Private_Dirty")
+    return {"rss": rss, "pss": _kib(rollup, "Pss"), "uss": uss}
+
+
+def server_processes(server_pid: int) -> dict[str, int]:
+    """``{"tritonserver": pid, "<instance>": stub pid, ...}`` for one server."""
+    found, pid = {"tritonserver": server_pid}, str(server_pid).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 8 and argv[0].endswith(STUB.encode()) and argv[5] == pid:
+            found[argv[8].decode()] = int(entry.name)
+    return found
+
+
+def nvidia_smi(*query: str) -> list[list[str]]:
+    """Rows of ``nvidia-smi --query-<what>=... --format=csv,noheader,nounits``."""
+    out = subprocess.run(
+        ["nvidia-smi", *query, "--format=csv,noheader,nounits"],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    return [[c.strip() for c in line.split(",")] for line in out.strip().splitlines()]
+
+
+def gpu_facts() -> dict:
+    """The GPU, its driver, and the ONNX Runtime build that will drive it."""
+    import onnxruntime as ort
+
+    name, driver, memory = nvidia_smi("--query-gpu=name,driver_version,memory.total")[0]
+    return {
+        "gpu": name,
+        "driver": driver,
+        "gpu_memory_mib": int(memory),
+        "cpu_cores": os.cpu_count(),
+        "onnxruntime": ort.__version__,
+        "ort_providers": ort.get_available_providers(),
+        "python": sys.version.split()[0],
+    }
+
+
+class GpuSampler:
+    """``nvidia-smi`` utilisation and memory every 200 ms, in a background process."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float, float]] = []
+        self._proc = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
+             "--format=csv,noheader,nounits", "-lms", "200"],
+            stdout=subprocess.PIPE, text=True,
+        )
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            try:
+                util, mem = (float(x) for x in line.split(","))
+            except ValueError:
+                continue
+            self.samples.append((time.monotonic(), util, mem))
+
+    def window(self, start: float, end: float) -> dict:
+        """Mean and max utilisation (%) and max memory (MiB) between two monotonic times."""
+        inside = [(u, m) for t, u, m in self.samples if start <= t <= end]
+        if not inside:
+            return {"gpu_util_mean": None, "gpu_util_max": None, "gpu_mem_max_mib": None}
+        utils = [u for u, _ in inside]
+        return {
+            "gpu_util_mean": round(sum(utils) / len(utils), 1),
+            "gpu_util_max": max(utils),
+            "gpu_mem_max_mib": max(m for _, m in inside),
+        }
+
+    def stop(self) -> None:
+        """End the sampler."""
+        self._proc.terminate()
+        self._proc.wait(timeout=10)

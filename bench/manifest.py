@@ -1,4 +1,6 @@
-"""The bench manifest: what ``make serve`` serves, plus a full-size random-init ViT-B-32.
+"""The bench manifest, and the one way a benchmark starts and stops Triton (:func:`served`).
+
+The manifest is what ``make serve`` serves, plus a full-size random-init ViT-B-32.
 
 The text model's serving knobs are read from the project's ``models.toml`` (so the
 benchmark measures what a user serves); the CLIP entry reuses the knobs of the first
@@ -9,11 +11,21 @@ weights (random init: same compute as a trained checkpoint). ``fetch_image`` all
 
 from __future__ import annotations
 
+import os
+import secrets
+import time
 import tomllib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from generator.admin import KEY_ENV
+from generator.build import BuildReport, build_repository
 from generator.manifest import Manifest, parse_manifest
+from generator.shared_models import startup_models
+from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / ".build"
@@ -81,3 +93,56 @@ def bench_manifest(
     if not with_clip:
         data["models"] = data["models"][:1]
     return parse_manifest(data, ROOT, "bench manifest")
+
+
+@dataclass(frozen=True)
+class Served:
+    """A Triton that :func:`served` started: where it listens and what it serves."""
+
+    ports: TritonPorts
+    pid: int
+    key: str  # the admin key (also in ``os.environ[KEY_ENV]``, for the load generator)
+    repo: Path
+    build: BuildReport
+    ready_s: float  # from start to ready
+    process: TritonProcess  # its log: ``process.log_tail()``
+
+    def url(self, protocol: str = "grpc") -> str:
+        """``127.0.0.1:<port>`` of its ``grpc`` or ``http`` endpoint."""
+        return f"127.0.0.1:{self.ports.grpc if protocol == 'grpc' else self.ports.http}"
+
+
+@contextmanager
+def served(
+    manifest: Manifest,
+    base: Path | str,
+    *,
+    models: Sequence[str] | None = None,
+    log: Callable[[str], None] = print,
+    timeout_s: float = 300.0,
+    extra_env: Mapping[str, str] | None = None,
+) -> Iterator[Served]:
+    """Build ``manifest`` into ``<base>/repo``, serve it on free ports until the block ends.
+
+    ``base`` is a folder, or a name under ``.build``; unchanged models are not rebuilt.
+    ``models``: what Triton loads at start (default: every ensemble, as ``generator serve``).
+    Yields once the server is ready; stops it, its stubs and shared memory after.
+    """
+    base = BUILD / base if isinstance(base, str) else base
+    repo = base / "repo"
+    report = build_repository(manifest, repo, log=log)
+    log(f"{base.name}: built {report.built or 'nothing'}, skipped {report.skipped}")
+    key = os.environ.setdefault(KEY_ENV, secrets.token_urlsafe(32))
+    ports = TritonPorts(*free_ports(3))
+    names = tuple(models) if models is not None else startup_models(manifest)
+    launch = TritonLaunch(repo, ports, load_models=names, admin_key=key)
+    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: key, **(extra_env or {})})
+    start = time.monotonic()
+    process.start()
+    try:
+        process.wait_ready(timeout_s=timeout_s)
+        ready_s = time.monotonic() - start
+        log(f"{base.name}: triton ready in {ready_s:.0f} s, grpc {ports.grpc}, http {ports.http}")
+        yield Served(ports, process.process.pid, key, repo, report, ready_s, process)
+    finally:
+        process.stop()

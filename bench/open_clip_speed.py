@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import secrets
 import sys
 import tempfile
 import time
@@ -48,13 +47,10 @@ import numpy as np
 
 from bench.common import logger, median, save_results
 from bench.machine import machine_info
+from bench.manifest import served
 from client import EmbeddingClient
 from client.load.corpus import varied_sentences
-from generator.admin import KEY_ENV
-from generator.build import build_repository
 from generator.manifest import parse_manifest
-from generator.shared_models import startup_models
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 
 BATCH = 32
 GATE = 0.9  # served / open_clip, each load
@@ -160,19 +156,11 @@ def measure(args: argparse.Namespace, kinds: Sequence[str], base: Path) -> dict[
         {"name": served_name(kind), "family": "open-clip", **f} for kind, f in fields.items()
     ]
     manifest = parse_manifest({"models": entries}, base)
-    start = time.perf_counter()
-    build_repository(manifest, base / "repo", log=lambda _msg: None)
-    log(f"built {len(kinds)} models in {time.perf_counter() - start:.0f} s (parity gates passed)")
     blobs, texts = _images(args.images), varied_sentences(args.texts)
-    key = secrets.token_urlsafe(24)
-    ports = TritonPorts(*free_ports(3))
-    launch = TritonLaunch(base / "repo", ports, load_models=startup_models(manifest), admin_key=key)
-    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: key})
-    process.start()
     results: dict[str, Any] = {}
-    try:
-        process.wait_ready(timeout_s=900)
-        with EmbeddingClient(f"127.0.0.1:{ports.grpc}", "grpc", admin_key=key) as client:
+    with served(manifest, base, log=lambda _msg: None, timeout_s=900) as server:
+        log(f"built {len(kinds)} models (parity gates passed), served")
+        with EmbeddingClient(server.url(), "grpc", admin_key=server.key) as client:
             for kind in kinds:
                 ref, name = refs[kind], served_name(kind)
                 results[kind] = {
@@ -199,8 +187,6 @@ def measure(args: argparse.Namespace, kinds: Sequence[str], base: Path) -> dict[
                         f"{kind} texts",
                     ),
                 }
-    finally:
-        process.stop()
     return results
 
 

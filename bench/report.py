@@ -1,25 +1,24 @@
-"""Write ``docs/benchmarks.md`` and its chart from a ``bench.run`` results dict."""
+"""The throughput chart of a ``bench.run`` results dict, then ``docs/benchmarks.md`` again."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from bench import docs_text
+from bench import docs_text, page
 from bench.summary import Summary
 
 
 def write_report(results: dict[str, Any], docs: Path, device: str, write_docs: bool = True) -> str:
-    """Write the markdown and chart (if ``write_docs``); return a plain-text summary."""
+    """Draw the chart and write the page (if ``write_docs``, CPU runs); a plain-text summary.
+
+    The page is :mod:`bench.page`'s, from the newest run file of each benchmark.
+    """
     summary = Summary(results)
-    suffix = "" if device == "cpu" else f"-{device}"
-    chart = docs / f"bench-throughput{suffix}.png"
-    doc = docs / f"benchmarks{suffix}.md"
-    if write_docs:
+    if write_docs and device == "cpu":
         docs.mkdir(parents=True, exist_ok=True)
-        draw_chart(summary, chart)
-        previous = doc.read_text() if doc.exists() else ""
-        doc.write_text(docs_text.render(summary, chart.name, previous))
+        draw_chart(summary, docs / "bench-throughput.png")
+        page.main(["--out", str(docs / "benchmarks.md")])
     return docs_text.plain_summary(summary)
 
 

@@ -1,7 +1,7 @@
 """The benchmark suite in one command: ``python -m bench.run`` (``make bench``).
 
 Builds the bench repository (the project's all-MiniLM-L6-v2 settings plus a full-size
-random-init ViT-B-32) into ``.build/bench-repo``, starts Triton on free ports, starts
+random-init ViT-B-32) into ``.build/bench-run/repo``, starts Triton on free ports, starts
 the peers (FastAPI + sentence-transformers; infinity-emb with its torch engine and with
 its ONNX Runtime (optimum) engine when it installs), then repeats R times: for every
 text load, each system and the ceilings (the fixed one of ``bench.ceiling`` and the
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import sys
 import time
 from collections.abc import Sequence
@@ -31,11 +30,19 @@ from bench.ceiling import (
     served_tokenizer,
     text_ceiling,
 )
-from bench.common import logger
+from bench.common import logger, write_results
 from bench.load_ceiling import load_ceiling, timed_rows
 from bench.loads import IMAGE_URL, BenchLoad, image_loads, text_loads
 from bench.machine import CpuMonitor, machine_info
-from bench.manifest import BUILD, CLIP_MODEL, ROOT, TEXT_MODEL, bench_manifest, parse_overrides
+from bench.manifest import (
+    BUILD,
+    CLIP_MODEL,
+    ROOT,
+    TEXT_MODEL,
+    bench_manifest,
+    parse_overrides,
+    served,
+)
 from bench.peers.infinity_onnx import infinity_onnx_folder
 from bench.peers.services import Peer, ensure_infinity, fastapi_peer, infinity_peer
 from bench.report import write_report
@@ -47,9 +54,7 @@ from client.load.workload import (
     text_pool,
     text_requests,
 )
-from generator.admin import KEY_ENV
-from generator.build import build_repository
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
+from generator.triton_local import TritonPorts, free_ports
 
 log = logger("bench")
 
@@ -57,47 +62,26 @@ log = logger("bench")
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="few requests, 1 repeat, no docs")
-    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    parser.add_argument("--repeats", type=int, help="repeats of every load (default 3, quick 1)")
-    parser.add_argument("--skip-peers", action="store_true", help="Triton and the ceiling only")
-    parser.add_argument("--skip-images", action="store_true", help="no CLIP model, no image loads")
-    parser.add_argument("--no-install", action="store_true", help="do not pip-install infinity")
-    parser.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
-    parser.add_argument(
-        "--also-http",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also drive Triton over HTTP on the text loads (default on)",
-    )
-    parser.add_argument(
-        "--docs",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="write docs/ (default: on unless --quick)",
-    )
-    parser.add_argument(
-        "--text-set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a serving knob of the text model, e.g. max_rows_per_run=1 (repeatable)",
-    )
-    parser.add_argument(
-        "--image-set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a serving knob of the CLIP model, e.g. image_draft_decode=true",
-    )
-    parser.add_argument("--skip-text", action="store_true", help="the image loads only")
-    parser.add_argument(
-        "--report", metavar="RESULTS_JSON", help="only rewrite docs/ from a saved results file"
-    )
-    parser.add_argument(
-        "--scale", type=float, default=1.0, help="multiply requests per client (e.g. 10 on a GPU)"
-    )
-    parser.add_argument("--pool", type=int, help="distinct sentences (default 512, quick 128)")
+    add = parser.add_argument
+    add("--quick", action="store_true", help="few requests, 1 repeat, no docs")
+    add("--device", choices=["cpu", "gpu"], default="cpu")
+    add("--repeats", type=int, help="repeats of every load (default 3, quick 1)")
+    add("--skip-peers", action="store_true", help="Triton and the ceiling only")
+    add("--skip-images", action="store_true", help="no CLIP model, no image loads")
+    add("--no-install", action="store_true", help="do not pip-install infinity")
+    add("--protocol", choices=["grpc", "http"], default="grpc")
+    add("--also-http", action=argparse.BooleanOptionalAction, default=True,
+        help="also drive Triton over HTTP on the text loads (default on)")
+    add("--docs", action=argparse.BooleanOptionalAction, default=None,
+        help="write docs/ (default: on unless --quick)")
+    add("--text-set", action="append", default=[], metavar="KEY=VALUE",
+        help="override a serving knob of the text model, e.g. max_rows_per_run=1 (repeatable)")
+    add("--image-set", action="append", default=[], metavar="KEY=VALUE",
+        help="override a serving knob of the CLIP model, e.g. image_draft_decode=true")
+    add("--skip-text", action="store_true", help="the image loads only")
+    add("--report", metavar="RESULTS_JSON", help="only rewrite docs/ from a saved results file")
+    add("--scale", type=float, default=1.0, help="multiply requests per client (e.g. 10 on a GPU)")
+    add("--pool", type=int, help="distinct sentences (default 512, quick 128)")
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 3)
     if args.skip_text:
@@ -118,22 +102,8 @@ def start_triton(
     if len(manifest.models) > 1:
         meta["image_entry"] = manifest.models[1].to_dict()
     suffix = "" if args.device == "cpu" else f"-{args.device}"
-    repo = BUILD / f"bench-repo{suffix}"
-    log(f"building {repo} (unchanged models are skipped)")
-    report = build_repository(manifest, repo, log=log)
-    log(f"built {report.built or 'nothing'}, skipped {report.skipped}")
-    ports = TritonPorts(*free_ports(3))
-    names = tuple(n for entry in manifest.models for n in entry.ensembles)
-    work = BUILD / f"bench-work{suffix}"
-    # The load generator reads ensemble configs (admin-only): it gets this run's key.
-    key = os.environ.setdefault(KEY_ENV, secrets.token_urlsafe(32))
-    launch = TritonLaunch(repo, ports, load_models=names, admin_key=key)
-    process = TritonProcess(launch, work)
-    process.start()
-    stack.callback(process.stop)
-    process.wait_ready(timeout_s=300)
-    log(f"triton ready: http {ports.http}, grpc {ports.grpc}")
-    return ports, repo
+    server = stack.enter_context(served(manifest, f"bench-run{suffix}", log=log))
+    return server.ports, server.repo
 
 
 def start_peers(args: argparse.Namespace, stack: ExitStack, meta: dict) -> list[Peer]:
@@ -354,12 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.skip_images:
             run_images(args, ports, repo, results, monitor)
     results["meta"]["seconds"] = round(time.monotonic() - t0, 1)
-    out = BUILD / "bench-results" if args.quick else ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
     kind = ("quick" if args.quick else "full") + ("-set" if args.text_set or args.image_set else "")
-    path = out / f"{args.device}-{kind}-{started.replace(':', '')}.json"
-    results["meta"]["results_file"] = str(path.relative_to(ROOT))
-    path.write_text(json.dumps(results, indent=1) + "\n")
+    path = write_results(results, f"{args.device}-{kind}-{started.replace(':', '')}", args.quick)
     log(f"raw results: {path.relative_to(ROOT)}")
     summary = write_report(results, ROOT / "docs", args.device, write_docs=args.docs)
     print(summary)

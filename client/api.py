@@ -44,7 +44,9 @@ from .records import (
 )
 from .rerank import RerankMixin
 from .retry import DEFAULT_RETRY, NO_RETRY, RetryBudget, RetryPolicy
-from .sending import SendMixin
+from .sending import GRPC_MAX_MESSAGE_BYTES as GRPC_MAX_MESSAGE_BYTES
+from .sending import RECONNECT_BACKOFF_MS as RECONNECT_BACKOFF_MS
+from .sending import SendMixin, checked_rows, grpc_channel_args
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 TEXT_INPUT = "TEXT"
@@ -101,6 +103,16 @@ def _precision_output(precision: str, parameters: dict[str, Any]) -> tuple[str, 
     return PRECISION_OUTPUTS[precision]
 
 
+def _text_parameters(prompt_name, dimensions, truncate, truncation_direction) -> dict[str, Any]:
+    """The request parameters of a text embedding call: each option given, by its name."""
+    return request_parameters(
+        prompt_name=prompt_name,
+        dimensions=dimensions,
+        truncate=truncate,
+        truncation_direction=truncation_direction,
+    )
+
+
 def local_admin_key(url: str, environ: Mapping[str, str] | None = None) -> str | None:
     """The local key of ``make serve`` when ``url`` is on this machine and the file is there.
 
@@ -134,29 +146,6 @@ def admin_headers(key: str | None, protocol: str) -> dict[str, str]:
 def default_url(protocol: str) -> str:
     """Return ``localhost`` with Triton's default port for ``protocol``."""
     return f"localhost:{DEFAULT_PORTS[protocol]}"
-
-
-GRPC_MAX_MESSAGE_BYTES = 2**31 - 1  # Triton's own limit, as tritonclient sets it
-# The gRPC channel waits this long (ms) before its first reconnect attempt to a server it
-# lost, growing to the second: gRPC's defaults (1 s, growing to 120 s) keep a client
-# failing for up to two minutes after a restarted server is back.
-RECONNECT_BACKOFF_MS = (250, 1000)
-
-
-def grpc_channel_args(keepalive) -> list[tuple[str, int]]:
-    """The channel options tritonclient sets itself, and a reconnect backoff capped at 1 s."""
-    first, largest = RECONNECT_BACKOFF_MS
-    return [
-        ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
-        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
-        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
-        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
-        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
-        ("grpc.initial_reconnect_backoff_ms", first),
-        ("grpc.min_reconnect_backoff_ms", first),
-        ("grpc.max_reconnect_backoff_ms", largest),
-    ]
 
 
 class EmbeddingClient(
@@ -217,8 +206,7 @@ class EmbeddingClient(
         self._deadline: Deadline | None = None
         if admin_key is None:  # "" is an explicit "no key"
             admin_key = admin_key_from_env() or local_admin_key(self.url)
-        key = admin_key
-        self._admin = {"headers": admin_headers(key, protocol)}
+        self._admin = {"headers": admin_headers(admin_key, protocol)}
         self._max_batch: dict[str, int] = {}
         self._closed = False
         self._tc = importlib.import_module(f"tritonclient.{protocol}")
@@ -273,12 +261,7 @@ class EmbeddingClient(
         float32 rows (int8 / uint8 with the model's stored calibration ranges; the binary
         forms are packed bits, [N, ceil(D / 8)]); python-ort text models offer them.
         """
-        parameters = request_parameters(
-            prompt_name=prompt_name,
-            dimensions=dimensions,
-            truncate=truncate,
-            truncation_direction=truncation_direction,
-        )
+        parameters = _text_parameters(prompt_name, dimensions, truncate, truncation_direction)
         output = _precision_output(precision, parameters)
         return self._embed(model, TEXT_INPUT, encode_texts(texts), parameters, output=output)
 
@@ -297,12 +280,7 @@ class EmbeddingClient(
         The tokens the encoder saw, prompt and special tokens included, after truncation:
         what to meter usage by. Text models with the python-ort encoder answer it.
         """
-        parameters = request_parameters(
-            prompt_name=prompt_name,
-            dimensions=dimensions,
-            truncate=truncate,
-            truncation_direction=truncation_direction,
-        )
+        parameters = _text_parameters(prompt_name, dimensions, truncate, truncation_direction)
         return self._embed(model, TEXT_INPUT, encode_texts(texts), parameters, counts=True)
 
     def embed_images(self, model: str, images: Sequence[ImageItem]) -> np.ndarray:
@@ -346,24 +324,16 @@ class EmbeddingClient(
         (``"query"`` / ``"document"``) picks an inference-free model's route, as
         ``encode_query`` / ``encode_document`` do (default: document).
         """
-        items = encode_texts(texts)
-        if not items:
-            return []
         parameters = request_parameters(task=task, max_active_dims=max_active_dims)
         parameters |= request_parameters(
             prompt_name=prompt_name, truncate=truncate, truncation_direction=truncation_direction
         )
-        chunks = self._batched(
-            model, items, lambda part: self._infer_sparse(model, part, parameters)
-        )
-        return [row for chunk in chunks for row in chunk]
+        return self._text_rows(model, texts, lambda p: self._infer_sparse(model, p, parameters))
 
     def _infer_sparse(
         self, model: str, items: list[bytes], parameters: dict | None
     ) -> list[tuple[np.ndarray, np.ndarray]]:
-        outputs = [self._tc.InferRequestedOutput(n) for n in SPARSE_OUTPUTS]
-        result = self._send(model, [self._text_input(TEXT_INPUT, items)], outputs, parameters)
-        indices, values = (result.as_numpy(n) for n in SPARSE_OUTPUTS)
+        indices, values = self._text_outputs(model, items, SPARSE_OUTPUTS, parameters)
         if (
             indices is None
             or values is None
@@ -424,6 +394,11 @@ class EmbeddingClient(
                 self._max_batch[model] = int(limit.group(1))
                 return self._batched(model, items, call, extra_bytes)
 
+    def _text_rows(self, model: str, texts: Sequence[str], infer) -> list:
+        """The rows ``infer`` returns for each request-sized part of ``texts``, in order."""
+        items = encode_texts(texts)
+        return [row for part in self._batched(model, items, infer) for row in part] if items else []
+
     def _infer(
         self,
         model: str,
@@ -434,20 +409,12 @@ class EmbeddingClient(
         output: tuple[str, type] = (OUTPUT, np.float32),
     ) -> Any:
         name, dtype = output
-        outputs = [
-            self._tc.InferRequestedOutput(n) for n in ((name, COUNT_OUTPUT) if counts else (name,))
-        ]
-        result = self._send(model, [self._text_input(input_name, items)], outputs, parameters)
-        embedding = result.as_numpy(name)
-        if embedding is None or embedding.ndim != 2 or embedding.shape[0] != len(items):
-            shape = None if embedding is None else embedding.shape
-            raise EmbeddingClientError(
-                f"expected {name} of shape [{len(items)}, D], got {shape}", model=model
-            )
-        embedding = embedding.astype(dtype, copy=False)
+        names = (name, COUNT_OUTPUT) if counts else (name,)
+        arrays = self._text_outputs(model, items, names, parameters, input_name)
+        embedding = checked_rows(arrays[0], name, len(items), model, "D").astype(dtype, copy=False)
         if not counts:
             return embedding
-        tokens = result.as_numpy(COUNT_OUTPUT)
+        tokens = arrays[1]
         if tokens is None or tokens.shape[0] != len(items):
             expected = f"expected {COUNT_OUTPUT} of {len(items)} rows"
             raise EmbeddingClientError(expected, model=model)

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import EmbeddingClientError
-from .payload import encode_texts, request_parameters
+from .payload import request_parameters
 
-TEXT_INPUT = "TEXT"
 CHUNKS_SUFFIX = "_chunks"
 OUTPUTS = ("EMBEDDING", "CHUNK_ROW", "CHUNK_SPAN", "TOKEN_COUNT")
 SPAN_OUTPUTS = OUTPUTS[1:]
@@ -63,14 +62,15 @@ class ChunksMixin:
         ``late_chunking=True`` pools each chunk from one transformer pass over its whole
         text instead (a model built with ``late_chunking = true``).
         """
-        parameters = request_parameters(
+        return self._chunked(
+            model,
+            texts,
             chunk_tokens=chunk_tokens,
             chunk_overlap=chunk_overlap,
             prompt_name=prompt_name,
             dimensions=dimensions,
             late_chunking=late_chunking,
         )
-        return self._chunked(chunks_model(model), texts, parameters)
 
     def chunk_spans(
         self,
@@ -86,10 +86,14 @@ class ChunksMixin:
         The server cuts the texts in its tokenizer's tokens and encodes nothing: what a
         text splitter needs so that no chunk is cut again when it is embedded.
         """
-        parameters = request_parameters(
-            chunk_tokens=chunk_tokens, chunk_overlap=chunk_overlap, prompt_name=prompt_name
+        return self._chunked(
+            model,
+            texts,
+            SPAN_OUTPUTS,
+            chunk_tokens=chunk_tokens,
+            chunk_overlap=chunk_overlap,
+            prompt_name=prompt_name,
         )
-        return self._chunked(chunks_model(model), texts, parameters, SPAN_OUTPUTS)
 
     def embed_long_texts(
         self,
@@ -106,24 +110,27 @@ class ChunksMixin:
         Normalised as the model normalises (``long_text="mean"`` on ``<model>_chunks``);
         float32 ``[N, D]``.
         """
-        parameters = request_parameters(
+        rows = self._chunked(
+            model,
+            texts,
             chunk_tokens=chunk_tokens,
             chunk_overlap=chunk_overlap,
             prompt_name=prompt_name,
             dimensions=dimensions,
             long_text="mean",
         )
-        rows = self._chunked(chunks_model(model), texts, parameters)
         if not rows:
             return np.zeros((0, 0), dtype=np.float32)
         return np.stack([row.vector for row in rows])
 
     def _chunked(
-        self, model: str, texts: Sequence[str], parameters: dict, outputs=OUTPUTS
+        self, model: str, texts: Sequence[str], outputs=OUTPUTS, **options
     ) -> list[TextChunk]:
-        items = encode_texts(texts)
-        if not items:
-            return []
+        """The chunks ``<model>_chunks`` answers for ``texts`` asked with ``options`` (not None).
+
+        Rows are numbered across the request-sized parts.
+        """
+        model, parameters = chunks_model(model), request_parameters(**options)
         done = [0]  # rows sent before the part under way
 
         def part_chunks(part: list[bytes]) -> list[TextChunk]:
@@ -131,15 +138,12 @@ class ChunksMixin:
             done[0] += len(part)
             return rows
 
-        parts = self._batched(model, items, part_chunks)
-        return [row for part in parts for row in part]
+        return self._text_rows(model, texts, part_chunks)
 
     def _infer_chunks(
         self, model: str, items: list[bytes], parameters: dict, first_row: int, names=OUTPUTS
     ) -> list[TextChunk]:
-        outputs = [self._tc.InferRequestedOutput(n) for n in names]
-        result = self._send(model, [self._text_input(TEXT_INPUT, items)], outputs, parameters)
-        arrays = {n: result.as_numpy(n) for n in names}
+        arrays = dict(zip(names, self._text_outputs(model, items, names, parameters), strict=True))
         if any(a is None for a in arrays.values()) or len({len(a) for a in arrays.values()}) > 1:
             raise EmbeddingClientError(f"expected {', '.join(names)} of M rows each", model=model)
         rows, spans = arrays["CHUNK_ROW"].reshape(-1), arrays["CHUNK_SPAN"].reshape(-1, 2)

@@ -13,9 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .errors import EmbeddingClientError
-from .payload import encode_texts
 
-TEXT_INPUT = "TEXT"
 OUTPUTS = ("EMBEDDINGS", "TOKEN_COUNT")
 
 
@@ -58,21 +56,13 @@ class MultiVectorMixin:
         document marker, skiplist tokens dropped). Texts go in requests of at most the
         model's ``max_batch_size``; score the results with :func:`maxsim`.
         """
-        items = encode_texts(texts)
-        if not items:
-            return []
-        parameters = {"task": "query" if is_query else "document"}
-        chunks = self._batched(
-            model, items, lambda part: self._infer_multivector(model, part, parameters)
-        )
-        return [row for chunk in chunks for row in chunk]
+        task = {"task": "query" if is_query else "document"}
+        return self._text_rows(model, texts, lambda p: self._infer_multivector(model, p, task))
 
     def _infer_multivector(
         self, model: str, items: list[bytes], parameters: dict
     ) -> list[np.ndarray]:
-        outputs = [self._tc.InferRequestedOutput(n) for n in OUTPUTS]
-        result = self._send(model, [self._text_input(TEXT_INPUT, items)], outputs, parameters)
-        embeddings, counts = (result.as_numpy(n) for n in OUTPUTS)
+        embeddings, counts = self._text_outputs(model, items, OUTPUTS, parameters)
         if (
             embeddings is None
             or counts is None

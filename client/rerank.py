@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import EmbeddingClientError
-from .payload import encode_texts
+from .payload import encode_texts, request_parameters
+from .sending import checked_rows
 
 QUERY_INPUT = "QUERY"
 TEXT_INPUT = "TEXT"
@@ -57,8 +58,7 @@ class RerankMixin:
         ``prompt_name`` picks one of an LLM reranker's prompts (its instruction), as
         ``CrossEncoder.predict(prompt_name=...)``; without it the model's default applies.
         """
-        options = {"truncate": truncate, "prompt_name": prompt_name}
-        parameters = {k: v for k, v in options.items() if v is not None} or None
+        parameters = request_parameters(truncate=truncate, prompt_name=prompt_name) or None
         if not isinstance(query, str):
             raise EmbeddingClientError("query must be a string")
         items = encode_texts(texts)
@@ -93,10 +93,5 @@ class RerankMixin:
         ]
         outputs = [self._tc.InferRequestedOutput(SCORE_OUTPUT)]
         result = self._send(model, inputs, outputs, parameters)
-        scores = result.as_numpy(SCORE_OUTPUT)
-        if scores is None or scores.ndim != 2 or scores.shape[0] != len(items):
-            shape = None if scores is None else scores.shape
-            raise EmbeddingClientError(
-                f"expected {SCORE_OUTPUT} of shape [{len(items)}, L], got {shape}", model=model
-            )
+        scores = checked_rows(result.as_numpy(SCORE_OUTPUT), SCORE_OUTPUT, len(items), model, "L")
         return scores.astype(np.float32, copy=False)

@@ -1,5 +1,7 @@
 """How :class:`~client.EmbeddingClient` sends a request: deadline, transport timeout, retries.
 
+The gRPC channel options it connects with are here too (:func:`grpc_channel_args`).
+
 A mixin, as the client's other parts are: it needs the client's ``_client`` (tritonclient's),
 ``_tc`` (its module), ``url``, ``protocol``, ``timeout_s``, ``retry``, ``retry_budget``,
 ``_deadline`` and, for HTTP, ``_gevent``.
@@ -18,6 +20,38 @@ from .deadline import Deadline, with_deadline
 from .errors import EmbeddingClientError
 from .payload import bytes_tensor
 from .retry import call_with_retries
+
+GRPC_MAX_MESSAGE_BYTES = 2**31 - 1  # Triton's own limit, as tritonclient sets it
+# The gRPC channel waits this long (ms) before its first reconnect attempt to a server it
+# lost, growing to the second: gRPC's defaults (1 s, growing to 120 s) keep a client
+# failing for up to two minutes after a restarted server is back.
+RECONNECT_BACKOFF_MS = (250, 1000)
+
+
+def grpc_channel_args(keepalive) -> list[tuple[str, int]]:
+    """The channel options tritonclient sets itself, and a reconnect backoff capped at 1 s."""
+    first, largest = RECONNECT_BACKOFF_MS
+    return [
+        ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.initial_reconnect_backoff_ms", first),
+        ("grpc.min_reconnect_backoff_ms", first),
+        ("grpc.max_reconnect_backoff_ms", largest),
+    ]
+
+
+def checked_rows(array: Any, name: str, rows: int, model: str, width: str) -> Any:
+    """The output ``name`` of a request of ``rows`` items: an array [rows, width], else an error."""
+    if array is None or array.ndim != 2 or array.shape[0] != rows:
+        shape = None if array is None else array.shape
+        raise EmbeddingClientError(
+            f"expected {name} of shape [{rows}, {width}], got {shape}", model=model
+        )
+    return array
 
 
 class _TransportTimeout(TimeoutError):
@@ -90,6 +124,17 @@ class SendMixin:
                 )
 
         return self._retried(model, attempt)
+
+    def _text_outputs(
+        self, model: str, items: list[bytes], names, parameters: dict | None, input_name="TEXT"
+    ) -> list:
+        """One request of ``items`` as the BYTES input ``input_name``: its outputs ``names``.
+
+        Each as a numpy array, or None where the answer lacks it.
+        """
+        outputs = [self._tc.InferRequestedOutput(n) for n in names]
+        result = self._send(model, [self._text_input(input_name, items)], outputs, parameters)
+        return [result.as_numpy(n) for n in names]
 
     def _text_input(self, name: str, items: list[bytes]) -> Any:
         """The BYTES input ``name`` [N, 1] holding ``items``."""

@@ -1,4 +1,4 @@
-"""The faults benchmarks of ``make bench``: overload and the memory soak.
+"""The faults benchmarks: overload, memory soak, starts, plain and cancelling clients.
 
-``python -m bench.faults.overload`` and ``python -m bench.faults.soak``.
+``python -m bench.faults.<overload|soak|start_loop|seed|cancels>``.
 """

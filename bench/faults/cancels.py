@@ -20,15 +20,13 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
 
 from bench.common import logger, save_results
-from bench.faults.overload import start_server
 from bench.faults.seed import SENTENCE
-from bench.manifest import TEXT_MODEL, bench_manifest
+from bench.manifest import TEXT_MODEL, bench_manifest, served
 
 log = logger("cancels")
 CANCEL_SHARE = 0.2
@@ -126,9 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cancel-ms", type=float, default=30.0)
     args = parser.parse_args(argv)
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    with ExitStack() as stack:
-        ports, _ = start_server(bench_manifest(with_clip=False), "cancels", stack, log)
-        url = f"127.0.0.1:{ports.grpc}"
+    with served(bench_manifest(with_clip=False), "cancels", log=log) as server:
+        url = server.url()
         rate = args.rate or asyncio.run(_closed_loop_rate(url, 16, 15))
         log(f"sustainable {rate:.0f}/s; open loop at {args.factor} x for {args.minutes} min")
         records = asyncio.run(

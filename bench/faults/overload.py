@@ -41,9 +41,7 @@ Writes ``bench/results/overload-cpu-<time>.json`` (``.build/bench-results`` with
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import secrets
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -52,10 +50,9 @@ from dataclasses import asdict
 from functools import partial
 from typing import Any
 
-from bench.common import logger
+from bench.common import logger, write_results
 from bench.faults.overload_args import config_name, parse_args
 from bench.faults.overload_figures import cpu_share, judge, outcome, table
-from bench.faults.overload_figures import percentiles as percentiles  # bench.faults.soak's
 from bench.faults.overload_loads import (
     Load,
     expected_rows,
@@ -65,15 +62,11 @@ from bench.faults.overload_loads import (
     references,
 )
 from bench.machine import CpuMonitor, machine_info
-from bench.manifest import BUILD, CLIP_MODEL, ROOT, bench_manifest, parse_overrides
+from bench.manifest import BUILD, CLIP_MODEL, ROOT, bench_manifest, parse_overrides, served
 from client.load import server_stats
 from client.load.loadgen import LoadSpec, run_triton_load
 from client.load.workload import text_pool
-from generator.admin import KEY_ENV
-from generator.build import build_repository
 from generator.manifest import Manifest
-from generator.shared_models import startup_models
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 
 REFERENCE_SHARE = 0.8
 UNLOADED_SHARE = 0.1
@@ -81,26 +74,6 @@ TINY_CLIP = BUILD / "tiny-clip"
 
 
 log = logger("overload")
-
-
-def start_server(
-    manifest: Manifest, name: str, stack: ExitStack, log: Callable[[str], None] = log
-) -> tuple[TritonPorts, int]:
-    """Build ``manifest`` into ``.build/<name>/repo`` and serve it on free ports.
-
-    Returns the ports and the server's PID; ``stack`` stops the server.
-    """
-    repo = BUILD / name / "repo"
-    report = build_repository(manifest, repo, log=log)
-    log(f"{name}: built {report.built or 'nothing'}, skipped {report.skipped}")
-    ports = TritonPorts(*free_ports(3))
-    key = os.environ.setdefault(KEY_ENV, secrets.token_urlsafe(32))
-    launch = TritonLaunch(repo, ports, load_models=startup_models(manifest), admin_key=key)
-    process = TritonProcess(launch, BUILD / name / "work").start()
-    stack.callback(process.stop)
-    process.wait_ready(timeout_s=300)
-    log(f"{name}: triton ready, grpc {ports.grpc}, pid {process.process.pid}")
-    return ports, process.process.pid
 
 
 @contextmanager
@@ -200,11 +173,11 @@ def run_config(
         if args.pin:  # the server and its stubs inherit the launching thread's cores
             os.sched_setaffinity(0, args.pin["server"])
         try:
-            ports, pid = start_server(manifest, f"overload-{name}", stack)
+            server = stack.enter_context(served(manifest, f"overload-{name}", log=log))
         finally:
             if args.pin:
                 os.sched_setaffinity(0, args.pin["load_generator"])
-        served = {
+        knobs_of = {
             m.name: {
                 "max_queue_size": m.max_queue_size,
                 "queue_timeout_us": m.queue_timeout_us,
@@ -212,14 +185,14 @@ def run_config(
             }
             for m in manifest.models
         }
-        url = f"127.0.0.1:{ports.grpc}"
+        url, pid = server.url(), server.pid
         refs = references(url, loads, inputs["sentences"], inputs["images"])
         for load in loads:
             expected = partial(expected_rows, refs[load.source], load.rows)
             rate = sustainable_rate(args, url, load, results)
             base = {
                 "config": name,
-                "knobs": served.get(load.base, {}),
+                "knobs": knobs_of.get(load.base, {}),
                 "load": load.name,
                 "model": load.model,
                 "sustainable": rate,
@@ -314,7 +287,7 @@ def settle(
 ) -> tuple[float, int]:
     """Seconds until ``model`` stops serving (no new request for 2 s), requests served."""
 
-    def served(snap: server_stats.Snapshot) -> int:
+    def answered(snap: server_stats.Snapshot) -> int:
         return sum(
             int((s.get("inference_stats") or {}).get(k, {}).get("count", 0))
             for name, s in snap.items()
@@ -322,13 +295,13 @@ def settle(
             for k in ("success", "fail")
         )
 
-    start, last, count = time.monotonic(), time.monotonic(), served(since)
+    start, last, count = time.monotonic(), time.monotonic(), answered(since)
     while time.monotonic() - last < 2.0 and time.monotonic() - start < limit_s:
         time.sleep(0.5)
-        now = served(server_stats.snapshot(url, "grpc"))
+        now = answered(server_stats.snapshot(url, "grpc"))
         if now != count:
             count, last = now, time.monotonic()
-    return round(last - start, 1), count - served(since)
+    return round(last - start, 1), count - answered(since)
 
 
 def describe(run: dict[str, Any]) -> str:
@@ -393,11 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     loads = make_loads(args.load, sentences, clip, images)
     for knobs in [{}, *args.queue]:
         run_config(args, knobs, loads, {"sentences": sentences, "images": images}, results)
-    out = BUILD / "bench-results" if args.quick else ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"overload-cpu-{'quick-' if args.quick else ''}{started.replace(':', '')}.json"
-    results["meta"]["results_file"] = str(path.relative_to(ROOT))
-    path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    stamp = started.replace(":", "")
+    name = f"overload-cpu-{'quick-' if args.quick else ''}{stamp}"
+    path = write_results(results, name, args.quick)
     rates = {k: v["rate"] for k, v in results["sustainable"].items()}
     print(
         f"sustainable req/s {rates}; cores {args.pin or 'shared'}; {args.seconds} s loads, "

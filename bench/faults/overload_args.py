@@ -76,73 +76,34 @@ def parse_args(argv: Sequence[str] | None, description: str | None = None) -> ar
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="4 s loads, short closed loops, no 10 %% run"
-    )
-    parser.add_argument(
-        "--load",
-        default=",".join(LOADS),
-        type=parse_loads,
-        help=f"loads, comma-separated (default {','.join(LOADS)})",
-    )
-    parser.add_argument("--seconds", type=float, help="each loaded run (default 30, quick 4)")
-    parser.add_argument("--reference-s", type=float, help="the 0.8 x run (default 20, quick 4)")
-    parser.add_argument(
-        "--unloaded-s", type=float, help="the 10 %% run, 0 to skip (default 10, quick 0)"
-    )
-    parser.add_argument(
-        "--factor",
-        default=DEFAULT_FACTORS,
-        help="load / sustainable rate, comma-separated (default 1,2,3)",
-    )
-    parser.add_argument(
-        "--clip",
-        choices=CLIPS,
-        default="tiny",
-        help="the CLIP model of the images load (default tiny)",
-    )
-    parser.add_argument(
-        "--send-deadline",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="send the deadline as the request parameter deadline_unix_us too",
-    )
-    parser.add_argument(
-        "--pin", default="auto", help="auto, none, or SERVER_CPUS/CLIENT_CPUS like 0-2/3"
-    )
-    parser.add_argument(
-        "--generator-nice",
-        type=int,
-        default=0,
+    add = parser.add_argument
+    add("--quick", action="store_true", help="4 s loads, short closed loops, no 10 %% run")
+    add("--load", default=",".join(LOADS), type=parse_loads,
+        help=f"loads, comma-separated (default {','.join(LOADS)})")
+    add("--seconds", type=float, help="each loaded run (default 30, quick 4)")
+    add("--reference-s", type=float, help="the 0.8 x run (default 20, quick 4)")
+    add("--unloaded-s", type=float, help="the 10 %% run, 0 to skip (default 10, quick 0)")
+    add("--factor", default=DEFAULT_FACTORS,
+        help="load / sustainable rate, comma-separated (default 1,2,3)")
+    add("--clip", choices=CLIPS, default="tiny",
+        help="the CLIP model of the images load (default tiny)")
+    add("--send-deadline", action=argparse.BooleanOptionalAction, default=True,
+        help="send the deadline as the request parameter deadline_unix_us too")
+    add("--pin", default="auto", help="auto, none, or SERVER_CPUS/CLIENT_CPUS like 0-2/3")
+    add("--generator-nice", type=int, default=0,
         help="the load generator's nice value during the open loops (negative: ahead of "
-        "the server, as a client on its own machine is; default 0)",
-    )
-    parser.add_argument(
-        "--rate",
-        type=parse_rates,
-        default={},
-        metavar="LOAD=REQ_PER_S,...",
-        help="use these sustainable rates, skip measuring them",
-    )
-    parser.add_argument(
-        "--queue",
-        action="append",
-        type=parse_queue,
-        metavar="N[:TIMEOUT_US]",
+        "the server, as a client on its own machine is; default 0)")
+    add("--rate", type=parse_rates, default={}, metavar="LOAD=REQ_PER_S,...",
+        help="use these sustainable rates, skip measuring them")
+    add("--queue", action="append", type=parse_queue, metavar="N[:TIMEOUT_US]",
         help="a configuration beside the default (repeatable; 0: unbounded; none: the "
-        "default alone; default 1, 4, 16, 0, 4:10000)",
-    )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a serving knob of the text model in every configuration",
-    )
-    parser.add_argument("--clients", default="8,16,32", help="closed-loop concurrencies")
-    parser.add_argument("--deadline-s", type=float, default=5.0, help="client deadline")
-    parser.add_argument("--senders", type=int, default=2, help="open-loop sender threads")
-    parser.add_argument("--pool", type=int, default=512, help="distinct sentences")
+        "default alone; default 1, 4, 16, 0, 4:10000)")
+    add("--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a serving knob of the text model in every configuration")
+    add("--clients", default="8,16,32", help="closed-loop concurrencies")
+    add("--deadline-s", type=float, default=5.0, help="client deadline")
+    add("--senders", type=int, default=2, help="open-loop sender threads")
+    add("--pool", type=int, default=512, help="distinct sentences")
     args = parser.parse_args(argv)
     quick = args.quick
     args.seconds = args.seconds or (4.0 if quick else 30.0)

@@ -27,15 +27,13 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from contextlib import ExitStack
 from functools import partial
 from typing import Any
 
 import numpy as np
 
 from bench.common import logger, save_results
-from bench.faults.overload import start_server
-from bench.manifest import TEXT_MODEL, bench_manifest
+from bench.manifest import TEXT_MODEL, bench_manifest, served
 
 log = logger("seed")
 CONFIGS: dict[str, dict[str, int]] = {
@@ -116,9 +114,8 @@ def run_config(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """One fresh server with ``name``'s knobs; the seed shape over each protocol."""
     manifest = bench_manifest(with_clip=False, text_overrides=CONFIGS[name])
     out: dict[str, Any] = {"knobs": CONFIGS[name]}
-    with ExitStack() as stack:
-        ports, _ = start_server(manifest, f"seed-{name}", stack, log)
-        urls = {"http": f"127.0.0.1:{ports.http}", "grpc": f"127.0.0.1:{ports.grpc}"}
+    with served(manifest, f"seed-{name}", log=log) as server:
+        urls = {"http": server.url("http"), "grpc": server.url()}
         for protocol in args.protocols:
             asyncio.run(_run(protocol, urls[protocol], 8, 5))  # warm-up
             result = asyncio.run(_run(protocol, urls[protocol], args.clients, args.requests))

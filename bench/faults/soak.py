@@ -41,16 +41,15 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import logger
-from bench.faults.overload import percentiles, start_server
-from bench.machine import CpuMonitor, machine_info
-from bench.manifest import BUILD, ROOT
-from bench.rerank.run import rerank_requests
+from bench.common import logger, write_results
+from bench.faults.overload_figures import percentiles
+from bench.machine import CpuMonitor, machine_info, memory, server_processes
+from bench.manifest import ROOT, served
+from bench.rerank.run import TritonRerankSender, rerank_requests
 from client.load.loadgen import Sender, TritonSender
 from client.load.workload import ImageServer, generated_images, image_requests, text_pool
 from generator.manifest import Manifest, parse_manifest
 
-STUB = "triton_python_backend_stub"
 GOAL_GROWTH = 0.05
 KINDS = ("rss", "pss", "uss")
 TEXT, CLIP, RERANK = "all-MiniLM-L6-v2", "clip-tiny", "rerank-tiny"
@@ -66,65 +65,6 @@ def soak_manifest() -> Manifest:
     fetch["allow_hosts"] = sorted({*fetch.get("allow_hosts", []), "127.0.0.1"})
     manifest = parse_manifest(data, ROOT, "soak manifest")
     return dataclasses.replace(manifest, path=ROOT / "models.toml")
-
-
-def _kib(text: str, key: str) -> int:
-    line = next((x for x in text.splitlines() if x.startswith(key + ":")), "")
-    return int(line.split()[1]) if line else 0
-
-
-def memory(pid: int) -> dict[str, int]:
-    """RSS, PSS and USS (private pages) of ``pid`` in KiB; PSS/USS 0 if unreadable."""
-    try:
-        rss = _kib(Path(f"/proc/{pid}/status").read_text(), "VmRSS")
-    except OSError:
-        return {}
-    try:
-        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        rollup = ""
-    uss = _kib(rollup, "Private_Clean") + _kib(rollup, "Private_Dirty")
-    return {"rss": rss, "pss": _kib(rollup, "Pss"), "uss": uss}
-
-
-def server_processes(server_pid: int) -> dict[str, int]:
-    """``{"tritonserver": pid, "<instance>": stub pid, ...}`` for one server."""
-    found, pid = {"tritonserver": server_pid}, str(server_pid).encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if len(argv) > 8 and argv[0].endswith(STUB.encode()) and argv[5] == pid:
-            found[argv[8].decode()] = int(entry.name)
-    return found
-
-
-class RerankSender:
-    """``rerank-tiny`` through :class:`client.EmbeddingClient`; a request is [query, texts...]."""
-
-    def __init__(self, url: str):
-        """Connect over gRPC."""
-        from client import EmbeddingClient
-
-        self._client = EmbeddingClient(url, protocol="grpc")
-
-    def prepare(self, items: Sequence[bytes]) -> Any:
-        """The query and the texts, decoded."""
-        return items[0].decode(), [t.decode() for t in items[1:]]
-
-    def send(self, prepared: Any) -> int:
-        """Score the texts; return how many."""
-        query, texts = prepared
-        if self._client.rerank(RERANK, query, texts).shape != (len(texts),):
-            raise RuntimeError("wrong number of scores")
-        return len(texts)
-
-    def close(self) -> None:
-        """Close the connection."""
-        self._client.close()
 
 
 @dataclass
@@ -205,7 +145,7 @@ def make_loads(url: str, urls: list[str], photos: dict[str, bytes]) -> list[Load
              + image_requests(images, 2, 12)),
         Load("clip-image-url", triton(f"{CLIP}_image_url", "IMAGE_URL"),
              image_requests([u.encode() for u in urls], 1, 24)),
-        Load("rerank", lambda: RerankSender(url), rerank_requests(16)),
+        Load("rerank", lambda: TritonRerankSender(url, model=RERANK), rerank_requests(16)),
     ]
 
 
@@ -366,8 +306,8 @@ def run(args: argparse.Namespace, results: dict) -> None:
     """Serve, load and sample for the whole run."""
     seconds = args.minutes * 60
     with ExitStack() as stack:
-        ports, pid = start_server(soak_manifest(), "soak", stack, log)
-        url = f"127.0.0.1:{ports.grpc}"
+        triton = stack.enter_context(served(soak_manifest(), "soak", log=log))
+        url, pid = triton.url(), triton.pid
         server = stack.enter_context(ImageServer(generated_images()))
         loads = make_loads(url, server.urls(), server.images)
         if args.warm_rounds:
@@ -445,12 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "samples": [],
         }
         run(args, results)
-        out = BUILD / "bench-results" if args.quick else ROOT / "bench" / "results"
-        out.mkdir(parents=True, exist_ok=True)
-        stem = f"soak-cpu-{'quick-' if args.quick else ''}{started.replace(':', '')}"
-        path = out / f"{stem}.json"
-        results["meta"]["results_file"] = str(path.relative_to(ROOT))
-        png = out / f"{stem}.png" if args.quick else png
+        path = write_results(results, f"soak-cpu-{'quick-' if args.quick else ''}"
+                             f"{started.replace(':', '')}", args.quick)
+        png = path.with_suffix(".png") if args.quick else png
     results["meta"]["plot"] = plot(results["samples"], results, png)
     path.write_text(json.dumps(results, indent=1) + "\n")
     print(report(results))

@@ -155,10 +155,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=BUILD / "gpu-results")
     parser.add_argument("--tokenizer", type=Path, help="BERT tokenizer folder (default MiniLM)")
-    parser.add_argument("--shapes", default="e5-small minilm-l6 e5-base")
     parser.add_argument("--sentences", type=int, default=2048)
-    parser.add_argument("--batches", default="16 64 256")
-    parser.add_argument("--processes", default="1 4 8")
+    for name, default in (("shapes", "e5-small minilm-l6 e5-base"), ("batches", "16 64 256"),
+                          ("processes", "1 4 8")):
+        parser.add_argument(f"--{name}", default=default, help=f"default {default!r}")
     parser.add_argument("--torch-device", default="cuda", help="where the reference runs")
     parser.add_argument(
         "--shape-costs",
@@ -229,7 +229,7 @@ def study_shape(args, shape: str, sentences: list[str]) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the study; writes its results file."""
     args = parse_args(argv)
-    from bench.gpu.run import gpu_facts
+    from bench.machine import gpu_facts
     from client.load.workload import text_pool
 
     started = time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime())

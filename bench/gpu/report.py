@@ -3,14 +3,13 @@
 The prose is ``bench/templates/gpu_section.md``; this module computes the tables and values
 it places.
 
-``python -m bench.gpu --report FILE [FILE ...]`` writes it between the markers below;
-``make bench`` (``bench.docs_text.render``) keeps the section as it finds it.
+``bench.page`` renders it from the newest ``gpu-all`` run file; ``python -m bench.gpu
+--report FILE [FILE ...]`` prints it for any run files.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 from bench.common import render_template, table
@@ -23,7 +22,6 @@ TARGETS = {  # issue 15: published figures the GPU run is held against (QPS, bat
     "clip-vit-b-32_image": 1_500,
     "clip-vit-b-32_image_url": 1_500,
 }
-ANCHOR = "## Method"
 IMAGE_GPU_MIN_COSINE = 0.9999  # gate on the GPU image path's parity table (issue 28)
 
 
@@ -219,23 +217,3 @@ def _first_error(run: dict[str, Any]) -> str:
     line = (match.group(1) if match else text.strip().splitlines()[-1:] or ["?"])
     line = line if isinstance(line, str) else line[0]
     return line.replace("|", "/")[:160]
-
-
-def kept_block(previous: str) -> list[str]:
-    """The GPU section of the previous document, markers included (or nothing)."""
-    match = re.search(re.escape(BEGIN) + r".*?" + re.escape(END), previous, re.S)
-    return [match.group(0)] if match else []
-
-
-def write_gpu_section(results: list[dict[str, Any]], docs: Path) -> str:
-    """Put the section into ``docs/benchmarks.md`` (replacing the old one); return it."""
-    doc = docs / "benchmarks.md"
-    text = doc.read_text()
-    section = render_gpu_section(results)
-    if BEGIN in text:
-        text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: section, text,
-                      flags=re.S)
-    else:
-        text = text.replace(ANCHOR, section + "\n\n" + ANCHOR, 1)
-    doc.write_text(text)
-    return section

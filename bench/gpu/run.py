@@ -20,10 +20,8 @@ import argparse
 import csv
 import json
 import os
-import secrets
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -47,7 +45,8 @@ from bench.gpu.rates import (
     torch_text_rate,
 )
 from bench.gpu.report import TARGETS
-from bench.manifest import BUILD, ROOT
+from bench.machine import GpuSampler, gpu_facts, nvidia_smi
+from bench.manifest import BUILD, ROOT, served
 
 TEXT_MODEL = "e5-small-random"
 CLIP_MODEL = "clip-vit-b-32"
@@ -89,70 +88,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 log = logger("gpu")
-
-
-def nvidia_smi(*query: str) -> list[list[str]]:
-    """Rows of ``nvidia-smi --query-<what>=... --format=csv,noheader,nounits``."""
-    out = subprocess.run(
-        ["nvidia-smi", *query, "--format=csv,noheader,nounits"],
-        check=True, capture_output=True, text=True,
-    ).stdout
-    return [[c.strip() for c in line.split(",")] for line in out.strip().splitlines()]
-
-
-def gpu_facts() -> dict:
-    """The GPU, its driver, and the ONNX Runtime build that will drive it."""
-    import onnxruntime as ort
-
-    name, driver, memory = nvidia_smi("--query-gpu=name,driver_version,memory.total")[0]
-    return {
-        "gpu": name,
-        "driver": driver,
-        "gpu_memory_mib": int(memory),
-        "cpu_cores": os.cpu_count(),
-        "onnxruntime": ort.__version__,
-        "ort_providers": ort.get_available_providers(),
-        "python": sys.version.split()[0],
-    }
-
-
-class GpuSampler:
-    """``nvidia-smi`` utilisation and memory every 200 ms, in a background process."""
-
-    def __init__(self) -> None:
-        self.samples: list[tuple[float, float, float]] = []
-        self._proc = subprocess.Popen(
-            ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
-             "--format=csv,noheader,nounits", "-lms", "200"],
-            stdout=subprocess.PIPE, text=True,
-        )
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        for line in self._proc.stdout:
-            try:
-                util, mem = (float(x) for x in line.split(","))
-            except ValueError:
-                continue
-            self.samples.append((time.monotonic(), util, mem))
-
-    def window(self, start: float, end: float) -> dict:
-        """Mean and max utilisation (%) and max memory (MiB) between two monotonic times."""
-        inside = [(u, m) for t, u, m in self.samples if start <= t <= end]
-        if not inside:
-            return {"gpu_util_mean": None, "gpu_util_max": None, "gpu_mem_max_mib": None}
-        utils = [u for u, _ in inside]
-        return {
-            "gpu_util_mean": round(float(np.mean(utils)), 1),
-            "gpu_util_max": max(utils),
-            "gpu_mem_max_mib": max(m for _, m in inside),
-        }
-
-    def stop(self) -> None:
-        """End the sampler."""
-        self._proc.terminate()
-        self._proc.wait(timeout=10)
 
 
 GPU_MANIFEST = ROOT / "deploy" / "models.toml"
@@ -307,10 +242,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the GPU benchmark; returns the exit code (1 when a check failed)."""
     args = parse_args(argv)
     if args.report:
-        from bench.gpu.report import write_gpu_section
+        from bench import page
+        from bench.gpu.report import render_gpu_section
 
-        saved = [json.loads(path.read_text()) for path in args.report]
-        print(write_gpu_section(saved, ROOT / "docs"))
+        print(render_gpu_section([json.loads(path.read_text()) for path in args.report]))
+        page.main([])  # the page's GPU section: the newest gpu-all run file in bench/results
         return 0
     if args.probe:
         from bench.gpu.images import probe
@@ -320,11 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bench.ceiling import served_tokenizer
     from client.load.perf_data import write_perf_data
     from client.load.workload import generated_images, text_pool
-    from generator.admin import KEY_ENV
-    from generator.build import build_repository
     from generator.fixtures.random_text import create_random_text_model
     from generator.manifest import parse_manifest
-    from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
+    from generator.triton_local import free_ports
 
     started = time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime())
     args.out.mkdir(parents=True, exist_ok=True)
@@ -341,11 +275,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         data["models"] = data["models"][:1]
     results["meta"]["manifest"] = data
     manifest = parse_manifest(data, ROOT, "gpu bench manifest")
-    repo = BUILD / "gpu" / "repo"
-    t0 = time.monotonic()
-    report = build_repository(manifest, repo, log=log)
-    results["meta"]["build_s"] = round(time.monotonic() - t0, 1)
-    log(f"built {report.built}")
     perf_dir = args.out / "perf-data"
     photos = generated_images()
     sentences = text_pool(2048)
@@ -357,25 +286,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_perf_data(perf_dir, "clip", image_base_url=f"http://127.0.0.1:{image_port}")
         stack.callback(serve_folder(perf_dir / "images", image_port).kill)
         write_jpeg_only(perf_dir, f"http://127.0.0.1:{image_port}")
-        ports = TritonPorts(*free_ports(3))
-        key = os.environ.setdefault(KEY_ENV, secrets.token_urlsafe(32))
-        names = tuple(n for entry in manifest.models for n in entry.ensembles)
-        process = TritonProcess(TritonLaunch(repo, ports, load_models=names, admin_key=key),
-                                BUILD / "gpu" / "work")
         if args.stub_pythonpath:  # the server inherits it; this process has imported numpy
             os.environ[STUB_PATH_ENV] = args.stub_pythonpath
         t0 = time.monotonic()
-        process.start()
-        stack.callback(process.stop)
-        process.wait_ready(timeout_s=600)
-        results["meta"]["start_to_ready_s"] = round(time.monotonic() - t0, 1)
+        server = stack.enter_context(served(manifest, "gpu", log=log, timeout_s=600))
+        repo, key = server.repo, server.key
+        results["meta"]["build_s"] = round(time.monotonic() - t0 - server.ready_s, 1)
+        results["meta"]["start_to_ready_s"] = round(server.ready_s, 1)
         encoders = sorted(p.name for p in repo.iterdir() if p.is_dir() and "_encode" in p.name)
         held = encoder_stubs_on_gpu(encoders)
         results["placement"] = {"encoder_gpu_mib": held, "encoders": encoders}
         log(f"encoder stubs holding GPU memory (MiB): {held}")
         if sorted(held) != sorted(encoders):
             failures.append(f"encoders without GPU memory: {sorted(set(encoders) - set(held))}")
-        url = f"127.0.0.1:{ports.grpc}"
+        url = server.url()
         results["parity"] = text_parity(url, text_dir, sentences[:64], args.precision)
         log(f"parity vs sentence-transformers (CUDA): {results['parity']}")
         if not results["parity"]["passed"]:
@@ -404,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for model, data_file, levels in plan:
             runs += sweep(args, url, key, model, perf_dir / data_file, levels, sampler)
             save(results, args, started)
-        results["server_log_tail"] = process.log_tail(40)
+        results["server_log_tail"] = server.process.log_tail(40)
     ceilings = results["ceilings"] = {}
     if args.models in ("all", "text"):
         onnx_path = repo / f"{TEXT_MODEL}_encode" / "1" / "model.onnx"

@@ -2,21 +2,17 @@
 
 Figures are medians over repeats; ratios are taken inside each repeat (the systems ran
 minutes apart at most) and their median is quoted, as in the rest of the document.
-The section sits between two markers, so ``bench.run`` keeps it when it rewrites the
-page and this module replaces only it.
+``bench.page`` renders it from the newest ``rerank-cpu-full`` run file.
 """
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Any
 
 from bench.common import median, render_template, table
 
 BEGIN, END = "<!-- rerank:begin -->", "<!-- rerank:end -->"
 HEADLINE, CEILING, PEER = "triton-grpc", "ceiling", "fastapi-ce"
-INSERT_BEFORE = "## Throughput vs concurrency"
 
 
 def _rate(run: dict[str, Any]) -> float:
@@ -103,25 +99,3 @@ def render(summary: RerankSummary) -> str:
         entry=meta.get("entry", {}),
         table=table(header, rows),
     ).rstrip("\n")
-
-
-def write_rerank_section(results: dict[str, Any], doc: Path, write: bool = True) -> str:
-    """Put the section into ``doc`` (replacing the old one) if ``write``; return it."""
-    section = render(RerankSummary(results))
-    if write:
-        text = doc.read_text() if doc.exists() else ""
-        pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
-        if pattern.search(text):
-            text = pattern.sub(lambda _: section, text)
-        elif INSERT_BEFORE in text:
-            text = text.replace(INSERT_BEFORE, f"{section}\n\n{INSERT_BEFORE}", 1)
-        else:
-            text = f"{text.rstrip()}\n\n{section}\n"
-        doc.write_text(text)
-    return section
-
-
-def kept_section(previous: str) -> list[str]:
-    """The section of an older page, for ``bench.run`` to carry over (empty if none)."""
-    match = re.search(re.escape(BEGIN) + r".*?" + re.escape(END), previous, re.S)
-    return [match.group(0)] if match else []

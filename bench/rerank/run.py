@@ -13,9 +13,8 @@ for every system:
 - ``fastapi-ce``: FastAPI + ``CrossEncoder.predict`` (``bench/peers/fastapi_ce.py``).
 
 They run in rotation, ``--repeats`` times (3). ``make bench`` runs this after
-``bench.run``; it writes ``bench/results/rerank-<device>-<time>.json`` and the rerank
-section of ``docs/benchmarks.md`` (between ``<!-- rerank:begin -->`` and
-``<!-- rerank:end -->``).
+``bench.run``; it writes ``bench/results/rerank-<device>-<time>.json``, then
+``docs/benchmarks.md`` again (``bench.page``; not with ``--no-docs``).
 
     .venv/bin/python -m bench.rerank [--quick] [--repeats 5] [--no-docs]
 """
@@ -33,12 +32,13 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from bench import page
 from bench.ceiling import make_session
-from bench.common import logger
+from bench.common import logger, write_results
 from bench.load_ceiling import load_ceiling
 from bench.machine import CpuMonitor, machine_info
-from bench.manifest import ROOT
-from bench.rerank.report import write_rerank_section
+from bench.manifest import ROOT, served
+from bench.rerank.report import RerankSummary, render
 from client.load.corpus import LONG_TEXTS, SENTENCES
 from client.load.loadgen import JsonPostSender, LoadSpec, run_load, run_triton_load
 
@@ -96,11 +96,11 @@ def make_model(out: Path) -> Path:
 class TritonRerankSender:
     """One client's gRPC connection; a request is ``[query, texts...]``."""
 
-    def __init__(self, url: str, protocol: str = "grpc"):
-        """Connect to ``url`` (``host:port``)."""
+    def __init__(self, url: str, protocol: str = "grpc", model: str = MODEL):
+        """Connect to ``url`` (``host:port``); score with ``model``."""
         from client import EmbeddingClient
 
-        self._client = EmbeddingClient(url, protocol=protocol)
+        self.model, self._client = model, EmbeddingClient(url, protocol=protocol)
 
     def prepare(self, items: Sequence[bytes]) -> Any:
         """The query and the texts, decoded."""
@@ -109,7 +109,7 @@ class TritonRerankSender:
     def send(self, prepared: Any) -> int:
         """Score the texts; return the pairs scored."""
         query, texts = prepared
-        scores = self._client.rerank(MODEL, query, texts)
+        scores = self._client.rerank(self.model, query, texts)
         if scores.shape != (len(texts),):
             raise RuntimeError(f"expected {len(texts)} scores, got {scores.shape}")
         return len(texts)
@@ -153,10 +153,8 @@ def start_systems(base: Path, stack: ExitStack, meta: dict) -> dict[str, Any]:
     from bench.peers.services import fastapi_ce_peer
     from embed_runtime.text.pair_tokenizer import PairTokenizer
     from embed_runtime.text.tokenizer import TokenizerParams
-    from generator.build import build_repository
     from generator.manifest import parse_manifest
-    from generator.shared_models import startup_models
-    from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
+    from generator.triton_local import free_ports
 
     folder = make_model(base / "model")
     entry = {
@@ -167,24 +165,15 @@ def start_systems(base: Path, stack: ExitStack, meta: dict) -> dict[str, Any]:
     }
     manifest = parse_manifest({"models": [entry]}, base)
     meta["entry"] = manifest.models[0].to_dict()
-    repo = base / "repo"
-    build_repository(manifest, repo, log=log)
-    tok_dir = repo / f"{MODEL}_tokenize"
+    server = stack.enter_context(served(manifest, base, log=log, timeout_s=240))
+    tok_dir = server.repo / f"{MODEL}_tokenize"
     params = TokenizerParams.from_parameters(config_parameters(tok_dir))
     systems: dict[str, Any] = {
         "tokenizer": PairTokenizer(str(tok_dir / "1" / "tokenizer.json"), params),
-        "onnx": repo / f"{MODEL}_encode" / "1" / "model.onnx",
-        "chunks": chunk_settings(repo, MODEL),
+        "onnx": server.repo / f"{MODEL}_encode" / "1" / "model.onnx",
+        "chunks": chunk_settings(server.repo, MODEL),
+        "grpc": server.url(),
     }
-    ports = TritonPorts(*free_ports(3))
-    launch = TritonLaunch(
-        repo, ports, load_models=startup_models(manifest), admin_key=os.environ["EMBED_ADMIN_KEY"]
-    )
-    process = TritonProcess(launch, base / "triton")
-    process.start()
-    stack.callback(process.stop)
-    process.wait_ready(timeout_s=240)
-    systems["grpc"] = f"127.0.0.1:{ports.grpc}"
     try:
         peer_port = free_ports(1)[0]
         peer = fastapi_ce_peer(ROOT, str(folder), peer_port, base / "peers")
@@ -277,13 +266,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         systems = start_systems(Path(tmp), stack, results["meta"])
         run(args, systems, results)
     results["meta"]["seconds"] = round(time.monotonic() - t0, 1)
-    out = ROOT / (".build/bench-results" if args.quick else "bench/results")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"rerank-cpu-{'quick' if args.quick else 'full'}-{started.replace(':', '')}.json"
-    results["meta"]["results_file"] = str(path.relative_to(ROOT))
-    path.write_text(json.dumps(results, indent=1) + "\n")
+    kind = "quick" if args.quick else "full"
+    path = write_results(results, f"rerank-cpu-{kind}-{started.replace(':', '')}", args.quick)
     log(f"raw results: {path.relative_to(ROOT)}")
-    print(write_rerank_section(results, ROOT / "docs" / "benchmarks.md", write=args.docs))
+    print(render(RerankSummary(results)))
+    if args.docs:
+        page.main([])
     return 0
 
 

@@ -1,5 +1,4 @@
-"""One-off studies behind figures quoted in the docs (``python -m bench.studies.<name>``).
+"""Studies of ``make bench``: a bare entry, precision knobs, model kinds.
 
-Each answers one question with the core suite's parts (manifest, ceilings, loads); only
-``precision`` runs in ``make bench``.
+``python -m bench.studies.<bare_entry|precision|model_kinds>``.
 """

@@ -15,7 +15,7 @@ Four servers of all-MiniLM-L6-v2, all started before the first load:
   identical servers measure apart on this host, the noise every other ratio carries.
 
 Every repeat runs each text load of ``bench.run`` (``--scale`` times its requests) on
-each server in a rotated order (``bench.studies.ab``). Per load it prints bare / tuned
+each server in a rotated order (:func:`rotate`). Per load it prints bare / tuned
 and control / tuned two ways: pooled (the mean rate over every repeat over the other's,
 which uses every run) and the median of the per-repeat ratios. The gate (>= 0.95x) is
 on the pooled bare / tuned ratio. Before any load it compares the built repositories file
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -39,18 +38,20 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.common import logger, median, save_results, table
-from bench.loads import text_loads
-from bench.machine import machine_info
-from bench.manifest import BUILD, ROOT, TEXT_DEFAULTS
-from bench.studies.ab import rotate, serve
-from client.load.workload import text_pool
+from bench.common import logger, median, save_results, table, write_results
+from bench.loads import BenchLoad, text_loads
+from bench.machine import CpuMonitor, machine_info
+from bench.manifest import ROOT, TEXT_DEFAULTS, TEXT_MODEL, served
+from client.load.loadgen import run_triton_load
+from client.load.workload import text_pool, text_requests
 from generator.build import STATE_FILE
 from generator.manifest import ModelEntry, parse_manifest
 from generator.profiles import PROFILES, profile_defaults
+from generator.triton_local import TritonPorts
 
 log = logger("bare-entry", sys.stdout)
 GATE = 0.95
+SETTLE_S = 1.0  # the last server's threads and stubs go quiet before the next load
 # The CPU settings as models.toml carried them by hand (docs/benchmarks.md measures each).
 TUNED: dict[str, Any] = {
     "max_batch_size": 64,
@@ -107,6 +108,56 @@ def repository_differences(a: Path, b: Path) -> list[str]:
     return sorted(name for name in left.keys() | right.keys() if left.get(name) != right.get(name))
 
 
+def run_order(servers: int, repeat: int) -> list[int]:
+    """The order of the servers in ``repeat``: rotated by one, reversed on odd repeats.
+
+    So no server always runs right after the same other one: a plain rotation of three
+    always puts server 0 right after server 2, across loads too.
+    """
+    order = list(range(servers))
+    shift = repeat % servers
+    order = order[shift:] + order[:shift]
+    return order[::-1] if repeat % 2 else order
+
+
+def rotate(
+    servers: list[TritonPorts], loads: list[BenchLoad], repeats: int, pool: list[str],
+    protocol: str,
+) -> list[dict]:
+    """Every load on every server, ``repeats`` times, the server order rotated per repeat.
+
+    One row of figures per run (``variant`` is the server's index).
+    """
+    monitor = CpuMonitor()
+    rows: list[dict] = []
+    for repeat in range(repeats):
+        for load in loads:
+            spec = load.spec
+            count = spec.clients * (spec.warmup_requests + spec.requests_per_client)
+            requests = text_requests(pool, spec.items_per_request, count)
+            for i in run_order(len(servers), repeat):
+                time.sleep(SETTLE_S)
+                port = servers[i].grpc if protocol == "grpc" else servers[i].http
+                monitor.start()
+                result = run_triton_load(
+                    f"127.0.0.1:{port}", protocol, TEXT_MODEL, "TEXT", requests, spec, load.key
+                )
+                window = monitor.stop()
+                rows.append({
+                    "repeat": repeat, "load": load.key, "variant": i,
+                    "items_per_s": result.items_per_s, "p50_ms": result.median_ms,
+                    "errors": result.errors, "error_samples": result.error_samples,
+                    "foreign_cpu": window.foreign_share, "busy_cpu": window.busy_share,
+                })  # fmt: skip
+                log(
+                    f"{load.key:7s} v{i} {result.items_per_s:7.1f}/s "
+                    f"p50 {result.median_ms:7.2f} ms errors {result.errors} "
+                    f"machine busy {window.busy_share:.0%} foreign {window.foreign_share:.0%}"
+                    + "".join(f"\n    error: {e}" for e in result.error_samples[:3])
+                )
+    return rows
+
+
 def ratios(rows: list[dict], loads: list[str], labels: list[str]) -> dict[str, dict]:
     """Per load: each variant's median items/s and p50, and bare / tuned per repeat."""
     out: dict[str, dict] = {}
@@ -149,18 +200,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     labels = list(entries)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with ExitStack() as stack:
-        servers = []
-        for label, entry in entries.items():
-            manifest = parse_manifest({"models": [entry]}, ROOT, f"{label} entry")
-            servers.append(serve(manifest, f"bare-entry-{label}", stack))
+        servers = {
+            label: stack.enter_context(served(
+                parse_manifest({"models": [entry]}, ROOT, f"{label} entry"),
+                f"bare-entry-{label}", models=(TEXT_MODEL,), log=log,
+            ))
+            for label, entry in entries.items()
+        }  # fmt: skip
         differences = {
-            label: repository_differences(BUILD / "bare-entry-tuned-repo",
-                                          BUILD / f"bare-entry-{label}-repo")
+            label: repository_differences(servers["tuned"].repo, servers[label].repo)
             for label in labels if label != "tuned"
         }
         log("repository files differing from tuned's: " + ", ".join(
             f"{label} {len(found)}" for label, found in differences.items()))
-        rows = rotate(servers, loads, repeats, pool, args.protocol)
+        rows = rotate([s.ports for s in servers.values()], loads, repeats, pool, args.protocol)
     figures = ratios(rows, [ld.key for ld in loads], labels)
     header = [
         "load",
@@ -195,11 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rows": rows,
     }
     if args.quick:
-        out = ROOT / ".build" / "bench-results"
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / "bare-entry-quick.json"
-        path.write_text(json.dumps(results, indent=1))
-        print(f"wrote {path}")
+        print(f"wrote {write_results(results, 'bare-entry-quick', quick=True)}")
     else:
         print(f"wrote {save_results(results, 'bare-entry')}")
     below = [load for load, f in figures.items() if f["bare_over_tuned_pooled"] < GATE]

@@ -24,13 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +37,10 @@ import numpy as np
 
 from bench.common import logger, median, render_template, save_results, table
 from bench.machine import machine_info
-from bench.manifest import ROOT
+from bench.manifest import ROOT, served
 from client import EmbeddingClient
 from client.load.corpus import SENTENCES, varied_sentences
-from generator.admin import KEY_ENV
-from generator.build import build_repository
 from generator.manifest import parse_manifest
-from generator.shared_models import startup_models
-from generator.triton_local import TritonLaunch, TritonPorts, TritonProcess, free_ports
 
 BATCH = 32
 CLIENTS = 8
@@ -68,6 +63,18 @@ Item = Any  # a text, or a (query, text) pair for a reranker
 Row = Any  # one item's answer: a vector, (indices, values), a [T, D] array or a score
 
 
+def _gap(got: np.ndarray, want: np.ndarray) -> float:
+    """Largest difference, absolute up to a value of 1 and relative above (the build gates')."""
+    if got.size == 0:
+        return 0.0
+    return float((np.abs(got - want) / np.maximum(1.0, np.abs(want))).max())
+
+
+def _array_diff(got: Row, want: Row) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return _gap(got, want) if got.shape == want.shape else float("inf")
+
+
 @dataclass(frozen=True)
 class Kind:
     """One model kind: how to make it, serve it, call the library and compare answers."""
@@ -77,13 +84,19 @@ class Kind:
     shape: str
     entry: dict[str, Any]
     make: Callable[[Path], Path]
-    load: Callable[[Path], Any]
+    library_class: str  # the sentence-transformers class that loads it
     library: Callable[[Any, list[Item]], Any]
-    rows: Callable[[Any], list[Row]]
     served: Callable[[EmbeddingClient, str, list[Item]], list[Row]]
-    diff: Callable[[Row, Row], float]
-    pairs: bool = field(default=False)
+    rows: Callable[[Any], list[Row]] = list
+    diff: Callable[[Row, Row], float] = _array_diff
+    pairs: bool = False
     scale: int = 1  # items = scale x --texts (a kind this fast needs more to time)
+
+    def load(self, folder: Path) -> Any:
+        """The library's model from ``folder``, on the CPU."""
+        import sentence_transformers
+
+        return getattr(sentence_transformers, self.library_class)(str(folder), device="cpu")
 
 
 def _make_static(folder: Path) -> Path:
@@ -133,15 +146,6 @@ def _make_llm_rerank(folder: Path) -> Path:
     return create_tiny_llm_reranker(folder, seed=0, shape=shape, max_length=512)
 
 
-def _load(cls_name: str) -> Callable[[Path], Any]:
-    def load(folder: Path) -> Any:
-        import sentence_transformers
-
-        return getattr(sentence_transformers, cls_name)(str(folder), device="cpu")
-
-    return load
-
-
 def _sparse_rows(tensor) -> list[Row]:
     """A library sparse [N, V] tensor as per-row (indices, values)."""
     coo = tensor.coalesce()
@@ -152,13 +156,6 @@ def _sparse_rows(tensor) -> list[Row]:
     ]
 
 
-def _gap(got: np.ndarray, want: np.ndarray) -> float:
-    """Largest difference, absolute up to a value of 1 and relative above (the build gates')."""
-    if got.size == 0:
-        return 0.0
-    return float((np.abs(got - want) / np.maximum(1.0, np.abs(want))).max())
-
-
 def _sparse_diff(got: Row, want: Row) -> float:
     size = 1 + max(int(got[0].max(initial=0)), int(want[0].max(initial=0)))
     dense = np.zeros((2, size), np.float64)
@@ -166,11 +163,6 @@ def _sparse_diff(got: Row, want: Row) -> float:
     dense[0, got[0][keep]] = got[1][keep]
     dense[1, want[0]] = want[1]
     return _gap(dense[0], dense[1])
-
-
-def _array_diff(got: Row, want: Row) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return _gap(got, want) if got.shape == want.shape else float("inf")
 
 
 def _rerank(client: EmbeddingClient, model: str, pairs: list[Item]) -> list[Row]:
@@ -190,57 +182,37 @@ KINDS = {
     kind.key: kind
     for kind in (
         Kind(
-            key="static",
-            label="static embeddings (StaticEmbedding + Normalize)",
-            shape="potion-base-8M's: MiniLM tokenizer, no truncation, 256 dimensions",
-            entry={"family": "sentence-transformers", "fused_tokenize": True},
-            make=_make_static,
-            load=_load("SentenceTransformer"),
-            library=lambda m, texts: m.encode(texts, batch_size=BATCH, convert_to_numpy=True),
-            rows=list,
-            served=lambda c, name, texts: list(c.embed_texts(name, texts)),
-            diff=_array_diff,
-            scale=8,
+            "static", "static embeddings (StaticEmbedding + Normalize)",
+            "potion-base-8M's: MiniLM tokenizer, no truncation, 256 dimensions",
+            {"family": "sentence-transformers", "fused_tokenize": True}, _make_static,
+            "SentenceTransformer",
+            lambda m, texts: m.encode(texts, batch_size=BATCH, convert_to_numpy=True),
+            lambda c, name, texts: list(c.embed_texts(name, texts)), scale=8,
         ),
         Kind(
-            key="sparse",
-            label="sparse (SPLADE: fill-mask Transformer + SpladePooling max, relu)",
-            shape="an MLM of all-MiniLM-L6-v2's shape (6 layers, hidden 384, "
-            "vocabulary 30,522), max_seq_length 256",
-            entry={"family": "sparse-encoder"},
-            make=_make_splade,
-            load=_load("SparseEncoder"),
-            library=lambda m, texts: m.encode(texts, batch_size=BATCH),
-            rows=_sparse_rows,
-            served=lambda c, name, texts: list(c.embed_sparse(name, texts)),
-            diff=_sparse_diff,
+            "sparse", "sparse (SPLADE: fill-mask Transformer + SpladePooling max, relu)",
+            "an MLM of all-MiniLM-L6-v2's shape (6 layers, hidden 384, vocabulary 30,522), "
+            "max_seq_length 256", {"family": "sparse-encoder"}, _make_splade, "SparseEncoder",
+            lambda m, texts: m.encode(texts, batch_size=BATCH),
+            lambda c, name, texts: list(c.embed_sparse(name, texts)),
+            rows=_sparse_rows, diff=_sparse_diff,
         ),
         Kind(
-            key="multi-vector",
-            label="multi-vector (ColBERT, documents)",
-            shape="a BERT of all-MiniLM-L6-v2's shape, 128-wide projection, queries "
-            "expanded to 32, documents cut at 180 (ColBERTv2's lengths and width)",
-            entry={"family": "multi-vector"},
-            make=_make_colbert,
-            load=_load("MultiVectorEncoder"),
-            library=lambda m, texts: m.encode_document(texts, batch_size=BATCH),
+            "multi-vector", "multi-vector (ColBERT, documents)",
+            "a BERT of all-MiniLM-L6-v2's shape, 128-wide projection, queries expanded to 32, "
+            "documents cut at 180 (ColBERTv2's lengths and width)",
+            {"family": "multi-vector"}, _make_colbert, "MultiVectorEncoder",
+            lambda m, texts: m.encode_document(texts, batch_size=BATCH),
+            lambda c, name, texts: c.embed_multivector(name, texts),
             rows=lambda out: [t.numpy() for t in out],
-            served=lambda c, name, texts: c.embed_multivector(name, texts),
-            diff=_array_diff,
         ),
         Kind(
-            key="llm-rerank",
-            label="LLM reranker (causal LM + LogitScore, chat template)",
-            shape="a Qwen3 causal LM of 4 layers, hidden 256 (Qwen3-Reranker-0.6B has 28 "
-            "layers, hidden 1,024), an 800-token BPE vocabulary, max_length 512",
-            entry={"family": "cross-encoder"},
-            make=_make_llm_rerank,
-            load=_load("CrossEncoder"),
-            library=lambda m, pairs: m.predict([list(p) for p in pairs], batch_size=BATCH),
-            rows=list,
-            served=_rerank,
-            diff=_array_diff,
-            pairs=True,
+            "llm-rerank", "LLM reranker (causal LM + LogitScore, chat template)",
+            "a Qwen3 causal LM of 4 layers, hidden 256 (Qwen3-Reranker-0.6B has 28 layers, "
+            "hidden 1,024), an 800-token BPE vocabulary, max_length 512",
+            {"family": "cross-encoder"}, _make_llm_rerank, "CrossEncoder",
+            lambda m, pairs: m.predict([list(p) for p in pairs], batch_size=BATCH),
+            _rerank, pairs=True,
         ),
     )
 }
@@ -301,17 +273,10 @@ def measure(kinds: list[Kind], base: Path, texts: list[str], repeats: int) -> di
         entries.append({"name": kind.key, "source": str(folder), **kind.entry})
         log(f"made {kind.key}")
     manifest = parse_manifest({"models": entries}, base)
-    build_repository(manifest, base / "repo", log=lambda _msg: None)
-    log("built the repository (each family's parity gate passed)")
-    key = secrets.token_urlsafe(24)
-    ports = TritonPorts(*free_ports(3))
-    launch = TritonLaunch(base / "repo", ports, load_models=startup_models(manifest), admin_key=key)
-    process = TritonProcess(launch, base / "work", extra_env={KEY_ENV: key})
-    process.start()
-    url = f"127.0.0.1:{ports.grpc}"
     results: dict[str, Any] = {}
-    try:
-        process.wait_ready(timeout_s=600)
+    with served(manifest, base, log=lambda _msg: None, timeout_s=600) as server:
+        log("built the repository (each family's parity gate passed); served")
+        url = server.url()
         for kind in kinds:
             items = workload(kind, texts)
             model = references[kind.key]
@@ -347,8 +312,6 @@ def measure(kinds: list[Kind], base: Path, texts: list[str], repeats: int) -> di
                     for name, values in rates.items()
                 },
             }
-    finally:
-        process.stop()
     return results
 
 

@@ -85,6 +85,13 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     index.add_argument("--spark-tasks", type=int, help="Spark tasks (default: 2x parallelism)")
 
 
+# The IndexJob fields that take their argument as it is parsed.
+_JOB_ARGS = (
+    "model", "out", "protocol", "admin_key", "image_column", "text_column", "id_column",
+    "shard_rows", "batch_rows", "concurrency", "restart", "qdrant", "collection",
+)
+
+
 def job_from_args(args: argparse.Namespace, url: str) -> Any:
     """The :class:`~client.index.IndexJob` of parsed arguments."""
     from . import IndexJob  # noqa: PLC0415 - pyarrow only when indexing
@@ -101,26 +108,14 @@ def job_from_args(args: argparse.Namespace, url: str) -> Any:
         "late_chunking": True if args.late_chunking else None,
     }
     return IndexJob(
-        model=args.model,
         inputs=list(args.inputs),
-        out=args.out,
         url=url,
-        protocol=args.protocol,
         timeout_s=args.timeout,
-        admin_key=args.admin_key,
         images=args.images or bool(args.image_column),
-        image_column=args.image_column,
-        text_column=args.text_column,
-        id_column=args.id_column,
         keep_columns=[c for c in args.keep_columns.split(",") if c],
         options={k: v for k, v in options.items() if v is not None},
-        shard_rows=args.shard_rows,
-        batch_rows=args.batch_rows,
-        concurrency=args.concurrency,
-        restart=args.restart,
-        qdrant=args.qdrant,
-        collection=args.collection,
         progress=Progress.auto_mode(args.quiet),
+        **{name: getattr(args, name) for name in _JOB_ARGS},
     )
 
 

@@ -36,7 +36,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 STUB_BINARY = "triton_python_backend_stub"
 POLL_S = 0.5  # without pidfd: how often /proc is looked at
@@ -111,9 +111,11 @@ def wait_exit(pid: int, poll_s: float = POLL_S, proc: str = "/proc") -> None:
         os.close(fd)
 
 
-def server_stubs(server_pid: int, proc: str = "/proc") -> list[int]:
-    """Pids of the running stubs whose command line names the server ``server_pid``."""
-    found = []
+def stub_command_lines(server_pid: int, proc: str = "/proc") -> Iterator[tuple[int, list[bytes]]]:
+    """``(pid, command line)`` of each stub process whose command line names ``server_pid``.
+
+    Zombies included: the caller asks :func:`running` when it matters.
+    """
     for entry in os.listdir(proc):
         if not entry.isdigit():
             continue
@@ -123,9 +125,13 @@ def server_stubs(server_pid: int, proc: str = "/proc") -> list[int]:
         except OSError:
             continue
         if len(args) > 5 and args[0].endswith(STUB_BINARY.encode()):
-            if args[5] == str(server_pid).encode() and running(int(entry), proc):
-                found.append(int(entry))
-    return sorted(found)
+            if args[5] == str(server_pid).encode():
+                yield int(entry), args
+
+
+def server_stubs(server_pid: int, proc: str = "/proc") -> list[int]:
+    """Pids of the running stubs whose command line names the server ``server_pid``."""
+    return sorted(pid for pid, _ in stub_command_lines(server_pid, proc) if running(pid, proc))
 
 
 def reap(

@@ -55,8 +55,8 @@ from typing import ClassVar, NamedTuple
 
 from ..config_params import ConfigParams, param
 from .probe import PROBE_INTERVAL_S
+from .server_exit import running, stub_command_lines
 
-STUB_BINARY = "triton_python_backend_stub"
 INSTANCE_RE = re.compile(r"\d+_\d+")  # <model>_<group>_<index>
 GENERATION_PARAMETER = "stub_generation"
 # How long the stubs of a replaced model version run on after the reload returned: the
@@ -119,25 +119,14 @@ def running_stubs(server_pid: int, proc: str = "/proc") -> list[Stub]:
     to complete the model's config (named after the model, not an instance) are left out.
     """
     stubs: list[Stub] = []
-    for entry in os.listdir(proc):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc, entry, "cmdline"), "rb") as handle:
-                args = handle.read().split(b"\0")
-            with open(os.path.join(proc, entry, "stat"), encoding="utf-8") as handle:
-                state = handle.read().rsplit(")", 1)[-1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if len(args) < 9 or not args[0].endswith(STUB_BINARY.encode()) or state == "Z":
-            continue
-        if args[5] != str(server_pid).encode():
+    for pid, args in stub_command_lines(server_pid, proc):
+        if len(args) < 9 or not running(pid, proc):
             continue
         model = os.path.basename(os.path.dirname(os.path.dirname(args[1].decode())))
         instance = args[8].decode()
         if INSTANCE_RE.fullmatch(instance.removeprefix(model + "_")) and instance != model:
             # not the short-lived stub of a load
-            stubs.append(Stub(model, int(entry), args[2].decode(), instance))
+            stubs.append(Stub(model, pid, args[2].decode(), instance))
     return sorted(stubs, key=lambda stub: stub.pid)
 
 

@@ -215,6 +215,29 @@ def tokenize_requests(
     return batch.responses
 
 
+def read_requests(
+    pb_utils: Any, requests: Sequence[Any], read: Callable[[Any], Any]
+) -> tuple[list, dict[int, Any]]:
+    """``(responses, items)``: what ``read`` returns of each request, by its index.
+
+    A request whose client has gone or whose deadline has passed (:mod:`.admission`), or
+    that ``read`` refuses with a :class:`RequestError`, has its error response in
+    ``responses`` instead; every other slot there is None.
+    """
+    responses: list = [None] * len(requests)
+    items: dict[int, Any] = {}
+    for i, request in enumerate(requests):
+        gone = gone_reason(request, _parameters)
+        if gone is not None:
+            responses[i] = error_response(pb_utils, gone)
+            continue
+        try:
+            items[i] = read(request)
+        except RequestError as exc:
+            responses[i] = error_response(pb_utils, exc)
+    return responses, items
+
+
 def embed_requests(
     pb_utils: Any,
     requests: Sequence[Any],
@@ -232,22 +255,11 @@ def embed_requests(
     request by request (:func:`run_or_isolate`).
     """
     names = [output_name] if isinstance(output_name, str) else list(output_name)
-    responses: list = [None] * len(requests)
-    valid, items = [], []
-    for i, request in enumerate(requests):
-        gone = gone_reason(request, _parameters)
-        if gone is not None:
-            responses[i] = error_response(pb_utils, gone)
-            continue
-        try:
-            items.append(read(request))
-        except RequestError as exc:
-            responses[i] = error_response(pb_utils, exc)
-            continue
-        valid.append(i)
-    if not valid:
+    responses, read_items = read_requests(pb_utils, requests, read)
+    if not read_items:
         return responses
-    for i, out in zip(valid, run_or_isolate(run, items, log), strict=True):
+    items = list(read_items.values())
+    for i, out in zip(read_items, run_or_isolate(run, items, log), strict=True):
         if isinstance(out, Exception):
             responses[i] = error_response(pb_utils, out, log)
             continue

@@ -43,8 +43,7 @@ from ..text.request_options import (
     truncate,
 )
 from ..text.tokenizer import TokenizerParams, decode_texts, untruncated
-from .adapter import _parameters, config_parameters, error_response, input_array
-from .admission import gone_reason
+from .adapter import config_parameters, error_response, input_array, read_requests
 
 CHUNK_ROW, CHUNK_SPAN, TOKEN_COUNT = "CHUNK_ROW", "CHUNK_SPAN", "TOKEN_COUNT"
 
@@ -248,17 +247,7 @@ class ChunksStep:
     async def execute(self, requests: list) -> list:
         """Cut every request, send all their chunks on at once, answer each request."""
         pb, log = self.pb_utils, self.logger.log_error
-        responses: list = [None] * len(requests)
-        jobs: dict[int, ChunkedRequest] = {}
-        for i, request in enumerate(requests):
-            gone = gone_reason(request, _parameters)
-            if gone is not None:
-                responses[i] = error_response(pb, gone)
-                continue
-            try:
-                jobs[i] = self.read(request)
-            except RequestError as exc:
-                responses[i] = error_response(pb, exc)
+        responses, jobs = read_requests(pb, requests, self.read)
         embedded = (self._embed(job) for job in jobs.values())
         done = await asyncio.gather(*embedded, return_exceptions=True)
         for i, out in zip(jobs, done, strict=True):

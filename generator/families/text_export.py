@@ -239,3 +239,25 @@ def check_prompts(model, path: Path, params: TokenizerParams) -> list[str]:
             if want != got:
                 failures.append(f"prompt {name!r} tokenizes differently on {text[:40]!r}")
     return failures
+
+
+def write_checked_tokenizer(
+    entry: ModelEntry, model, work: Path, prompts: dict[str, str], default_prompt: str, **params
+) -> tuple[Path, list[str], TokenizerParams]:
+    """``work/tokenizer.json`` of ``model``, its graph input names and params with ``prompts``.
+
+    The build of ``entry`` fails when the file tokenizes a validation text or a prompt
+    otherwise than ``model`` does (:func:`refuse_tokenizer_failures`).
+    """
+    tokenizer_json = work / "tokenizer.json"
+    input_names = write_tokenizer(model, tokenizer_json)
+    tok_params = transformer_tokenizer_params(
+        model,
+        input_names,
+        prompts=tuple(sorted(prompts.items())),
+        default_prompt_name=default_prompt,
+        **params,
+    )
+    failures = check_tokenizer(model, tokenizer_json, tok_params)
+    refuse_tokenizer_failures(entry, failures + check_prompts(model, tokenizer_json, tok_params))
+    return tokenizer_json, input_names, tok_params

@@ -15,12 +15,17 @@ import os
 import time
 import urllib.error
 import urllib.request
+from functools import partial
 
 import numpy as np
 import pytest
 
 from client.load.corpus import varied_sentences
-from tests.integration.text_helpers import assert_parity
+from tests.integration.text_helpers import (
+    assert_framework_parity,
+    assert_parity,
+    langchain_openai_embeddings,
+)
 
 URL = os.environ["EMBED_DOCKER_GATEWAY_URL"]
 KEY = os.environ["EMBED_DOCKER_GATEWAY_KEY"]
@@ -87,19 +92,10 @@ def test_openai_sdk_through_the_compose_gateway_equals_sentence_transformers(
 def test_langchain_through_the_compose_gateway_equals_sentence_transformers(
     gateway, reference
 ) -> None:
-    from langchain_openai import OpenAIEmbeddings
-
-    embeddings = OpenAIEmbeddings(
-        model=MODEL,
-        base_url=f"{gateway}/v1",
-        api_key=KEY,
-        check_embedding_ctx_length=False,
-        chunk_size=32,
-        max_retries=0,
+    embeddings = langchain_openai_embeddings(f"{gateway}/v1", KEY, MODEL, 32)
+    assert_framework_parity(
+        "compose gateway, LangChain", partial(_want, reference), TEXTS, embeddings.embed_documents
     )
-    got = np.asarray(embeddings.embed_documents(TEXTS), dtype=np.float32)
-    gap, diff = assert_parity(got, _want(reference, TEXTS))
-    print(f"\ncompose gateway, LangChain: 1-cos {gap:.1e}, max|diff| {diff:.1e}")
 
 
 def test_the_compose_gateway_refuses_a_request_without_a_key(gateway) -> None:

@@ -10,6 +10,7 @@ those tests check, while every other test keeps its server.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -81,13 +82,20 @@ class Supervised:
                                admin_key=ADMIN_KEY)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, 15)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, 9)
-                self.process.wait()
+        stop_process(self.process)
+
+
+def stop_process(proc: subprocess.Popen, group: bool = True, timeout_s: float = 60) -> None:
+    """SIGTERM ``proc`` (with ``group``, its whole process group), SIGKILL after ``timeout_s``."""
+    if proc.poll() is not None:
+        return
+    send = (lambda sig: os.killpg(proc.pid, sig)) if group else proc.send_signal
+    send(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        send(signal.SIGKILL)
+        proc.wait()
 
 
 def start_supervised(repo: Path, work: Path, env: dict[str, str] | None = None,

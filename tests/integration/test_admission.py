@@ -100,6 +100,25 @@ def _refused(metrics_port: int, model: str) -> float:
     )
 
 
+def _one_row(value: bytes, name: str = "TEXT") -> grpcclient.InferInput:
+    """The BYTES input ``name`` [1, 1] holding ``value``."""
+    item = grpcclient.InferInput(name, [1, 1], "BYTES")
+    item.set_data_from_numpy(np.array([[value]], dtype=object))
+    return item
+
+
+def _infer_recorded(client, model: str, item, lock, vectors: list, errors: list) -> None:
+    """One request of ``item``: its EMBEDDING row into ``vectors``, or its error into ``errors``."""
+    try:
+        out = client.infer(model, [item]).as_numpy("EMBEDDING")[0]
+    except Exception as exc:
+        with lock:
+            errors.append(str(exc))
+        return
+    with lock:
+        vectors.append(out)
+
+
 def _flood(url: str, model: str, http_port: int | None = None):
     """Clients sending back to back for FLOOD_S; (vectors, gRPC errors, HTTP answers, share)."""
     stop = time.monotonic() + FLOOD_S
@@ -110,16 +129,9 @@ def _flood(url: str, model: str, http_port: int | None = None):
 
     def grpc_client() -> None:
         client = grpcclient.InferenceServerClient(url)
-        item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
-        item.set_data_from_numpy(np.array([[LONG.encode()]], dtype=object))
+        item = _one_row(LONG.encode())
         while time.monotonic() < stop:
-            try:
-                out = client.infer(model, [item]).as_numpy("EMBEDDING")[0]
-                with lock:
-                    vectors.append(out)
-            except Exception as exc:
-                with lock:
-                    errors.append(str(exc))
+            _infer_recorded(client, model, item, lock, vectors, errors)
 
     def http_client() -> None:
         body = json.dumps({"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES",
@@ -203,15 +215,7 @@ def _image_flood(url: str, model: str, name: str, row: Callable[[int, int], byte
         sent = 0
         while time.monotonic() < stop:
             sent += 1
-            item = grpcclient.InferInput(name, [1, 1], "BYTES")
-            item.set_data_from_numpy(np.array([[row(index, sent)]], dtype=object))
-            try:
-                out = triton.infer(model, [item]).as_numpy("EMBEDDING")[0]
-                with lock:
-                    vectors.append(out)
-            except Exception as exc:
-                with lock:
-                    errors.append(str(exc))
+            _infer_recorded(triton, model, _one_row(row(index, sent), name), lock, vectors, errors)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
     for thread in threads:
@@ -297,8 +301,7 @@ class Witness:
 
     def _run(self) -> None:
         client = grpcclient.InferenceServerClient(self.url)
-        item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
-        item.set_data_from_numpy(np.array([[SHORT.encode()]], dtype=object))
+        item = _one_row(SHORT.encode())
         while not self._stop.is_set():
             try:
                 client.infer(self.model, [item])
@@ -337,8 +340,7 @@ def test_direct_calls_of_the_admitting_step_leave_no_count_behind(ports):
     encoder, while a plain client keeps it busy. Its later requests are all admitted."""
     url = f"127.0.0.1:{ports.grpc}"
     direct = grpcclient.InferenceServerClient(url)
-    item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
-    item.set_data_from_numpy(np.array([[LONG.encode()]], dtype=object))
+    item = _one_row(LONG.encode())
     with Witness(url, ADMITTED) as witness:
         witness.answered_after(time.monotonic(), 3)
         calls = 0
@@ -366,8 +368,7 @@ def test_requests_cancelled_in_the_queue_leave_no_count_behind(ports):
 
     def impatient() -> None:
         client = grpcclient.InferenceServerClient(url)
-        item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
-        item.set_data_from_numpy(np.array([[LONG.encode()]], dtype=object))
+        item = _one_row(LONG.encode())
         while time.monotonic() < stop:
             try:
                 client.infer(ADMITTED, [item], client_timeout=0.03)
@@ -402,8 +403,7 @@ def _settled_executions(url: str, model: str) -> int:
 
 def _deadline_request(url: str, model: str, in_s: float):
     client = grpcclient.InferenceServerClient(url)
-    item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
-    item.set_data_from_numpy(np.array([[LONG.encode()]], dtype=object))
+    item = _one_row(LONG.encode())
     deadline = int((time.time() + in_s) * 1e6)
     return client.infer(model, [item], parameters={"deadline_unix_us": deadline})
 

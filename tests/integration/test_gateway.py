@@ -20,6 +20,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from functools import partial
 
 import numpy as np
 import pytest
@@ -29,7 +30,11 @@ from generator.gateway import RUN_GATEWAY, GatewayProcess, write_gateway_config
 from generator.triton_local import free_ports
 from tests.integration.clip_fixture import CLIP_MODEL
 from tests.integration.conftest import INT8_MODEL, MAX_BATCH, TEXT_MODEL
-from tests.integration.text_helpers import assert_parity
+from tests.integration.text_helpers import (
+    assert_framework_parity,
+    assert_parity,
+    langchain_openai_embeddings,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -187,21 +192,11 @@ def test_int8_model_is_served_as_triton_answers_it(server, openai_client) -> Non
 
 
 def test_langchain_openai_embeddings_equal_sentence_transformers(gateway, reference) -> None:
-    from langchain_openai import OpenAIEmbeddings
-
-    embeddings = OpenAIEmbeddings(
-        model=TEXT_MODEL,
-        base_url=f"{gateway.url}/v1",
-        api_key=gateway.key,
-        check_embedding_ctx_length=False,
-        chunk_size=20,
-        max_retries=0,
+    embeddings = langchain_openai_embeddings(f"{gateway.url}/v1", gateway.key, TEXT_MODEL, 20)
+    assert_framework_parity(
+        "LangChain via gateway", partial(_want, reference), TEXTS, embeddings.embed_documents,
+        embeddings.embed_query, TEXTS[1],
     )
-    got = np.asarray(embeddings.embed_documents(TEXTS), dtype=np.float32)
-    gap, diff = assert_parity(got, _want(reference, TEXTS))
-    print(f"\nLangChain via gateway: 1-cos {gap:.1e}, max|diff| {diff:.1e}")
-    query = np.asarray(embeddings.embed_query(TEXTS[1]), dtype=np.float32)
-    assert_parity(query[None], _want(reference, TEXTS[1:2]))
 
 
 def test_llama_index_openai_like_embedding_equals_sentence_transformers(
@@ -216,11 +211,10 @@ def test_llama_index_openai_like_embedding_equals_sentence_transformers(
         embed_batch_size=20,
         max_retries=0,
     )
-    got = np.asarray(embedding.get_text_embedding_batch(TEXTS), dtype=np.float32)
-    gap, diff = assert_parity(got, _want(reference, TEXTS))
-    print(f"\nLlamaIndex via gateway: 1-cos {gap:.1e}, max|diff| {diff:.1e}")
-    query = np.asarray(embedding.get_query_embedding(TEXTS[2]), dtype=np.float32)
-    assert_parity(query[None], _want(reference, TEXTS[2:3]))
+    assert_framework_parity(
+        "LlamaIndex via gateway", partial(_want, reference), TEXTS,
+        embedding.get_text_embedding_batch, embedding.get_query_embedding, TEXTS[2],
+    )
 
 
 def _error(status_body: tuple[int, dict]) -> tuple[int, str]:

@@ -23,7 +23,7 @@ import pytest
 from client import EmbeddingClient, EmbeddingClientError
 from generator.admin import KEY_ENV, KEY_FILE_ENV, LOCAL_KEY_FILE_ENV
 from tests.integration.conftest import TEXT_MODEL, free_ports, write_manifest
-from tests.integration.supervised import answers_ok
+from tests.integration.supervised import answers_ok, stop_process
 
 pytestmark = pytest.mark.integration
 
@@ -77,12 +77,7 @@ class Serve:
         return self.log.read_text(errors="replace")
 
     def __exit__(self, *exc) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, group=False)
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from PIL import Image
 from embed_runtime.ops.stub_watch import live_stubs
 from tests.integration.clip_fixture import CLIP_MODEL
 from tests.integration.conftest import ADMIN_KEY, TEXT_MODEL, free_ports
+from tests.integration.supervised import stop_process
 
 pytestmark = pytest.mark.integration
 
@@ -73,16 +74,6 @@ def _wait_ready(proc, http: int, log: Path, timeout_s: float = 240) -> bool:
     return False
 
 
-def _stop(proc) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, 15)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-
-
 def test_too_small_to_start_is_a_quick_clear_failure(server, tmp_path) -> None:
     proc, http, log = _serve_in_small_shm(server, 2, tmp_path)
     try:
@@ -91,7 +82,7 @@ def test_too_small_to_start_is_a_quick_clear_failure(server, tmp_path) -> None:
         proc.wait(timeout=60)
         took = time.monotonic() - start
     finally:
-        _stop(proc)
+        stop_process(proc)
     output = log.read_text(errors="replace")
     print(f"\n{_stub_count(server)} stubs need 1 MiB each; with 2 MiB: exit "
           f"{proc.returncode} after {took:.1f} s")
@@ -134,4 +125,4 @@ def test_a_batch_too_large_for_it_fails_alone_and_the_server_keeps_serving(serve
         assert refused_s < 10
         assert proc.poll() is None
     finally:
-        _stop(proc)
+        stop_process(proc)

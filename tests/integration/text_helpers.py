@@ -47,6 +47,35 @@ def assert_row_parity(got: np.ndarray, want: np.ndarray) -> None:
     assert_parity(got[None], want[None])
 
 
+def assert_framework_parity(
+    label: str,
+    want: Callable[[Sequence[str]], np.ndarray],
+    texts: Sequence[str],
+    embed_documents: Callable,
+    embed_query: Callable | None = None,
+    query: str = "",
+) -> None:
+    """A framework's vectors of ``texts`` (and of ``query``) equal to ``want``'s; gap printed."""
+    gap, diff = assert_parity(np.asarray(embed_documents(texts), dtype=np.float32), want(texts))
+    print(f"\n{label}: 1-cos {gap:.1e}, max|diff| {diff:.1e}")
+    if embed_query is not None:
+        assert_parity(np.asarray(embed_query(query), dtype=np.float32)[None], want([query]))
+
+
+def langchain_openai_embeddings(base_url: str, api_key: str, model: str, chunk_size: int):
+    """LangChain's ``OpenAIEmbeddings`` of the OpenAI API at ``base_url``: whole texts, no retry."""
+    from langchain_openai import OpenAIEmbeddings
+
+    return OpenAIEmbeddings(
+        model=model,
+        base_url=base_url,
+        api_key=api_key,
+        check_embedding_ctx_length=False,
+        chunk_size=chunk_size,
+        max_retries=0,
+    )
+
+
 def raw_client(server, protocol: str):
     """A plain tritonclient ``InferenceServerClient`` (no admin key)."""
     return _MODULES[protocol].InferenceServerClient(server.url(protocol))

@@ -39,8 +39,6 @@ from ..common import (
 from ..spec import serves_openai
 from ..text_export import (
     VALIDATION_TEXTS,
-    check_prompts,
-    check_tokenizer,
     graph_input_names,
     is_static,
     load_checked,
@@ -49,9 +47,8 @@ from ..text_export import (
     refuse_tokenizer_failures,
     token_features,
     token_limits,
-    transformer_tokenizer_params,
     validation_batches,
-    write_tokenizer,
+    write_checked_tokenizer,
 )
 from . import FAMILY, static
 from .late_chunking import LateGraphs, export_late_graphs
@@ -170,19 +167,11 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
     entry = resolved_normalize(entry, model)
     if is_static(model):
         return _build_static(entry, model, work)
-    tokenizer_json = work / "tokenizer.json"
-    input_names = write_tokenizer(model, tokenizer_json)
     prompts, default_prompt = model_prompts(entry, model)
     entry, dim, truncatable = _dimensions(entry, model)
-    tok_params = transformer_tokenizer_params(
-        model,
-        input_names,
-        prompts=tuple(sorted(prompts.items())),
-        default_prompt_name=default_prompt,
-        max_dimensions=truncatable,
+    tokenizer_json, input_names, tok_params = write_checked_tokenizer(
+        entry, model, work, prompts, default_prompt, max_dimensions=truncatable
     )
-    failures = check_tokenizer(model, tokenizer_json, tok_params)
-    refuse_tokenizer_failures(entry, failures + check_prompts(model, tokenizer_json, tok_params))
 
     spec = _graph_spec(input_names, dim)
     encoder = _encoder_module(model, input_names, entry.normalize)

@@ -23,15 +23,11 @@ from ...render import Step, ensemble
 from ..common import TEXT, RunnerExtras, SparseOutput, TextGraph, split_encoder_dirs
 from ..text_export import (
     VALIDATION_TEXTS,
-    check_prompts,
-    check_tokenizer,
     load_checked,
     model_prompts,
-    refuse_tokenizer_failures,
     token_limits,
-    transformer_tokenizer_params,
     validation_batches,
-    write_tokenizer,
+    write_checked_tokenizer,
 )
 from . import FAMILY, inference_free
 from .splade import SPARSE_ATOL, export_graph, is_splade, sparse_parity
@@ -82,17 +78,10 @@ def build(entry: ModelEntry, manifest: Manifest, work: Path) -> list[ModelDir]:
         return inference_free.build(entry, model, work)
     max_active_dims = entry.max_active_dims or model.max_active_dims or 0
     model.max_active_dims = None  # the graph returns every dimension; the stub selects
-    tokenizer_json = work / "tokenizer.json"
-    input_names = write_tokenizer(model, tokenizer_json)
     prompts, default_prompt = model_prompts(dataclasses.replace(entry, prompts=None), model)
-    tok_params = transformer_tokenizer_params(
-        model,
-        input_names,
-        prompts=tuple(sorted(prompts.items())),
-        default_prompt_name=default_prompt,
+    tokenizer_json, input_names, tok_params = write_checked_tokenizer(
+        entry, model, work, prompts, default_prompt
     )
-    failures = check_tokenizer(model, tokenizer_json, tok_params)
-    refuse_tokenizer_failures(entry, failures + check_prompts(model, tokenizer_json, tok_params))
 
     onnx_path, spec, encoder, cases = export_graph(model, input_names, work)
     if entry.graph_precision == "fp32":

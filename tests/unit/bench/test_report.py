@@ -1,4 +1,4 @@
-"""The benchmark report: ratios taken inside each repeat, targets, and the kept analysis."""
+"""The benchmark report: ratios taken inside each repeat, and the targets met or not."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from bench import docs_text
 from bench.summary import Summary
 
 SYSTEMS = ("triton-grpc", "fastapi", "infinity")
@@ -148,26 +147,3 @@ def test_missing_peer_gives_nan_and_no_target() -> None:
     s = Summary(results)
     assert math.isnan(s.ratio("16 x 1", "triton-grpc", "infinity"))
     assert not [t for t in s.targets() if "infinity" in t[0]]
-
-
-def test_render_keeps_the_hand_written_analysis() -> None:
-    s = Summary(_results())
-    first = docs_text.render(s, "chart.png", "")
-    begin, end = "<!-- analysis:begin -->", "<!-- analysis:end -->"
-    assert begin in first and end in first
-    edited = first.replace(f"{begin}\n", f"{begin}\nMeasured by hand: 42.\n", 1)
-    again = docs_text.render(s, "chart.png", edited)
-    assert "Measured by hand: 42." in again
-    assert "| served >= 0.9 x the load's ceiling | 16 x 1 | 0.72 x | **no** |" in again
-    assert "| 16 x 1 | 64 | 16 | 200.0 | 125.0 | 250.0 | 225.0 | 250.0 (planner) |" in again
-
-
-def test_render_carries_the_perf_analyzer_sweep_over() -> None:
-    s = Summary(_results())
-    first = docs_text.render(s, "chart.png", "")
-    assert "<!-- perf:begin -->" not in first
-    block = "<!-- perf:begin -->\n\n## perf_analyzer sweep\n\n| c | 1 |\n\n<!-- perf:end -->"
-    with_perf = first.replace("## Method", block + "\n\n## Method", 1)
-    again = docs_text.render(s, "chart.png", with_perf)
-    assert again.count(block) == 1
-    assert again.index(block) < again.index("## Method")

@@ -10,10 +10,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
-from bench import docs_text
 from bench.gpu import report as gpu_report
 from bench.gpu.run import manifest_data
-from bench.summary import Summary
 from embed_runtime.engines.ort_encoder import checked_placement
 from generator.manifest import ManifestError, load_manifest, parse_manifest
 
@@ -73,21 +71,6 @@ def test_gpu_section_names_best_run_ceiling_and_target_per_ensemble() -> None:
     assert image + " not met |" in text
     assert "failed: ran out of time" in text
     assert "cosine >= 0.999999" in text
-
-
-def test_gpu_section_replaces_itself_and_survives_make_bench(tmp_path: Path) -> None:
-    doc = tmp_path / "benchmarks.md"
-    doc.write_text("# Benchmarks\n\n## Method\n\nHow.\n")
-    gpu_report.write_gpu_section([TEXT], tmp_path)
-    gpu_report.write_gpu_section([TEXT, CLIP], tmp_path)
-    written = doc.read_text()
-    assert written.count(gpu_report.BEGIN) == 1
-    assert "clip-vit-b-32_image" in written
-    assert written.index(gpu_report.END) < written.index("## Method")
-    from tests.unit.bench.test_report import _results as cpu_results
-
-    again = docs_text.render(Summary(cpu_results()), "chart.png", written)
-    assert again.count(gpu_report.render_gpu_section([TEXT, CLIP])) == 1
 
 
 def test_gpu_manifest_is_valid_and_takes_overrides() -> None:

@@ -9,10 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
-from bench import docs_text
-from bench.rerank.report import BEGIN, END, RerankSummary, write_rerank_section
-from bench.summary import Summary
-from tests.unit.bench.test_report import _results
+from bench.rerank.report import RerankSummary
 
 
 def _run(repeat: int, system: str, rate: float) -> dict:
@@ -54,18 +51,3 @@ def test_ratios_are_medians_of_in_repeat_ratios() -> None:
     assert s.ratio("triton-grpc", "ceiling") == pytest.approx(0.9)
     assert s.ratio("triton-grpc", "fastapi-ce") == pytest.approx(10.0)
     assert s.rate("ceiling") == pytest.approx(200.0)
-
-
-def test_section_replaces_the_old_one_and_survives_a_bench_run(tmp_path: Path) -> None:
-    doc = tmp_path / "benchmarks.md"
-    page = docs_text.render(Summary(_results()), "chart.png", "")
-    doc.write_text(page)
-    write_rerank_section(_rerank_results(), doc)
-    first = doc.read_text()
-    assert first.count(BEGIN) == 1 and first.count(END) == 1
-    assert "| **triton-grpc** | 100.0 |" in first and "| 0.90 x |" in first
-    assert first.index(BEGIN) < first.index("## Throughput vs concurrency")
-    write_rerank_section(_rerank_results(), doc)
-    assert doc.read_text() == first
-    again = docs_text.render(Summary(_results()), "chart.png", first)
-    assert again.count(BEGIN) == 1 and "| **triton-grpc** | 100.0 |" in again

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.studies.ab import run_order
-from bench.studies.bare_entry import TUNED, ratios, variants
+from bench.studies.bare_entry import TUNED, ratios, run_order, variants
 from generator.manifest import ModelEntry, parse_manifest
 
 

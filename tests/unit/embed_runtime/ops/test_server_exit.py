@@ -22,33 +22,7 @@ from embed_runtime.ops.server_exit import (
     start_reaper,
     wait_exit,
 )
-
-SERVER = 4242
-STUB = "/opt/backends/python/triton_python_backend_stub"
-
-
-def _process(proc: Path, pid: int, args: list[str], state: str = "S") -> None:
-    folder = proc / str(pid)
-    folder.mkdir(parents=True)
-    (folder / "cmdline").write_bytes(b"\0".join(a.encode() for a in args) + b"\0")
-    (folder / "stat").write_text(f"{pid} (some name) {state} 1 1 1")
-
-
-def _stub(proc: Path, pid: int, server: int = SERVER, state: str = "S") -> None:
-    args = [
-        STUB,
-        "/models/m/1/model.py",
-        "shm",
-        "1048576",
-        "1048576",
-        str(server),
-        "/opt/backends/python",
-        "336",
-        "m_0_0",
-        "DEFAULT",
-        "",
-    ]
-    _process(proc, pid, args, state)
+from tests.unit.embed_runtime.ops.fake_proc import SERVER, STUB, fake_process, fake_stub
 
 
 def _sleeper() -> subprocess.Popen:
@@ -61,23 +35,23 @@ def test_only_a_stub_starts_a_reaper() -> None:
 
 
 def test_the_server_pid_is_read_from_the_stub_command_line(tmp_path: Path) -> None:
-    _stub(tmp_path, 10)
+    fake_stub(tmp_path, 10)
     assert server_of_stub(str(tmp_path / "10" / "cmdline")) == SERVER
     assert server_of_stub(str(tmp_path / "missing")) == os.getppid()
 
 
 def test_the_stubs_of_one_server_are_found_zombies_and_others_left_out(tmp_path: Path) -> None:
-    _stub(tmp_path, 10)
-    _stub(tmp_path, 11, state="Z")
-    _stub(tmp_path, 12, server=SERVER + 1)
-    _process(tmp_path, 13, ["/usr/bin/python3", "a", "b", "c", "d", str(SERVER)])
-    _process(tmp_path, 14, [STUB])  # too short to be a stub of a server
+    fake_stub(tmp_path, 10)
+    fake_stub(tmp_path, 11, state="Z")
+    fake_stub(tmp_path, 12, parent=SERVER + 1)
+    fake_process(tmp_path, 13, ["/usr/bin/python3", "a", "b", "c", "d", str(SERVER)])
+    fake_process(tmp_path, 14, [STUB])  # too short to be a stub of a server
     assert server_stubs(SERVER, str(tmp_path)) == [10]
 
 
 def test_reap_kills_the_stubs_left_once_the_server_has_gone(tmp_path: Path) -> None:
-    _stub(tmp_path, 10)
-    _stub(tmp_path, 11)
+    fake_stub(tmp_path, 10)
+    fake_stub(tmp_path, 11)
     killed, logged = [], []
     stubs = reap(
         SERVER, str(tmp_path), kill=lambda p, s: killed.append((p, s)), log=logged.append

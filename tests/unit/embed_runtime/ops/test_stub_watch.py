@@ -12,31 +12,15 @@ from embed_runtime.ops.stub_watch import (
     server_http_url,
 )
 from tests.healthcheck_module import load_healthcheck
-
-SERVER = 4242
-STUB = "/opt/backends/python/triton_python_backend_stub"
-
-
-def _process(proc: Path, pid: int, args: list[str], state: str = "S") -> None:
-    folder = proc / str(pid)
-    folder.mkdir(parents=True)
-    (folder / "cmdline").write_bytes(b"\0".join(a.encode() for a in args) + b"\0")
-    (folder / "stat").write_text(f"{pid} (triton_python_ba) {state} {SERVER} 1 1")
-
-
-def _stub(proc: Path, pid: int, model: str, instance: str, parent: int = SERVER,
-          state: str = "S", region: str = "shm") -> None:
-    _process(proc, pid, [STUB, f"/models/{model}/1/model.py", region, "1048576", "1048576",
-                         str(parent), "/opt/backends/python", "336", instance, "DEFAULT", ""],
-             state)
+from tests.unit.embed_runtime.ops.fake_proc import SERVER, fake_process, fake_stub
 
 
 def test_live_stubs_are_this_servers_running_instances_only(tmp_path: Path) -> None:
-    _stub(tmp_path, 10, "m_encode", "m_encode_0_0")
-    _stub(tmp_path, 11, "m_encode", "m_encode_0_1", state="Z")  # killed, not yet reaped
-    _stub(tmp_path, 12, "m_encode", "m_encode")  # the short-lived config-completion stub
-    _stub(tmp_path, 13, "other", "other_0_0", parent=999)  # another server's
-    _process(tmp_path, 14, ["/bin/sleep", "5"])
+    fake_stub(tmp_path, 10, "m_encode", "m_encode_0_0")
+    fake_stub(tmp_path, 11, "m_encode", "m_encode_0_1", state="Z")  # killed, not yet reaped
+    fake_stub(tmp_path, 12, "m_encode", "m_encode")  # the short-lived config-completion stub
+    fake_stub(tmp_path, 13, "other", "other_0_0", parent=999)  # another server's
+    fake_process(tmp_path, 14, ["/bin/sleep", "5"])
     (tmp_path / "self").mkdir()
     assert live_stubs(SERVER, str(tmp_path)) == {"m_encode_0_0": "m_encode"}
 
@@ -54,16 +38,16 @@ def _new_version(proc: Path, instances: int, reloads: list[str]):
         reloads.append(model)
         for index in range(instances):
             pid = 100 * len(reloads) + index
-            _stub(proc, pid, model, f"{model}_0_{index}", region=f"r-{pid}")
+            fake_stub(proc, pid, model, f"{model}_0_{index}", region=f"r-{pid}")
 
     return reload
 
 
 def test_a_vanished_instance_of_a_ready_model_reloads_that_model_once(tmp_path: Path) -> None:
-    _stub(tmp_path, 10, "m_encode", "m_encode_0_0")
-    _stub(tmp_path, 11, "m_encode", "m_encode_0_1")
-    _stub(tmp_path, 12, "m_tokenize", "m_tokenize_0_0")
-    _stub(tmp_path, 13, "model_manager", "model_manager_0_0")
+    fake_stub(tmp_path, 10, "m_encode", "m_encode_0_0")
+    fake_stub(tmp_path, 11, "m_encode", "m_encode_0_1")
+    fake_stub(tmp_path, 12, "m_tokenize", "m_tokenize_0_0")
+    fake_stub(tmp_path, 13, "model_manager", "model_manager_0_0")
     reloads: list[str] = []
     watch = StubWatch(SERVER, lambda m: m != "model_manager", _new_version(tmp_path, 2, reloads),
                       "model_manager", str(tmp_path), kill=lambda pid: None)
@@ -79,7 +63,7 @@ def test_a_vanished_instance_of_a_ready_model_reloads_that_model_once(tmp_path: 
 
 def test_a_stub_that_died_before_the_first_look_is_replaced(tmp_path: Path) -> None:
     """Its model's config names it; the process list never showed it to the watch."""
-    _stub(tmp_path, 11, "m", "m_0_1")
+    fake_stub(tmp_path, 11, "m", "m_0_1")
     answers = [None, {"m": {"m_0_0", "m_0_1"}, "model_manager": {"model_manager_0_0"}}]
     reloads: list[str] = []
     watch = StubWatch(SERVER, lambda m: True, _new_version(tmp_path, 2, reloads),
@@ -91,7 +75,7 @@ def test_a_stub_that_died_before_the_first_look_is_replaced(tmp_path: Path) -> N
 
 
 def test_a_model_unloaded_on_purpose_is_left_alone(tmp_path: Path) -> None:
-    _stub(tmp_path, 10, "gone", "gone_0_0")
+    fake_stub(tmp_path, 10, "gone", "gone_0_0")
     watch, reloads = _watch(tmp_path, set())
     watch.poll()
     (tmp_path / "10" / "cmdline").unlink()
@@ -100,7 +84,7 @@ def test_a_model_unloaded_on_purpose_is_left_alone(tmp_path: Path) -> None:
 
 
 def test_a_failed_reload_is_recorded_and_retried_at_the_next_poll(tmp_path: Path) -> None:
-    _stub(tmp_path, 10, "m", "m_0_0")
+    fake_stub(tmp_path, 10, "m", "m_0_0")
     answers = [OSError("connection refused"), None]
 
     def reload(model: str) -> None:
@@ -121,9 +105,9 @@ def test_a_dead_stubs_region_is_unlinked_once_its_model_is_reloaded(tmp_path: Pa
     shm.mkdir()
     for name in ("r-dead", "r-alive", "r-other", "r-tok"):
         (shm / name).write_bytes(b"x")
-    _stub(proc, 10, "m", "m_0_0", region="r-dead")
-    _stub(proc, 11, "m", "m_0_1", region="r-alive")
-    _stub(proc, 12, "t", "t_0_0", region="../r-tok")  # never a path outside the folder
+    fake_stub(proc, 10, "m", "m_0_0", region="r-dead")
+    fake_stub(proc, 11, "m", "m_0_1", region="r-alive")
+    fake_stub(proc, 12, "t", "t_0_0", region="../r-tok")  # never a path outside the folder
     answers = [OSError("refused"), None, None]
     new_version = _new_version(proc, 2, [])
 
@@ -154,15 +138,15 @@ def test_a_replaced_versions_stub_neither_hides_a_later_death_nor_outlives_its_t
     shm.mkdir()
     for pid in (10, 11, 20, 21, 30, 31):
         (shm / f"r-{pid}").write_bytes(b"x")
-    _stub(proc, 10, "m", "m_0_0", region="r-10")
-    _stub(proc, 11, "m", "m_0_1", region="r-11")
+    fake_stub(proc, 10, "m", "m_0_0", region="r-10")
+    fake_stub(proc, 11, "m", "m_0_1", region="r-11")
     now, killed, reloads = [100.0], [], []
 
     def reload(model: str) -> None:  # Triton's swap: new stubs; the old ones run on
         reloads.append(model)
         for index in (0, 1):
             pid = 10 * len(reloads) + 10 + index
-            _stub(proc, pid, "m", f"m_0_{index}", region=f"r-{pid}")
+            fake_stub(proc, pid, "m", f"m_0_{index}", region=f"r-{pid}")
 
     watch = StubWatch(SERVER, lambda m: True, reload, proc=str(proc), shm_dir=str(shm),
                       clock=lambda: now[0], kill=killed.append)
@@ -184,7 +168,7 @@ def test_a_replaced_versions_stub_neither_hides_a_later_death_nor_outlives_its_t
 
 
 def test_the_servers_http_address_comes_from_its_command_line(tmp_path: Path) -> None:
-    _process(tmp_path, SERVER, ["tritonserver", "--http-address=0.0.0.0", "--http-port=18000"])
+    fake_process(tmp_path, SERVER, ["tritonserver", "--http-address=0.0.0.0", "--http-port=18000"])
     assert server_http_url(SERVER, str(tmp_path)) == "127.0.0.1:18000"
 
 
@@ -201,7 +185,7 @@ def test_the_health_check_reads_the_file_the_watch_writes(tmp_path: Path) -> Non
     assert check.health_file(1, {"EMBED_HEALTH_FILE": "/x"}) == health_path(1, {
         "EMBED_HEALTH_FILE": "/x"}) == "/x"
     proc = tmp_path / "proc"
-    _stub(proc, 10, "m", "m_0_0")
+    fake_stub(proc, 10, "m", "m_0_0")
     states: list[str] = []
     health = str(tmp_path / "health.json")
 
