@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
+import logging
 import os
 import sys
 import time
@@ -60,6 +61,7 @@ RETRY_AFTER_S = "1"
 WAIT_MARGIN_S = 5.0
 KNOWN_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user", "modality"})
 JSON = [(b"content-type", b"application/json")]
+LOG = logging.getLogger("openai_gateway")
 
 
 class OpenAIError(Exception):
@@ -221,6 +223,10 @@ class Gateway:
         except OpenAIError as error:
             status, body = error.status, error.body()
             extra = [(b"retry-after", error.retry_after.encode())] if error.retry_after else []
+        except Exception as error:
+            LOG.exception("request failed")
+            failed = OpenAIError(500, f"the gateway failed: {type(error).__name__}")
+            status, body, extra = failed.status, failed.body(), []
         length = [(b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status,
                     "headers": JSON + length + extra})
@@ -340,7 +346,10 @@ class Gateway:
             raise OpenAIError(504, f"Triton did not answer in {timeout_s:g} s") from None
         except aiohttp.ClientError as error:
             raise OpenAIError(502, f"Triton unreachable: {type(error).__name__}") from None
-        return triton_rows(answer, n)
+        try:
+            return triton_rows(answer, n)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ZeroDivisionError):
+            raise OpenAIError(502, "Triton's answer is not the ensemble's EMBEDDING") from None
 
 
 def app() -> Gateway:

@@ -8,9 +8,11 @@ real uvicorn in tests/integration/test_gateway.py.
 from __future__ import annotations
 
 import asyncio
+import http.server
 import importlib.util
 import json
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,49 @@ def test_unreachable_triton_is_a_502_and_the_server_keeps_serving() -> None:
 
     for status, _, answer in asyncio.run(twice()):
         assert status == 502 and "unreachable" in answer["error"]["message"]
+
+
+def test_an_answer_triton_should_not_give_is_a_502_not_a_dead_worker(monkeypatch) -> None:
+    """A 200 whose body is not the ensemble's answer (garbage, no EMBEDDING), from a real
+    local HTTP server, is that request's 502; a fault in the app itself is that request's
+    500 in OpenAI's shape; the app answers the next request either way."""
+    payloads = [b"not json", b'{"outputs": []}', b'{"outputs": [{"name": "X"}]}']
+
+    class Triton(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            payload = payloads[0]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Triton)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    app = gw.Gateway({"m": ROUTE}, f"http://127.0.0.1:{server.server_port}", KEY)
+    body = b'{"model": "m", "input": "x"}'
+
+    async def each():
+        answers = []
+        while payloads:
+            answers.append(await _call(app, _scope(), _body(body)))
+            payloads.pop(0)
+        await app._session.close()
+        return answers
+
+    try:
+        for status, _, answer in asyncio.run(each()):
+            assert status == 502 and "EMBEDDING" in answer["error"]["message"], answer
+    finally:
+        server.shutdown()
+
+    async def broken(request, timeout_s):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(app, "embeddings", broken)
+    status, _, answer = asyncio.run(_call(app, _scope(), _body(body)))
+    assert status == 500 and answer["error"]["type"] == "server_error"
+    assert "RuntimeError" in answer["error"]["message"]
