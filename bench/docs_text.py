@@ -13,7 +13,8 @@ def _f(value: float, digits: int = 1) -> str:
     return "n/a" if value != value else f"{value:.{digits}f}"
 
 
-def _x(value: float) -> str:
+def times(value: float) -> str:
+    """A ratio as the page writes it (``1.23 x``; ``n/a`` when not measured)."""
     return "n/a" if value != value else f"{value:.2f} x"
 
 
@@ -93,14 +94,14 @@ def load_table(s: Summary, load: str, unit: str) -> str:
                     for k in ("mean_ms", "median_ms", "p95_ms", "p99_ms", "std_ms")
                 ],
                 str(s.errors(load, system)),
-                _x(s.ratio_to_load_ceiling(load, system))
+                times(s.ratio_to_load_ceiling(load, system))
                 if s.kinds[load] == "text"
-                else _x(s.image_ratio(load, system)),
-                _x(s.ratio_to_ceiling(load, system)) if s.kinds[load] == "text" else "",
-                _x(s.ratio_to_ceiling(load, system, "batch1_items_per_s"))
+                else times(s.image_ratio(load, system)),
+                times(s.ratio_to_ceiling(load, system)) if s.kinds[load] == "text" else "",
+                times(s.ratio_to_ceiling(load, system, "batch1_items_per_s"))
                 if s.kinds[load] == "text"
                 else "",
-                "" if system == s.headline else _x(s.ratio(load, s.headline, system)),
+                "" if system == s.headline else times(s.ratio(load, s.headline, system)),
                 f"{s.foreign(load, system):.0%}",
             ]
         )
@@ -138,7 +139,7 @@ def load_ceiling_table(s: Summary) -> str:
                 _f(s.load_ceiling(load, "parallel_items_per_s")),
                 f"{_f(s.load_ceiling(load))} ({'/'.join(sorted(set(best)))})",
                 _f(s.stat(load, s.headline, "items_per_s")),
-                _x(s.ratio_to_load_ceiling(load, s.headline)),
+                times(s.ratio_to_load_ceiling(load, s.headline)),
             ]
         )
     return table(header, rows)

@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench import docs_text
 from bench.common import RESULTS, ROOT, render_template, table
+from bench.docs_text import times
 from bench.gpu import report as gpu_report
 from bench.rerank import report as rerank_report
 from bench.summary import Summary
@@ -43,10 +43,6 @@ def newest(prefix: str, results: Path = RESULTS) -> tuple[str, dict[str, Any]] |
         return None
     path = max(found)[1]
     return f"bench/results/{path.name}", json.loads(path.read_text())
-
-
-def _x(value: float) -> str:
-    return f"{value:.2f} x"
 
 
 def _yes(met: bool) -> str:
@@ -184,8 +180,8 @@ def _ratios(page: Page, found: dict[str, tuple[str, dict]]) -> None:
         for kind in ("text", "images"):
             if kind in rate:
                 median = rate[kind]["median"]
-                rows.append([kind, _x(median), _x(rate[kind]["pooled"])])
-                page.target("indexing", f"indexer {kind} >= 0.9 x the best load", _x(median),
+                rows.append([kind, times(median), times(rate[kind]["pooled"])])
+                page.target("indexing", f"indexer {kind} >= 0.9 x the best load", times(median),
                             median >= 0.9, source)
         page.section("Corpus indexer (`bench.index_rate`)", source,
                      rate.get("started", Path(source).stem[-18:]),
@@ -198,17 +194,17 @@ def _ratios(page: Page, found: dict[str, tuple[str, dict]]) -> None:
         cost = docs["cost"]
         for gate, met in docs["gates"].items():
             page.target("long documents", f"{gate.replace('_', ' ')} >= 0.9 x plain rows",
-                        _x(cost[gate]), met, source)
+                        times(cost[gate]), met, source)
         page.section("Long documents (`bench.long_documents`)", source, docs["started"],
                      [table(["model", "way", "recall@10", "recall@1", "vectors"], rows), "",
                       "Cost: " + ", ".join(f"{k} {v:.1f} rows/s"
                                            for k, v in cost["rows_per_s"].items())])
     if "bare-entry" in found:
         source, bare = found["bare-entry"]
-        rows = [[load, _x(f["bare_over_tuned_pooled"]), _x(f["plain_over_tuned_pooled"])]
+        rows = [[load, times(f["bare_over_tuned_pooled"]), times(f["plain_over_tuned_pooled"])]
                 for load, f in bare["figures"].items()]
         worst = min(f["bare_over_tuned_pooled"] for f in bare["figures"].values())
-        page.target("defaults", "a bare entry >= 0.95 x the tuned one, every load", _x(worst),
+        page.target("defaults", "a bare entry >= 0.95 x the tuned one, every load", times(worst),
                     worst >= 0.95, source)
         page.section("A bare entry against the tuned one (`bench.studies.bare_entry`)", source,
                      bare["started"],
@@ -218,9 +214,9 @@ def _ratios(page: Page, found: dict[str, tuple[str, dict]]) -> None:
         rows = []
         for kind, loads in speed["results"].items():
             ratios = [loads[w]["ratio"] for w in ("images", "texts")]
-            rows.append([kind, *map(_x, ratios)])
+            rows.append([kind, *map(times, ratios)])
             page.target("OpenCLIP kinds", f"{kind}: images and texts >= 0.9 x open_clip",
-                        " / ".join(map(_x, ratios)), min(ratios) >= 0.9, source)
+                        " / ".join(map(times, ratios)), min(ratios) >= 0.9, source)
         page.section("OpenCLIP tower kinds served against open_clip (`bench.open_clip_speed`)",
                      source, speed["started"],
                      [table(["kind", "images ÷ open_clip", "texts ÷ open_clip"], rows)])
@@ -297,8 +293,8 @@ def gateway_section(results: dict) -> str:
 
 def _gateway(page: Page, source: str, results: dict[str, Any]) -> None:
     summary = results["summary"]
-    measured = [_x(summary["16x1"]["throughput_ratio"]), _x(summary["4x32"]["throughput_ratio"]),
-                f"{summary['16x1']['gateway']['gateway_cpu_ms_per_req']:.2f} ms"]
+    measured = [times(summary[load]["throughput_ratio"]) for load in ("16x1", "4x32")]
+    measured += [f"{summary['16x1']['gateway']['gateway_cpu_ms_per_req']:.2f} ms"]
     for (name, met), value in zip(results["gates"].items(), measured, strict=True):
         page.target("OpenAI gateway", name, value, met, source)
     body = [line for line in gateway_section(results).splitlines()
@@ -327,14 +323,9 @@ def build(previous: str = "", results: Path = RESULTS) -> str:
     found = {p: f for p in ("seed", "cancels", "overload-cpu", "soak-cpu", "start-loop",
                             "index-rate", "long-documents", "bare-entry", "clip-speed")
              if (f := one(p))}
-    summary = None
-    steps: list[tuple[str, Callable]] = [
-        ("cpu-full", _text_and_images), ("rerank-cpu-full", _rerank)
-    ]
-    for prefix, render in steps:
-        if (f := one(prefix)):
-            value = render(page, *f)
-            summary = value if isinstance(value, Summary) else summary
+    summary = _text_and_images(page, *f) if (f := one("cpu-full")) else None
+    if (f := one("rerank-cpu-full")):
+        _rerank(page, *f)
     _overload(page, found)
     _ratios(page, found)
     _soak_and_starts(page, found)
