@@ -9,6 +9,7 @@ wait for the startup probe, run an exec probe, collect the logs when the pod goe
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import time
@@ -37,11 +38,29 @@ def record(line: str) -> None:
     print(f"\n{line}")
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port nothing listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port nothing listens on now, below the kernel's ephemeral range, not handed out.
+
+    A port from the ephemeral range (what binding to port 0 gives) can be taken by any
+    outgoing connection before docker binds it: the rollout test once failed on "Bind for
+    127.0.0.1:49625 failed: port is already allocated" while its load ran.
+    """
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(500):
+        port = random.randrange(max(1024, low - 12000), low)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
