@@ -122,30 +122,23 @@ clean:
 # docs/benchmarks.md (BENCH_ARGS="--quick" for a smoke test, "--device gpu" on a GPU),
 # the corpus indexer (python -m client index) against the best of those loads on one server,
 # texts and clip-tiny images side by side (bench.index_rate, about 4 min; INDEX_RATE_ARGS="--quick"),
-# a bare manifest entry against the tuned one and the generic one, side by side
-# (bench.studies.bare_entry, gate >= 0.95x at every load; BARE_ARGS="--quick"), the
-# rerank load (bench.rerank, RERANK_ARGS="--quick"),
+# the rerank load (bench.rerank, RERANK_ARGS="--quick"),
 # long documents (bench.long_documents: recall@10 of truncation, chunks, late chunks and the
 # mean vector on Python's help topics, chunk rows/s of <name>_chunks and of the indexer
 # against plain rows, gate >= 0.9x; LONG_DOCS_ARGS="--quick"),
 # the OpenAI gateway against Triton direct, side by side, its CPU by part (bench.gateway:
 # gates <= 1 ms of gateway CPU per one-sentence request, >= 0.85x at 16x1, >= 0.95x at 4x32;
 # GATEWAY_ARGS="--quick"),
-# then the precision / graph-optimisation knobs in-process, written to docs/precision.md,
 # then the rate of each model kind beyond dense text (static, sparse, multi-vector, LLM
 # reranker) served against the library in-process, written to docs/model-kinds.md
 # (KINDS_ARGS="--texts 128 --repeats 1" for a smoke test),
 # then every new OpenCLIP tower kind (six tiny models, one Triton) served against open_clip
 # in-process (bench.open_clip_speed, 8.2 min on a loaded 2-core box; CLIP_SPEED_ARGS="--repeats 1"),
-# then the CLIP tokenize step with open_clip's exact text clean against the clean replayed
-# by the tokenizer as before issue 49 (bench.clip_clean, about 2 min; CLIP_CLEAN_ARGS),
 # then the faults benchmarks, each writing bench/results/ (OVERLOAD_ARGS / SOAK_ARGS="--quick"):
 # all-MiniLM-L6-v2 at 2 x and 3 x its sustainable rate, the default queue, shorter ones and
 # none (bench.faults.overload, about 12 min; the load generator on its own cores from 4 cores
 # up), 10 min of mixed load after the largest requests, the server's memory sampled
-# (bench.faults.soak, docs/bench-soak.png), and 100 starts of `generator serve` under traffic with the start
-# watch off and on, hangs counted (bench.faults.start_loop; START_LOOP_ARGS="--starts 5").
-CLIP_CLEAN_ARGS ?= --replica-commit 9ab1dac
+# (bench.faults.soak, docs/bench-soak.png).
 .PHONY: bench
 bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK) .build/gateway-venv/.installed
 	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[bench]"
@@ -153,15 +146,11 @@ bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK) .build/gateway-venv/.installed
 	$(PY) -m bench.index_rate $(INDEX_RATE_ARGS)
 	$(PY) -m bench.long_documents $(LONG_DOCS_ARGS)
 	$(PY) -m bench.gateway $(GATEWAY_ARGS)
-	$(PY) -m bench.studies.bare_entry $(BARE_ARGS)
 	$(PY) -m bench.rerank $(RERANK_ARGS)
-	$(PY) -m bench.studies.precision $(PRECISION_ARGS)
 	$(PY) -m bench.studies.model_kinds $(KINDS_ARGS)
 	$(PY) -m bench.open_clip_speed $(CLIP_SPEED_ARGS)
-	$(PY) -m bench.clip_clean $(CLIP_CLEAN_ARGS)
 	$(PY) -m bench.faults.overload $(OVERLOAD_ARGS)
 	$(PY) -m bench.faults.soak $(SOAK_ARGS)
-	$(PY) -m bench.faults.start_loop $(START_LOOP_ARGS)
 	$(PY) -m bench.page
 
 # Kubernetes (deploy/k8s, docs/kubernetes.md). tests/unit/deploy/test_k8s_*.py render

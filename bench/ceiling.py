@@ -1,17 +1,8 @@
-"""The ceiling: the exported ONNX graphs driven directly by ONNX Runtime, in-process.
+"""The ceiling: the exported ONNX graphs run directly by ONNX Runtime, in-process.
 
-Text: the same ``model.onnx`` and ``tokenizer.json`` the generator wrote for Triton, over
-the same sentences as the loads, tokenized before the clock starts. Two figures:
-length-sorted batches of 32 (each padded only to its own longest row: the best a
-batching server can do) and batch 1 (no padding at all; its median is the latency
-floor of one sentence). Tokenization is timed separately for reference. Optionally
-also ``mixed_batch``-sentence batches of a fixed random mix of the sentences, each
-padded to its own longest row: what the served encoder gets from one dynamic batch of
-single-sentence requests once the clients drift apart (it shows how much of a gap is
-padding).
-
-Images: the image tower on random pixels at batch 32 and batch 1 (encoder only, no
-decoding or resizing).
+Text: the served ``model.onnx`` and tokenizer over the loads' sentences (sorted batches of
+32, batch 1, optionally a random mix); images: the image tower on random pixels. The
+method: ``bench/templates/method.md``.
 """
 
 from __future__ import annotations
@@ -41,14 +32,9 @@ def config_parameters(model_dir: Path) -> dict[str, str]:
 def make_session(
     onnx_path: Path, device: str = "cpu", graph_optimization: str = "all", threads: int = 0
 ):
-    """An ONNX Runtime session with default threading and full graph optimisation.
+    """An ONNX Runtime session (``threads`` 0: one per core) as the served encoders make it.
 
-    ``device="gpu"`` uses CUDAExecutionProvider when this onnxruntime has it;
-    ``graph_optimization`` is one of the manifest's levels (disable/basic/extended/all);
-    ``threads`` is ONNX Runtime's intra-op thread count (0: one per core). On the CPU the
-    session loads the host-optimised copy with memory-mapped packed weights that the
-    served encoders load by default (``ort_weight_cache``), so sessions made side by side
-    share one copy of the weights exactly as the server's instances do.
+    On the CPU it loads the served encoders' weight-cached copy (``ort_weight_cache``).
     """
     import onnxruntime as ort
 
@@ -64,6 +50,14 @@ def make_session(
         path, graph_optimization = cached_model(path, graph_optimization), "disable"
     options.graph_optimization_level = graph_level(ort, graph_optimization)
     return ort.InferenceSession(path, sess_options=options, providers=providers)
+
+
+def per_core_sessions(onnx_path: Path, device: str = "cpu") -> list:
+    """One single-threaded CPU session per core; none on a GPU or a single core."""
+    cores = os.cpu_count() or 1
+    if device != "cpu" or cores < 2:
+        return []
+    return [make_session(onnx_path, threads=1) for _ in range(cores)]
 
 
 @dataclass
@@ -89,10 +83,7 @@ class TextCeiling:
 
 
 def served_tokenizer(repo: Path, model: str):
-    """The ``BatchTokenizer`` of ``<model>_tokenize``, set up as Triton sets it up.
-
-    With ``fused_tokenize`` there is no such model: ``<model>_encode`` holds the tokenizer.
-    """
+    """The ``BatchTokenizer`` of ``<model>_tokenize`` (``_encode`` with ``fused_tokenize``)."""
     from embed_runtime.text.tokenizer import BatchTokenizer, TokenizerParams
 
     tok_dir = repo / f"{model}_tokenize"
@@ -129,6 +120,15 @@ def _timed(session, feeds: list[dict[str, np.ndarray]]) -> float:
     return time.perf_counter() - start
 
 
+def _each_timed(session, feeds: list[dict[str, np.ndarray]]) -> list[float]:
+    times = []
+    for feed in feeds:
+        start = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def text_ceiling(
     repo: Path,
     model: str,
@@ -137,11 +137,7 @@ def text_ceiling(
     mixed_batch: int = 0,
     session=None,
 ) -> TextCeiling:
-    """Measure ``<model>_encode/1/model.onnx`` of ``repo`` on ``sentences`` once.
-
-    ``session`` replaces that graph (another precision or optimisation level of it);
-    the tokenizer is still the one of ``<model>_tokenize``.
-    """
+    """Measure ``<model>_encode/1/model.onnx`` (or ``session``) on ``sentences`` once."""
     session = session or make_session(repo / f"{model}_encode" / "1" / "model.onnx", device)
     names = {i.name for i in session.get_inputs()}
     arrays, lengths, tokenize_us = tokenize_sentences(repo, model, sentences)
@@ -166,11 +162,7 @@ def text_ceiling(
         mixed_s = _timed(session, [cut(rows) for rows in groups])
         mixed_padded = sum(len(rows) * int(lengths[rows].max()) for rows in groups)
         mixed_share = float(lengths.sum()) / mixed_padded
-    times = []
-    for feed in singles:
-        t0 = time.perf_counter()
-        session.run(None, feed)
-        times.append(time.perf_counter() - t0)
+    times = _each_timed(session, singles)
     ms = np.asarray(times) * 1000.0
     return TextCeiling(
         provider=session.get_providers()[0],
@@ -213,32 +205,19 @@ def image_ceiling(
 ) -> ImageCeiling:
     """Measure ``<model>_encode_image/1/model.onnx`` at batch 32, batch 1 and in parallel.
 
-    ``images`` should be a multiple of 32; ``singles`` images are run one at a time. On a
-    CPU with more than one core, ``parallel`` splits the images over one single-threaded
-    session per core, run at the same time from threads (batches of up to 32 each): two
-    one-thread runs side by side can beat one two-thread run, and the served encoder
-    does that when two of its instances are busy.
+    ``parallel``: the images split over :func:`per_core_sessions`, run at once from threads.
     """
     path = repo / f"{model}_encode_image" / "1" / "model.onnx"
-    parallel = 0.0
-    cores = os.cpu_count() or 1
-    if device == "cpu" and cores > 1:
-        parallel = _parallel_images(path, cores, images)
+    parallel = _parallel_images(per_core_sessions(path, device), images)
     session = make_session(path, device)
     graph_input = session.get_inputs()[0]
     size = [int(d) for d in graph_input.shape[1:]]
     rng = np.random.default_rng(0)
     pixels = rng.standard_normal((images, *size)).astype(np.float32)
     session.run(None, {graph_input.name: pixels[:2]})
-    start = time.perf_counter()
-    for i in range(0, images, BATCH):
-        session.run(None, {graph_input.name: pixels[i : i + BATCH]})
-    batch_s = time.perf_counter() - start
-    times = []
-    for i in range(singles):
-        t0 = time.perf_counter()
-        session.run(None, {graph_input.name: pixels[i : i + 1]})
-        times.append(time.perf_counter() - t0)
+    batches = [{graph_input.name: pixels[i : i + BATCH]} for i in range(0, images, BATCH)]
+    batch_s = _timed(session, batches)
+    times = _each_timed(session, [{graph_input.name: pixels[i : i + 1]} for i in range(singles)])
     return ImageCeiling(
         provider=session.get_providers()[0],
         batch32_items_per_s=images / batch_s,
@@ -248,11 +227,13 @@ def image_ceiling(
     )
 
 
-def _parallel_images(path: Path, cores: int, images: int) -> float:
-    """Images/s with the images dealt out to ``cores`` single-threaded sessions at once."""
+def _parallel_images(sessions: list, images: int) -> float:
+    """Images/s with the images dealt out to ``sessions``, all running at once (0: none)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    sessions = [make_session(path, threads=1) for _ in range(cores)]
+    cores = len(sessions)
+    if not cores:
+        return 0.0
     graph_input = sessions[0].get_inputs()[0]
     size = [int(d) for d in graph_input.shape[1:]]
     pixels = np.random.default_rng(1).standard_normal((images, *size)).astype(np.float32)

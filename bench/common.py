@@ -1,7 +1,6 @@
 """The helpers every benchmark shares: progress logs, medians, Markdown tables, templates.
 
-The prose of the documents the benchmarks write lives in ``bench/templates/*.md``
-(Jinja, strict: a missing value fails the render); Python computes the values.
+Prose lives in ``bench/templates/*.md`` (Jinja, strict); Python computes the values.
 """
 
 from __future__ import annotations
@@ -9,6 +8,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import cache
@@ -21,10 +21,7 @@ RESULTS = ROOT / "bench" / "results"
 
 
 def save_results(results: dict[str, Any], prefix: str, quick: bool = False) -> str:
-    """Write ``<prefix>-<results["started"], compact>.json`` as :func:`write_results` does.
-
-    Its path from the root: what the page names as a section's source.
-    """
+    """:func:`write_results` as ``<prefix>-<results["started"], compact>``; path from root."""
     stamp = results["started"].replace(":", "").replace("-", "")
     return str(write_results(results, f"{prefix}-{stamp}", quick).relative_to(ROOT))
 
@@ -32,7 +29,7 @@ def save_results(results: dict[str, Any], prefix: str, quick: bool = False) -> s
 def write_results(results: dict[str, Any], name: str, quick: bool = False) -> Path:
     """Write ``bench/results/<name>.json`` (``.build/bench-results/`` for a quick run).
 
-    Its path from the root goes into ``results["meta"]["results_file"]`` first, if any meta.
+    Its path from the root goes into ``results["meta"]["results_file"]``, if any meta.
     """
     out = (ROOT / ".build" / "bench-results" if quick else RESULTS) / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -53,6 +50,16 @@ def logger(tag: str, stream: TextIO | None = None) -> Callable[[str], None]:
         )
 
     return log
+
+
+def run_threads(threads: Sequence[threading.Thread]) -> float:
+    """Start ``threads`` and wait for them all; the seconds that took."""
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - start
 
 
 def median(values: Iterable[float]) -> float:

@@ -18,111 +18,10 @@ def times(value: float) -> str:
     return "n/a" if value != value else f"{value:.2f} x"
 
 
-def targets_table(s: Summary) -> str:
-    """Each target, its load, the measured median of per-repeat ratios, met or not."""
-    rows = [
-        [name, load, value, "yes" if met else "**no**"] for name, load, value, met in s.targets()
-    ]
-    return table(["Target", "Load", "Measured (median)", "Met"], rows)
-
-
-def _mixed(s: Summary) -> str:
-    rate = s.ceiling("mixed_items_per_s")
-    if rate != rate:
-        return "not measured"
-    return f"{rate:.1f} sentences/s; {s.ceiling('mixed_real_token_share'):.2f}"
-
-
-def ceiling_table(s: Summary) -> str:
-    """Raw ONNX Runtime figures, medians over every ceiling measurement."""
-    rows = [
-        ["length-sorted batches of 32", _f(s.ceiling("batch32_items_per_s")) + " sentences/s"],
-        ["batch 1", _f(s.ceiling("batch1_items_per_s")) + " sentences/s"],
-        [
-            "batch 1 latency p50 / p95",
-            f"{_f(s.ceiling('batch1_p50_ms'), 2)} / {_f(s.ceiling('batch1_p95_ms'), 2)} ms",
-        ],
-        [
-            "real tokens / padded tokens in the sorted batches of 32",
-            f"{s.ceiling('batch32_real_token_share'):.2f}",
-        ],
-        [
-            "for reference: a random mix in batches of 8, each padded to its own longest row "
-            "(like one dynamic batch of 8 single-sentence requests); real / padded tokens",
-            _mixed(s),
-        ],
-        [
-            "tokenization (batches of 32, not in the figures above)",
-            _f(s.ceiling("tokenize_us_per_sentence")) + " µs/sentence",
-        ],
-        ["sentences, mean tokens", f"{s.meta['pool']}, {_f(s.ceiling('mean_tokens'))}"],
-        ["provider", s.results["ceiling"][0]["provider"] if s.results["ceiling"] else "n/a"],
-        ["other processes' CPU during the ceiling", f"{s.ceiling('foreign_cpu'):.0%}"],
-    ]
-    return table(["Figure", "Median"], rows)
-
-
-def load_table(s: Summary, load: str, unit: str) -> str:
-    """Client-side medians of every system under one load, with ratios."""
-    header = [
-        "System",
-        f"{unit}/s",
-        "req/s",
-        "mean ms",
-        "p50 ms",
-        "p95 ms",
-        "p99 ms",
-        "std ms",
-        "errors",
-        "÷ ceiling",
-        "÷ ORT b32",
-        "÷ ORT b1",
-        f"{s.headline} ÷ this",
-        "other CPU",
-    ]
-    rows = []
-    for system in s.systems:
-        if (load, system) not in s.runs:
-            continue
-        rows.append(
-            [
-                f"**{system}**" if system == s.headline else system,
-                _f(s.stat(load, system, "items_per_s")),
-                _f(s.stat(load, system, "qps")),
-                *[
-                    _f(s.stat(load, system, k), 2)
-                    for k in ("mean_ms", "median_ms", "p95_ms", "p99_ms", "std_ms")
-                ],
-                str(s.errors(load, system)),
-                times(s.ratio_to_load_ceiling(load, system))
-                if s.kinds[load] == "text"
-                else times(s.image_ratio(load, system)),
-                times(s.ratio_to_ceiling(load, system)) if s.kinds[load] == "text" else "",
-                times(s.ratio_to_ceiling(load, system, "batch1_items_per_s"))
-                if s.kinds[load] == "text"
-                else "",
-                "" if system == s.headline else times(s.ratio(load, s.headline, system)),
-                f"{s.foreign(load, system):.0%}",
-            ]
-        )
-    return table(header, rows)
-
-
-
 def load_ceiling_table(s: Summary) -> str:
-    """Each load's own ceiling: its timed rows run in-process three ways, tokenizer included."""
-    header = [
-        "Load",
-        "rows",
-        "rows in flight",
-        "batch 1",
-        "sorted batches",
-        "chunk planner",
-        "planner, 1 thread per core",
-        "ceiling (best)",
-        f"{s.headline}",
-        f"{s.headline} ÷ ceiling",
-    ]
+    """Each load's own ceiling: its timed rows run in-process each way, tokenizer included."""
+    header = ["Load", "rows", "rows in flight", "batch 1", "sorted batches", "chunk planner",
+              "planner, 1 thread per core", "ceiling (best)", s.headline, f"{s.headline} ÷ ceiling"]
     rows = []
     for load in s.loads:
         if s.kinds[load] != "text" or not any(k[1] == load for k in s.load_ceilings):
@@ -145,42 +44,14 @@ def load_ceiling_table(s: Summary) -> str:
     return table(header, rows)
 
 
-def server_table(s: Summary, load: str) -> str:
-    """Triton's own view of the window: batch sizes, queue and compute times per model."""
-    rows = [
-        [
-            stat["name"],
-            _f(stat["avg_batch_size"]),
-            _f(stat["avg_request_ms"], 2),
-            _f(stat["avg_queue_ms"], 2),
-            _f(stat["avg_compute_input_ms"], 2),
-            _f(stat["avg_compute_infer_ms"], 2),
-            _f(stat["avg_compute_output_ms"], 2),
-        ]
-        for stat in s.server(load, s.headline)
-    ]
-    header = ["Model", "rows/exec", "request ms", "queue ms", "input ms", "infer ms", "output ms"]
-    return table(header, rows)
-
-
 def machine_table(s: Summary) -> str:
     """The machine and the versions of everything measured."""
     rows = [[k, str(v)] for k, v in s.meta["machine"].items()]
     rows.append(["Triton server", s.meta.get("triton", "?")])
     entry = s.meta.get("text_entry") or {}
-    knobs = (
-        "max_batch_size",
-        "max_queue_delay_us",
-        "max_rows_per_run",
-        "max_padding_share",
-        "ort_threads",
-        "ort_spinning",
-        "precision",
-        "encoder_instances",
-        "preprocess_instances",
-        "encoder_backend",
-        "device",
-    )
+    knobs = ("max_batch_size", "max_queue_delay_us", "max_rows_per_run", "max_padding_share",
+             "ort_threads", "ort_spinning", "precision", "encoder_instances",
+             "preprocess_instances", "encoder_backend", "device")
     if entry:
         rows.append(
             [

@@ -2,22 +2,9 @@
 
     .venv/bin/python -m bench.gateway [--requests 300] [--repeats 3] [--quick] [--no-write]
 
-The bench repository's all-MiniLM-L6-v2 (the shipped CPU profile, ``bench.manifest``), one
-Triton and one gateway (``make gateway``'s venv, ``deploy/gateway/run_gateway.sh``, one
-worker) on this machine. The same requests sent two ways, in rotation:
-
-- ``triton``: ``POST /v2/models/all-MiniLM-L6-v2/infer`` (JSON, ``TEXT`` [n, 1], output
-  ``EMBEDDING`` named), what the gateway itself sends;
-- ``gateway``: ``POST /v1/embeddings`` (``input`` [texts], ``encoding_format`` float, the key).
-
-Loads: 1 client x 1 text, 16 clients x 1 text and 4 clients x 32 texts, closed loop, each
-client a thread with one keep-alive HTTP connection; every answer checked (200, 384 floats
-a row). Reports requests/s, latency p50 / p99 and each server's CPU per request, and the
-gateway's own CPU per request by part (each part timed in-process on this run's requests
-and a real Triton answer; the rest is uvicorn, aiohttp and the event loop). Gates (exit 1
-when one fails): the gateway's CPU per one-sentence request at 16 x 1 <= 1 ms, its rate
->= 0.85 x Triton's at 16 x 1 and >= 0.95 x at 4 x 32. Saves its run file, then writes
-docs/benchmarks.md again (``bench.page``).
+The same requests to Triton's ``/v2/.../infer`` and to the gateway's ``/v1/embeddings``, in
+rotation, at 1 x 1, 16 x 1 and 4 x 32. Gates (exit 1): the gateway's CPU per request at
+16 x 1 <= 1 ms, its rate >= 0.85 x Triton's at 16 x 1 and >= 0.95 x at 4 x 32.
 """
 
 from __future__ import annotations
@@ -35,7 +22,7 @@ from contextlib import ExitStack
 from datetime import UTC, datetime
 
 from bench import page
-from bench.common import logger, median, save_results
+from bench.common import logger, median, run_threads, save_results
 from bench.machine import CpuMonitor, machine_info
 from bench.manifest import BUILD, ROOT, TEXT_MODEL, bench_manifest, served
 from client.load.corpus import varied_sentences
@@ -65,9 +52,7 @@ class Way:
         return [len(d["embedding"]) for d in answer["data"]]
 
 
-def _client(
-    way: Way, batches: list[list[str]], latencies: list[float], errors: list[str]
-) -> None:
+def _client(way: Way, batches: list[list[str]], latencies: list[float], errors: list[str]) -> None:
     connection = http.client.HTTPConnection("127.0.0.1", way.port, timeout=120)
     try:
         for texts in batches:
@@ -85,39 +70,25 @@ def _client(
 
 
 def _batches(pool: list[str], first: int, count: int, rows: int) -> list[list[str]]:
-    return [
-        [pool[(first + i * rows + r) % len(pool)] for r in range(rows)] for i in range(count)
-    ]
+    return [[pool[(first + i * rows + r) % len(pool)] for r in range(rows)] for i in range(count)]
 
 
 def run_load(
     way: Way, clients: int, rows: int, per_client: int, pool: list[str], pids: dict[str, int]
 ) -> dict:
-    """``clients`` threads, ``per_client`` timed requests of ``rows`` texts each.
+    """``clients`` threads of ``per_client`` requests of ``rows`` texts, after :data:`WARMUP`.
 
-    After :data:`WARMUP` requests.
     ``pids``: the servers' processes, whose CPU time (process tree) per request is reported.
     """
     _client(way, _batches(pool, 0, WARMUP, rows), [], [])
     latencies: list[float] = []
     errors: list[str] = []
-    threads = [
-        threading.Thread(
-            target=_client,
-            args=(way, _batches(pool, c * per_client * rows, per_client, rows), latencies,
-                  errors),
-        )
-        for c in range(clients)
-    ]
+    shares = [_batches(pool, c * per_client * rows, per_client, rows) for c in range(clients)]
+    threads = [threading.Thread(target=_client, args=(way, b, latencies, errors)) for b in shares]
     monitors = {name: CpuMonitor(pid) for name, pid in pids.items()}
     for monitor in monitors.values():
         monitor.start()
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - start
+    wall = run_threads(threads)
     cpu = {name: monitor.stop().own_busy_s for name, monitor in monitors.items()}
     ordered = sorted(latencies)
     return {
@@ -182,10 +153,7 @@ def _gateway_module():
 
 
 def cpu_by_part(triton_port: int, texts: list[str]) -> dict[str, float]:
-    """µs of CPU per request of each part the gateway runs for ``texts``, in-process.
-
-    Triton's answer is a real one, asked of the running server.
-    """
+    """µs of CPU per request of each part the gateway runs for ``texts`` (a real answer)."""
     gw = _gateway_module()
     route = gw.Route(TEXT_MODEL, TEXT_MODEL, 64, True, False)
     key = ("sk-" + "0" * 32).encode()
@@ -289,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         parts = {str(n): cpu_by_part(triton_port, pool[:n]) for n in (1, 32)}
     results = {
         "started": started,
-        "command": "python -m bench.gateway " + " ".join(argv or []),
+        "command": ("python -m bench.gateway " + " ".join(argv or [])).strip(),
         "repeats": args.repeats,
         "requests": args.requests,
         "machine": machine_info(),
@@ -300,7 +268,6 @@ def main(argv: list[str] | None = None) -> int:
         "parts": parts,
     }
     results["gates"] = gates(results["summary"])
-    results["command"] = results["command"].strip()
     stamp = started.replace(":", "").replace("-", "")
     results["source"] = f"bench/results/gateway-{stamp}.json"
     save_results(results, "gateway", args.quick)

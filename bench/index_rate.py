@@ -2,23 +2,9 @@
 
     python -m bench.index_rate [--quick] [--rows 4000] [--image-rows 600] [--repeats 3]
 
-One Triton serving all-MiniLM-L6-v2 with the project's settings (``bench.run``'s text
-entry) and ``models.toml``'s clip-tiny, in a repository of its own
-(``.build/bench-repo-index``). Each repeat runs, in an order rotated per repeat:
-
-- every text load of ``bench.run`` (``bench.loads.text_loads``: 1 x 1, 4 x 1, 16 x 1,
-  4 x 32) with the load generator; the best of them is "the best load";
-- ``python -m client index``'s Python API (:func:`client.index.run_index`) over a JSONL
-  corpus of ``--rows`` sentences from the same pool into a fresh folder: rows / wall
-  time of the whole run (reading, requests, Parquet writes, manifest);
-- the image loads of ``bench.run`` (8 x 1 by URL, 8 x 1 bytes) on clip-tiny, and the
-  indexer over a table of ``--image-rows`` images, even rows a local file and odd rows a
-  URL of a local HTTP server (the same generated photos) (``--skip-images``: none).
-
-Prints and records index / best per repeat, pooled (the mean index rate over the mean
-best-load rate) and the median of the per-repeat ratios, with the CPU share other
-processes took during each step (a large share makes a ratio meaningless). Writes
-``bench/results/index-rate-<time>.json`` (``.build/bench-results`` with ``--quick``).
+Per repeat, in rotation: ``bench.run``'s text loads and ``client.index`` over a JSONL corpus
+from the same sentences; then its image loads and the indexer over files and URLs of the
+same photos (clip-tiny). Records index / best load per repeat, pooled and the median.
 """
 
 from __future__ import annotations
@@ -35,19 +21,13 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench.common import logger
-from bench.loads import IMAGE_URL, image_loads, text_loads
+from bench.common import logger, write_results
+from bench.loads import BenchLoad, image_loads, text_loads
 from bench.machine import CpuMonitor, machine_info
 from bench.manifest import BUILD, ROOT, TEXT_MODEL, bench_manifest_data, served
 from client.index import IndexJob, run_index
 from client.load.loadgen import run_triton_load
-from client.load.workload import (
-    ImageServer,
-    generated_images,
-    image_requests,
-    text_pool,
-    text_requests,
-)
+from client.load.workload import ImageServer, generated_images, text_pool
 from generator.admin import KEY_ENV
 from generator.manifest import parse_manifest
 from generator.triton_local import TritonPorts
@@ -94,16 +74,14 @@ def write_corpus(path: Path, pool: list[str], rows: int) -> None:
             handle.write(json.dumps({"id": f"r{i}", "text": pool[i % len(pool)]}) + "\n")
 
 
-def best_load(url: str, protocol: str, pool: list[str], quick: bool) -> dict:
-    """Every text load of ``bench.run``; the best one's rate and all of them."""
+def best_load(url: str, protocol: str, loads: list[BenchLoad], inputs) -> dict:
+    """Each load's rate and the best one's; ``inputs(load)``: (ensemble, input, requests)."""
     rates = {}
-    for load in text_loads(quick):
-        spec = load.spec
-        count = spec.clients * (spec.warmup_requests + spec.requests_per_client)
-        requests = text_requests(pool, spec.items_per_request, count)
-        result = run_triton_load(url, protocol, TEXT_MODEL, "TEXT", requests, spec, load.key)
+    for load in loads:
+        model, name, requests = inputs(load)
+        result = run_triton_load(url, protocol, model, name, requests, load.spec, load.key)
         rates[load.key] = result.items_per_s
-        log(f"  load {load.key:8s} {result.items_per_s:8.1f} sentences/s")
+        log(f"  load {load.key:12s} {result.items_per_s:8.1f} rows/s")
     best = max(rates, key=rates.get)
     return {"best": best, "best_rows_per_s": rates[best], "loads": rates}
 
@@ -119,26 +97,6 @@ def write_image_table(folder: Path, photos: dict[str, bytes], urls: list[str], r
             image = names[i % len(names)] if i % 2 == 0 else urls[i % len(urls)]
             handle.write(json.dumps({"id": f"i{i}", "image": image}) + "\n")
     return table
-
-
-def best_image_load(url: str, protocol: str, photos: dict, urls: list[str], quick: bool) -> dict:
-    """The image loads of ``bench.run`` (8 x 1 by URL, 8 x 1 bytes) on clip-tiny."""
-    rates = {}
-    for load in image_loads(quick):
-        spec = load.spec
-        count = spec.clients * (spec.warmup_requests + spec.requests_per_client)
-        if load.kind == IMAGE_URL:
-            items = [u.encode() for u in urls]
-            model, name = f"{IMAGE_MODEL}_image_url", "IMAGE_URL"
-        else:
-            items = [photos[n] for n in sorted(photos)]
-            model, name = f"{IMAGE_MODEL}_image", "IMAGE"
-        requests = image_requests(items, spec.items_per_request, count)
-        result = run_triton_load(url, protocol, model, name, requests, spec, load.key)
-        rates[load.key] = result.items_per_s
-        log(f"  load {load.key:12s} {result.items_per_s:8.1f} images/s")
-    best = max(rates, key=rates.get)
-    return {"best": best, "best_rows_per_s": rates[best], "loads": rates}
 
 
 def index_once(
@@ -170,15 +128,8 @@ def index_once(
     log(f"  index    {summary.rows_per_s:8.1f} rows/s ({summary.rows} rows, "
         f"{summary.concurrency} in flight x {summary.batch_rows} rows, "
         f"{summary.retries} requests retried, {summary.resent} batches resent)")  # fmt: skip
-    return {
-        "rows_per_s": summary.rows_per_s,
-        "rows": summary.rows,
-        "seconds": summary.seconds,
-        "concurrency": summary.concurrency,
-        "batch_rows": summary.batch_rows,
-        "retries": summary.retries,
-        "resent": summary.resent,
-    }
+    keys = ("rows_per_s", "rows", "seconds", "concurrency", "batch_rows", "retries", "resent")
+    return {key: getattr(summary, key) for key in keys}
 
 
 def _ratios(repeats: list[dict], index: str, load: str) -> dict:
@@ -210,27 +161,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = f"127.0.0.1:{ports.http if args.protocol == 'http' else ports.grpc}"
         urls = stack.enter_context(ImageServer(photos)).urls()
         table = write_image_table(work / "images", photos, urls, args.image_rows)
-        steps = ["load", "index"] + ([] if args.skip_images else ["image_load", "image_index"])
+        out = work / "out"
+        steps = {
+            "load": lambda: best_load(
+                url, args.protocol, text_loads(args.quick),
+                lambda load: (TEXT_MODEL, "TEXT", load.text_requests(pool)),
+            ),
+            "index": lambda: index_once(url, args.protocol, corpus, out, args.concurrency),
+            "image_load": lambda: best_load(
+                url, args.protocol, image_loads(args.quick),
+                lambda load: load.image_requests(IMAGE_MODEL, urls, photos),
+            ),
+            "image_index": lambda: index_once(
+                url, args.protocol, table, out, args.concurrency, images=True
+            ),
+        }  # fmt: skip
+        order = list(steps)[: 2 if args.skip_images else 4]
         index_once(url, args.protocol, corpus, work / "warmup", args.concurrency)
         if not args.skip_images:
             index_once(url, args.protocol, table, work / "warmup", args.concurrency, images=True)
         for repeat in range(args.repeats):
             log(f"repeat {repeat + 1}/{args.repeats}")
             record: dict = {}
-            shift = repeat % len(steps)
-            for step in steps[shift:] + steps[:shift]:
+            shift = repeat % len(order)
+            for step in order[shift:] + order[:shift]:
                 monitor.start()
-                out = work / "out"
-                if step == "load":
-                    record[step] = best_load(url, args.protocol, pool, args.quick)
-                elif step == "index":
-                    record[step] = index_once(url, args.protocol, corpus, out, args.concurrency)
-                elif step == "image_load":
-                    record[step] = best_image_load(url, args.protocol, photos, urls, args.quick)
-                else:
-                    record[step] = index_once(
-                        url, args.protocol, table, out, args.concurrency, images=True
-                    )
+                record[step] = steps[step]()
                 record[step]["foreign_cpu"] = monitor.stop().foreign_share
                 log(f"  {step:12s} foreign cpu {record[step]['foreign_cpu']:.0%}")
             repeats.append(record)
@@ -248,12 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "text": text,
         "images": images,
     }
-    folder = BUILD / "bench-results" if args.quick else ROOT / "bench" / "results"
-    folder.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime())
-    path = folder / f"index-rate-{stamp}.json"
-    path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    log(f"wrote {path}")
+    log(f"wrote {write_results(results, f'index-rate-{stamp}', args.quick)}")
     return 0
 
 

@@ -1,26 +1,10 @@
 """The per-load ceiling: the best in-process way to run exactly what one load sent.
 
-A server under a load of C clients x R rows never holds more than C x R rows at once,
-and it has to tokenize them. So the ceiling of a load is measured on that load's own
-timed rows, in the order the clients sent them (``client.load.loadgen.run_load`` hands
-request ``c + k * C`` to client ``c``, so consecutive runs of C requests are what can
-be in flight together), tokenization included, as the best of three ways of running
-the same ONNX graph in this process:
-
-- ``batch1``: every row tokenized and run alone (no padding at all);
-- ``sorted``: each group of C x R rows tokenized together, sorted by length and run in
-  batches of up to 32 rows padded to their own longest row;
-- ``planner``: each group tokenized together and cut by the encoder's own chunk
-  planner (:func:`embed_runtime.engines.ragged.plan_chunks` with the served
-  ``max_rows_per_run`` / ``max_padding_share``);
-- ``parallel`` (when one single-threaded session per core is given): each group's rows
-  dealt out to those sessions, each tokenizing its share and running it through the
-  planner on its own thread (ONNX Runtime and the tokenizer release the GIL), one group
-  at a time. Measured because two single-threaded encoder instances beat one
-  two-threaded instance on a 2-core CPU.
-
-A server that beats this ceiling found a way of running the work that none of the three
-knows; the benchmark reports served / ceiling per load.
+One load's timed rows, in arrival order, in groups of what can be in flight together,
+tokenized and run by the served graph four ways: ``batch1``, ``sorted`` (batches of 32),
+``planner`` (the encoder's :func:`~embed_runtime.engines.ragged.plan_chunks`) and
+``parallel`` (the planner on one single-threaded session per core, at once). The why and
+how: ``bench/templates/method.md``.
 """
 
 from __future__ import annotations
@@ -88,12 +72,7 @@ def _timed_pass(
 def _parallel_pass(
     sessions: Sequence[Any], tokenize: Tokenize, groups: list[list[Any]], names: set[str], plan
 ) -> float:
-    """Seconds to run every group split across the sessions, one thread each.
-
-    Each group's rows are dealt out (row ``k`` to session ``k % n``); the sessions
-    tokenize and run their share at the same time, and the next group starts when both
-    are done, so no more rows are in flight than in the group.
-    """
+    """Seconds to run every group dealt out across the sessions at once, a group at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
     n = len(sessions)
@@ -120,9 +99,7 @@ def load_ceiling(
 ) -> LoadCeiling:
     """Measure the ways over ``rows`` (arrival order) in groups of ``rows_in_flight``.
 
-    ``tokenize`` is the served tokenizer (``BatchTokenizer.encode`` for texts,
-    ``PairTokenizer.encode`` for query/text pairs); ``session`` the served graph;
-    ``parallel_sessions`` the same graph in single-threaded sessions, one per core.
+    ``tokenize``: the served tokenizer's ``encode``; ``parallel_sessions``: one per core.
     """
     names = {i.name for i in session.get_inputs()}
     rows = list(rows)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from client.load.loadgen import LoadSpec
+from client.load.workload import image_requests, text_requests
 
 TEXT = "text"
 IMAGE = "image"
@@ -20,22 +21,33 @@ class BenchLoad:
     spec: LoadSpec
 
     @property
-    def concurrency(self) -> int:
-        """Number of concurrent clients."""
-        return self.spec.clients
+    def request_count(self) -> int:
+        """Requests of all clients together, warm-up included."""
+        return self.spec.clients * (self.spec.warmup_requests + self.spec.requests_per_client)
+
+    def text_requests(self, pool: list[str]) -> list[list[bytes]]:
+        """The load's requests, cycling through the sentences of ``pool``."""
+        return text_requests(pool, self.spec.items_per_request, self.request_count)
+
+    def image_requests(
+        self, model: str, urls: list[str], photos: dict[str, bytes]
+    ) -> tuple[str, str, list[list[bytes]]]:
+        """``(ensemble, input name, requests)`` of ``model``: by URL or raw bytes, by kind."""
+        if self.kind == IMAGE_URL:
+            items = [u.encode() for u in urls]
+            model, name = f"{model}_image_url", "IMAGE_URL"
+        else:
+            items = [photos[n] for n in sorted(photos)]
+            model, name = f"{model}_image", "IMAGE"
+        return model, name, image_requests(items, self.spec.items_per_request, self.request_count)
 
 
 def scaled(loads: list[BenchLoad], scale: float) -> list[BenchLoad]:
     """``loads`` with ``scale`` times the requests per client (a fast GPU needs more)."""
-    return [
-        replace(
-            load,
-            spec=replace(
-                load.spec, requests_per_client=max(1, round(load.spec.requests_per_client * scale))
-            ),
-        )
-        for load in loads
-    ]
+    def more(spec: LoadSpec) -> LoadSpec:
+        return replace(spec, requests_per_client=max(1, round(spec.requests_per_client * scale)))
+
+    return [replace(load, spec=more(load.spec)) for load in loads]
 
 
 def text_loads(quick: bool, scale: float = 1.0) -> list[BenchLoad]:

@@ -1,22 +1,8 @@
 """Long documents: recall of the four ways to embed them, and what chunks cost.
 
-The set is built offline from text that ships with Python itself: the help topics of
-``pydoc_data.topics`` (79 documents, 26 of 1,000-20,000 all-MiniLM-L6-v2 tokens).
-``fixture`` writes its queries to ``bench/fixtures/long_documents.json``: for each long
-document, three sentences that lie past its first 300 tokens, each with every third word
-left out (so no query is a verbatim copy), and the digest of the topics it was made from
-(a run on another Python refuses to mix them up).
-
-A run serves all-MiniLM-L6-v2 as shipped (window 256) and the same weights with a
-512-token window (``max_seq_length = 512``, its position limit: the long-window model this
-machine can build offline), and measures for each:
-
-- recall@1 / @10 of the document a query came from, document-level (a document scores
-  its best chunk, as the late-chunking paper ranks them), for truncation (the first
-  window: what the plain ensemble answers), chunks, late chunks and the mean vector;
-- chunk rows/s through ``<name>_chunks`` against the same chunk texts sent as plain rows
-  at the best load (4 clients x 32 rows), side by side, best of two rounds each;
-- the indexer's chunk rows/s (``client index --chunk-tokens``) against the same best load.
+Python's own help topics (``pydoc_data.topics``) as documents, queries from
+``bench/fixtures/long_documents.json`` (``fixture`` rewrites it); served at windows 256 and
+512: recall@1 / @10 per way, and chunk rows/s (``<name>_chunks``, the indexer) over plain rows.
 
     .venv/bin/python -m bench.long_documents fixture       # rewrite the fixture
     .venv/bin/python -m bench.long_documents [--rounds 2]  # serve, measure, record
@@ -39,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import logger, save_results
+from bench.common import logger, run_threads, save_results
 from bench.manifest import TEXT_MODEL, bench_manifest_data, served
 from generator.manifest import parse_manifest
 
@@ -151,13 +137,7 @@ def _rate(make_client, calls: list, clients: int) -> float:
                 with lock:
                     done[0] += rows
 
-    threads = [threading.Thread(target=work) for _ in range(clients)]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return done[0] / (time.perf_counter() - start)
+    return done[0] / run_threads([threading.Thread(target=work) for _ in range(clients)])
 
 
 def measure_cost(make_client, model: str, texts: list[str], rounds: int, url: str) -> dict:

@@ -1,9 +1,7 @@
 """What the benchmark ran on, how busy the rest of the machine was, a server's memory.
 
-The machine is shared: :class:`CpuMonitor` measures, for a window, the CPU time used by
-every process on the machine and by this benchmark's own process tree (the bench, the
-servers it started and their children), so each result carries the share of the
-machine that something else took while it ran.
+:class:`CpuMonitor` splits a window's CPU time into this benchmark's process tree and the
+rest, so each result carries the share of the (shared) machine something else took.
 """
 
 from __future__ import annotations
@@ -71,18 +69,18 @@ class CpuWindow:
     total_busy_s: float
     own_busy_s: float
 
+    def _share(self, busy_s: float) -> float:
+        return busy_s / (self.seconds * (os.cpu_count() or 1)) if self.seconds > 0 else 0.0
+
     @property
     def busy_share(self) -> float:
         """Share of the machine's cores busy in the window, whoever used them (0..1)."""
-        cores = os.cpu_count() or 1
-        return self.total_busy_s / (self.seconds * cores) if self.seconds > 0 else 0.0
+        return self._share(self.total_busy_s)
 
     @property
     def foreign_share(self) -> float:
         """Share of the machine's cores used by processes outside the benchmark (0..1)."""
-        cores = os.cpu_count() or 1
-        foreign = max(self.total_busy_s - self.own_busy_s, 0.0)
-        return foreign / (self.seconds * cores) if self.seconds > 0 else 0.0
+        return self._share(max(self.total_busy_s - self.own_busy_s, 0.0))
 
 
 class CpuMonitor:
@@ -95,14 +93,10 @@ class CpuMonitor:
 
     def start(self) -> None:
         """Mark the start of a window."""
-        import time
-
         self._start = (time.monotonic(), _total_busy_s(), _own_busy_s(self.root))
 
     def stop(self) -> CpuWindow:
         """End the window started by :meth:`start`."""
-        import time
-
         if self._start is None:
             raise RuntimeError("stop() before start()")
         t0, busy0, own0 = self._start
@@ -111,11 +105,10 @@ class CpuMonitor:
         )
 
 
-def _cpu_model() -> str:
-    for line in _read("/proc/cpuinfo").splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
+def _cpuinfo(key: str) -> str:
+    """The value of the first ``/proc/cpuinfo`` line that starts with ``key`` ('' if none)."""
+    line = next((x for x in _read("/proc/cpuinfo").splitlines() if x.startswith(key)), "")
+    return line.partition(":")[2].strip()
 
 
 def _version(package: str) -> str:
@@ -138,40 +131,24 @@ SIMD_FLAGS = (
 
 def _cpu_features() -> str:
     """The SIMD flags that decide ONNX Runtime's int8 and fp16 kernels (Linux only)."""
-    line = next((x for x in _read("/proc/cpuinfo").splitlines() if x.startswith("flags")), "")
-    flags = set(line.partition(":")[2].split())
+    flags = set(_cpuinfo("flags").split())
     return " ".join(f for f in SIMD_FLAGS if f in flags) or "unknown"
 
 
 def machine_info() -> dict[str, str]:
     """CPU, cores, memory, OS and the versions of the packages that matter here."""
-    mem_kb = next(
-        (
-            int(line.split()[1])
-            for line in _read("/proc/meminfo").splitlines()
-            if "MemTotal" in line
-        ),
-        0,
-    )
+    mem_kb = _kib(_read("/proc/meminfo"), "MemTotal")
     info = {
-        "cpu": _cpu_model(),
+        "cpu": _cpuinfo("model name") or platform.processor() or "unknown",
         "cores": str(os.cpu_count()),
         "cpu int8/fp16 features": _cpu_features(),
         "memory": f"{mem_kb / 1024 / 1024:.0f} GiB",
         "os": platform.platform(),
         "python": sys.version.split()[0],
     }
-    for package in (
-        "nvidia-pytriton",
-        "onnxruntime",
-        "onnxruntime-gpu",
-        "tritonclient",
-        "tokenizers",
-        "torch",
-        "sentence-transformers",
-        "transformers",
-        "open-clip-torch",
-    ):
+    packages = ("nvidia-pytriton", "onnxruntime", "onnxruntime-gpu", "tritonclient", "tokenizers",
+                "torch", "sentence-transformers", "transformers", "open-clip-torch")
+    for package in packages:
         version = _version(package)
         if version != "not installed" or package != "onnxruntime-gpu":
             info[package] = version

@@ -1,12 +1,7 @@
 """The bench manifest, and the one way a benchmark starts and stops Triton (:func:`served`).
 
-The manifest is what ``make serve`` serves, plus a full-size random-init ViT-B-32.
-
-The text model's serving knobs are read from the project's ``models.toml`` (so the
-benchmark measures what a user serves); the CLIP entry reuses the knobs of the first
-CLIP entry there but with open_clip's full-size ``ViT-B-32`` architecture and no
-weights (random init: same compute as a trained checkpoint). ``fetch_image`` allows
-127.0.0.1, where the benchmark serves its photos.
+What ``make serve`` serves (``models.toml``'s text model) plus a random-init full-size
+ViT-B-32 with the knobs of its first CLIP entry; ``fetch_image`` allows 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -60,11 +55,7 @@ def bench_manifest_data(
     text_overrides: dict[str, Any] | None = None,
     image_overrides: dict[str, Any] | None = None,
 ) -> dict:
-    """The bench manifest as a dict, every model on ``device`` (``cpu`` or ``gpu``).
-
-    ``text_overrides`` replaces serving knobs of the text model (e.g. to try
-    ``max_rows_per_run = 1`` without editing ``models.toml``).
-    """
+    """The bench manifest as a dict, every model on ``device``, the overrides applied."""
     project = tomllib.loads(models_toml.read_text()) if models_toml.is_file() else {}
     entries = project.get("models", [])
     text = next((dict(e) for e in entries if e.get("name") == TEXT_MODEL), dict(TEXT_DEFAULTS))
@@ -122,11 +113,9 @@ def served(
     timeout_s: float = 300.0,
     extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[Served]:
-    """Build ``manifest`` into ``<base>/repo``, serve it on free ports until the block ends.
+    """Build ``manifest`` into ``<base>/repo`` (a folder or a name under ``.build``), serve it.
 
-    ``base`` is a folder, or a name under ``.build``; unchanged models are not rebuilt.
-    ``models``: what Triton loads at start (default: every ensemble, as ``generator serve``).
-    Yields once the server is ready; stops it, its stubs and shared memory after.
+    ``models``: what Triton loads at start (default: as ``generator serve``); stopped after.
     """
     base = BUILD / base if isinstance(base, str) else base
     repo = base / "repo"

@@ -10,10 +10,7 @@ from bench.summary import Summary
 
 
 def write_report(results: dict[str, Any], docs: Path, device: str, write_docs: bool = True) -> str:
-    """Draw the chart and write the page (if ``write_docs``, CPU runs); a plain-text summary.
-
-    The page is :mod:`bench.page`'s, from the newest run file of each benchmark.
-    """
+    """Draw the chart and write :mod:`bench.page` (``write_docs``, CPU); a plain-text summary."""
     summary = Summary(results)
     if write_docs and device == "cpu":
         docs.mkdir(parents=True, exist_ok=True)
@@ -37,12 +34,9 @@ def draw_chart(summary: Summary, path: Path) -> None:
     systems = [s for s in summary.systems if any((load, s) in summary.runs for load in single)]
     colour = {system: f"C{i}" for i, system in enumerate(summary.systems)}
     for system in systems:
-        xs = [int(load.split(" x ")[0]) for load in single if (load, system) in summary.runs]
-        ys = [
-            summary.stat(load, system, "items_per_s")
-            for load in single
-            if (load, system) in summary.runs
-        ]
+        measured = [load for load in single if (load, system) in summary.runs]
+        xs = [int(load.split(" x ")[0]) for load in measured]
+        ys = [summary.stat(load, system, "items_per_s") for load in measured]
         left.plot(xs, ys, marker="o", label=system, color=colour[system])
     b32, b1 = summary.ceiling("batch32_items_per_s"), summary.ceiling("batch1_items_per_s")
     for ax in (left, right):

@@ -1,22 +1,13 @@
 """The benchmark suite in one command: ``python -m bench.run`` (``make bench``).
 
-Builds the bench repository (the project's all-MiniLM-L6-v2 settings plus a full-size
-random-init ViT-B-32) into ``.build/bench-run/repo``, starts Triton on free ports, starts
-the peers (FastAPI + sentence-transformers; infinity-emb with its torch engine and with
-its ONNX Runtime (optimum) engine when it installs), then repeats R times: for every
-text load, each system and the ceilings (the fixed one of ``bench.ceiling`` and the
-load's own of ``bench.load_ceiling``) under the same sentences, in an order rotated per
-repeat; then the image loads.
-Writes ``bench/results/<name>.json`` (everything measured; ``.build/bench-results``
-with ``--quick``) and, unless ``--quick``, ``docs/benchmarks.md`` and
-``docs/bench-throughput.png`` (``-gpu`` names with ``--device gpu``).
+Triton, its peers and the ceilings under the same loads, repeated in a rotated order;
+writes ``bench/results/<name>.json`` and (unless ``--quick``) ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -27,12 +18,13 @@ from bench.ceiling import (
     chunk_settings,
     image_ceiling,
     make_session,
+    per_core_sessions,
     served_tokenizer,
     text_ceiling,
 )
 from bench.common import logger, write_results
 from bench.load_ceiling import load_ceiling, timed_rows
-from bench.loads import IMAGE_URL, BenchLoad, image_loads, text_loads
+from bench.loads import BenchLoad, image_loads, text_loads
 from bench.machine import CpuMonitor, machine_info
 from bench.manifest import (
     BUILD,
@@ -47,13 +39,7 @@ from bench.peers.infinity_onnx import infinity_onnx_folder
 from bench.peers.services import Peer, ensure_infinity, fastapi_peer, infinity_peer
 from bench.report import write_report
 from client.load.loadgen import LoadResult, SenderFactory, format_result, run_load, run_triton_load
-from client.load.workload import (
-    ImageServer,
-    generated_images,
-    image_requests,
-    text_pool,
-    text_requests,
-)
+from client.load.workload import ImageServer, generated_images, text_pool
 from generator.triton_local import TritonPorts, free_ports
 
 log = logger("bench")
@@ -183,8 +169,7 @@ def run_text(args, ports, peers, repo: Path, results: dict, monitor: CpuMonitor)
     for repeat in range(args.repeats):
         for load in text_loads(args.quick, args.scale):
             spec = load.spec
-            count = spec.clients * (spec.warmup_requests + spec.requests_per_client)
-            requests = text_requests(pool, spec.items_per_request, count)
+            requests = load.text_requests(pool)
             rows = [r.decode() for r in timed_rows(requests, spec.clients, spec.warmup_requests)]
             shift = repeat % len(entries)
             log(f"repeat {repeat + 1}/{args.repeats} load {load.key}")
@@ -194,21 +179,12 @@ def run_text(args, ports, peers, repo: Path, results: dict, monitor: CpuMonitor)
                     # A session of its own, dropped before the systems run: the load
                     # generator's process keeps no ONNX Runtime threads between ceilings.
                     session = make_session(onnx_path, args.device)
-                    singles = []
-                    if args.device == "cpu" and (os.cpu_count() or 1) > 1:
-                        singles = [
-                            make_session(onnx_path, threads=1) for _ in range(os.cpu_count() or 1)
-                        ]
+                    singles = per_core_sessions(onnx_path, args.device)
                     mixed = 8 if load.key == "16 x 1" else 0
                     fixed = text_ceiling(repo, TEXT_MODEL, pool, args.device, mixed, session)
+                    in_flight = spec.clients * spec.items_per_request
                     per_load = load_ceiling(
-                        session,
-                        tokenizer.encode,
-                        rows,
-                        spec.clients * spec.items_per_request,
-                        max_rows,
-                        max_padding,
-                        singles,
+                        session, tokenizer.encode, rows, in_flight, max_rows, max_padding, singles
                     )
                     del session, singles
                     foreign = monitor.stop().foreign_share
@@ -250,17 +226,9 @@ def run_images(args, ports, repo: Path, results: dict, monitor: CpuMonitor) -> N
                 f"parallel {found.parallel_items_per_s:.1f})"
             )
             for load in image_loads(args.quick, args.scale):
-                spec = load.spec
-                count = spec.clients * (spec.warmup_requests + spec.requests_per_client)
-                if load.kind == IMAGE_URL:
-                    items = [u.encode() for u in server.urls()]
-                    model, name = f"{CLIP_MODEL}_image_url", "IMAGE_URL"
-                else:
-                    items = [photos[n] for n in sorted(photos)]
-                    model, name = f"{CLIP_MODEL}_image", "IMAGE"
-                requests = image_requests(items, spec.items_per_request, count)
+                model, name, requests = load.image_requests(CLIP_MODEL, server.urls(), photos)
                 result, foreign = measure(
-                    lambda m=model, n=name, q=requests, p=spec: run_triton_load(
+                    lambda m=model, n=name, q=requests, p=load.spec: run_triton_load(
                         url, args.protocol, m, n, q, p
                     ),
                     monitor,

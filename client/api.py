@@ -47,6 +47,7 @@ from .retry import DEFAULT_RETRY, NO_RETRY, RetryBudget, RetryPolicy
 from .sending import GRPC_MAX_MESSAGE_BYTES as GRPC_MAX_MESSAGE_BYTES
 from .sending import RECONNECT_BACKOFF_MS as RECONNECT_BACKOFF_MS
 from .sending import SendMixin, checked_rows, grpc_channel_args
+from .sparse import sparse_rows
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 TEXT_INPUT = "TEXT"
@@ -334,21 +335,11 @@ class EmbeddingClient(
         self, model: str, items: list[bytes], parameters: dict | None
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         indices, values = self._text_outputs(model, items, SPARSE_OUTPUTS, parameters)
-        if (
-            indices is None
-            or values is None
-            or indices.ndim != 2
-            or indices.shape != values.shape
-            or indices.shape[0] != len(items)
-        ):
-            raise EmbeddingClientError(
-                f"expected {' and '.join(SPARSE_OUTPUTS)} of shape [{len(items)}, K]", model=model
-            )
-        keep = indices >= 0  # -1: padding of rows shorter than the request's longest
-        return [
-            (i[k].astype(np.int32, copy=False), v[k].astype(np.float32, copy=False))
-            for i, v, k in zip(indices, values, keep, strict=True)
-        ]
+        indices = checked_rows(indices, SPARSE_OUTPUTS[0], len(items), model, "K")
+        try:
+            return sparse_rows(indices, values)
+        except ValueError as exc:  # VALUES missing or not of the indices' shape
+            raise EmbeddingClientError(str(exc), model=model) from None
 
     def _embed(
         self,
@@ -363,18 +354,25 @@ class EmbeddingClient(
 
         ``output`` names the embedding output and its dtype (a quantized form).
         """
+        name, dtype = output
+        names = (name, COUNT_OUTPUT) if counts else (name,)
+
+        def part_rows(part: list[bytes]) -> list[np.ndarray]:
+            arrays = self._text_outputs(model, part, names, parameters, input_name)
+            rows = [checked_rows(arrays[0], name, len(part), model, "D").astype(dtype, copy=False)]
+            if counts:
+                if arrays[1] is None or arrays[1].shape[0] != len(part):
+                    expected = f"expected {COUNT_OUTPUT} of {len(part)} rows"
+                    raise EmbeddingClientError(expected, model=model)
+                rows.append(arrays[1].reshape(-1).astype(np.int32))
+            return rows
+
         if not items:
-            empty = np.zeros((0, 0), dtype=output[1])
+            empty = np.zeros((0, 0), dtype=dtype)
             return (empty, np.zeros(0, dtype=np.int32)) if counts else empty
-        chunks = self._batched(
-            model,
-            items,
-            lambda part: self._infer(model, input_name, part, parameters, counts, output),
-        )
-        if not counts:
-            return np.concatenate(chunks, axis=0)
-        embeddings = np.concatenate([e for e, _ in chunks], axis=0)
-        return embeddings, np.concatenate([c for _, c in chunks], axis=0)
+        parts = self._batched(model, items, part_rows)
+        joined = [np.concatenate(arrays) for arrays in zip(*parts, strict=True)]
+        return tuple(joined) if counts else joined[0]
 
     def _batched(self, model: str, items: list[bytes], call, extra_bytes: int = 0) -> list:
         """``call`` on each request-sized part of ``items`` (``max_batch_size``, bytes).
@@ -398,27 +396,6 @@ class EmbeddingClient(
         """The rows ``infer`` returns for each request-sized part of ``texts``, in order."""
         items = encode_texts(texts)
         return [row for part in self._batched(model, items, infer) for row in part] if items else []
-
-    def _infer(
-        self,
-        model: str,
-        input_name: str,
-        items: list[bytes],
-        parameters: dict | None = None,
-        counts: bool = False,
-        output: tuple[str, type] = (OUTPUT, np.float32),
-    ) -> Any:
-        name, dtype = output
-        names = (name, COUNT_OUTPUT) if counts else (name,)
-        arrays = self._text_outputs(model, items, names, parameters, input_name)
-        embedding = checked_rows(arrays[0], name, len(items), model, "D").astype(dtype, copy=False)
-        if not counts:
-            return embedding
-        tokens = arrays[1]
-        if tokens is None or tokens.shape[0] != len(items):
-            expected = f"expected {COUNT_OUTPUT} of {len(items)} rows"
-            raise EmbeddingClientError(expected, model=model)
-        return embedding, tokens.reshape(-1).astype(np.int32)
 
     def _max_batch_size(self, model: str) -> int:
         """The model's ``max_batch_size`` from its config; 0 (unknown) without the admin key."""

@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from . import bench_cli, rerank_cli
-from .api import PRECISION_OUTPUTS, EmbeddingClient, default_url
+from .api import EmbeddingClient, default_url
+from .cli_options import add_text_options
 from .errors import EmbeddingClientError
 from .index import cli as index_cli
 from .records import ModelInfo, ModelStats
@@ -93,7 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH_OR_URL",
         help="image file or http(s)/data: URL (repeatable; --model is the CLIP name)",
     )
-    embed.add_argument("--prompt-name", help="one of the text model's prompts (e.g. query)")
+    embed.add_argument(
+        "--text-file",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a UTF-8 file embedded as one text, however long (repeatable)",
+    )
     embed.add_argument(
         "--sparse",
         action="store_true",
@@ -105,30 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="a multi-vector (ColBERT) model: print each text's token vectors (json), "
         "encoded as queries or documents",
     )
-    embed.add_argument(
-        "--dimensions", type=int, help="keep the first N values (Matryoshka truncation)"
-    )
-    embed.add_argument(
-        "--precision",
-        choices=list(PRECISION_OUTPUTS),
-        default="float32",
-        help="output form: float16, int8/uint8 (calibrated), binary/ubinary (packed bits)",
-    )
-    embed.add_argument(
-        "--text-file",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="a UTF-8 file embedded as one text, however long (repeatable)",
-    )
-    embed.add_argument(
-        "--chunk-tokens",
-        type=int,
-        help="cut each text into chunks of at most N of the model's tokens and print one "
-        "line per chunk (its row, span, tokens and vector); the server cuts them",
-    )
-    embed.add_argument(
-        "--chunk-overlap", type=int, help="tokens each chunk shares with the one before it"
+    add_text_options(
+        embed,
+        precision="float32",
+        per_chunk="printed one line each: its row, span, tokens and vector; the server cuts them",
     )
     embed.add_argument(
         "--long-text",

@@ -25,7 +25,6 @@ in a worker thread.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,7 +35,7 @@ from langchain_core.embeddings import Embeddings
 from pydantic import ConfigDict, PrivateAttr
 
 from .retry import DEFAULT_RETRY, RetryPolicy
-from .thread_client import ThreadClient
+from .thread_client import ThreadClient, ThreadedEmbeddings
 
 
 def __getattr__(name: str) -> Any:
@@ -51,7 +50,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class TritonEmbeddings(Embeddings):
+class TritonEmbeddings(ThreadedEmbeddings[list[float]], Embeddings):
     """A text ensemble of the server as LangChain ``Embeddings`` (CLIP: ``<name>_text``).
 
     ``query_prompt_name`` / ``document_prompt_name`` pick the model's prompts for
@@ -97,18 +96,6 @@ class TritonEmbeddings(Embeddings):
     def embed_query(self, text: str) -> list[float]:
         """The vector of one query, with the queries' prompt."""
         return self._embed([text], self.query_prompt_name)[0]
-
-    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
-        """:meth:`embed_documents` in a worker thread."""
-        return await asyncio.to_thread(self.embed_documents, texts)
-
-    async def aembed_query(self, text: str) -> list[float]:
-        """:meth:`embed_query` in a worker thread."""
-        return await asyncio.to_thread(self.embed_query, text)
-
-    def close(self) -> None:
-        """Close the connection (a later call opens a new one)."""
-        self._connection.close()
 
 
 class TritonReranker(BaseDocumentCompressor):

@@ -5,16 +5,15 @@ Import :class:`TritonSparseEmbeddings` from :mod:`client.langchain`.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 from langchain_qdrant import SparseEmbeddings, SparseVector
 
 from .retry import DEFAULT_RETRY, RetryPolicy
-from .thread_client import ThreadClient
+from .thread_client import SparseSides, ThreadClient, ThreadedEmbeddings
 
 
-class TritonSparseEmbeddings(SparseEmbeddings):
+class TritonSparseEmbeddings(ThreadedEmbeddings[SparseVector], SparseEmbeddings):
     """A sparse-encoder ensemble of the server as langchain-qdrant ``SparseEmbeddings``.
 
     For ``QdrantVectorStore(sparse_embedding=...)`` (sparse or hybrid retrieval). Each
@@ -38,15 +37,11 @@ class TritonSparseEmbeddings(SparseEmbeddings):
         admin_key: str | None = None,
         retry: RetryPolicy | None = DEFAULT_RETRY,
     ):
-        self.model = model
-        self.inference_free = inference_free
-        self.max_active_dims = max_active_dims
         self._connection = ThreadClient(url, protocol, timeout_s, admin_key, retry)
+        self._sides = SparseSides(self._connection, model, inference_free, max_active_dims)
 
     def _embed(self, texts: Sequence[str], task: str) -> list[SparseVector]:
-        rows = self._connection.embed_sparse_side(
-            self.model, texts, task, self.inference_free, self.max_active_dims
-        )
+        rows = self._sides.rows(texts, task)
         return [SparseVector(indices=i.tolist(), values=v.tolist()) for i, v in rows]
 
     def embed_documents(self, texts: list[str]) -> list[SparseVector]:
@@ -56,15 +51,3 @@ class TritonSparseEmbeddings(SparseEmbeddings):
     def embed_query(self, text: str) -> SparseVector:
         """The sparse vector of one query (the query side)."""
         return self._embed([text], "query")[0]
-
-    async def aembed_documents(self, texts: list[str]) -> list[SparseVector]:
-        """:meth:`embed_documents` in a worker thread."""
-        return await asyncio.to_thread(self.embed_documents, texts)
-
-    async def aembed_query(self, text: str) -> SparseVector:
-        """:meth:`embed_query` in a worker thread."""
-        return await asyncio.to_thread(self.embed_query, text)
-
-    def close(self) -> None:
-        """Close the connection (a later call opens a new one)."""
-        self._connection.close()

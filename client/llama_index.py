@@ -33,7 +33,7 @@ from pydantic import Field, PrivateAttr
 
 from .retry import DEFAULT_RETRY, RetryPolicy
 from .sparse import as_lists
-from .thread_client import ThreadClient
+from .thread_client import SparseSides, ThreadClient
 
 ImageType = str | BytesIO
 # LlamaIndex's SparseEncoderCallable: texts -> (indices of each row, values of each row).
@@ -173,12 +173,11 @@ def triton_sparse_functions(
     ``max_active_dims`` keeps each row's k largest weights. Both share one connection.
     """
     connection = ThreadClient(url, protocol, timeout_s, admin_key, retry)
+    sides = SparseSides(connection, model, inference_free, max_active_dims)
 
     def encoder(task: str) -> SparseFunction:
         def encode(texts: list[str]) -> tuple[list[list[int]], list[list[float]]]:
-            return as_lists(
-                connection.embed_sparse_side(model, texts, task, inference_free, max_active_dims)
-            )
+            return as_lists(sides.rows(texts, task))
 
         return encode
 

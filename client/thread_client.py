@@ -6,9 +6,11 @@ that made it; LangChain's and LlamaIndex's async methods call from worker thread
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from .api import EmbeddingClient
 from .retry import DEFAULT_RETRY, NO_RETRY, RetryBudget, RetryPolicy
@@ -66,32 +68,64 @@ class ThreadClient:
         with self._new() as client:
             return getattr(client, method)(*args, **kwargs)
 
-    def embed_sparse_side(
-        self,
-        model: str,
-        texts: Sequence[str],
-        task: str,
-        inference_free: bool,
-        max_active_dims: int | None,
-    ) -> list[SparseRow]:
-        """``embed_sparse`` of ``texts`` as one side (``task``: query or document) of ``model``.
-
-        The task is sent only to a model with an inference-free query side; no texts: no
-        call, no rows.
-        """
-        if not texts:
-            return []
-        return self.call(
-            "embed_sparse",
-            model,
-            list(texts),
-            task=task if inference_free else None,
-            max_active_dims=max_active_dims,
-        )
-
     def close(self) -> None:
         """Close the kept client (from the thread that made it); a later call opens one."""
         with self._lock:
             client, self._client, self._owner = self._client, None, None
         if client is not None:
             client.close()
+
+
+@dataclass(frozen=True)
+class SparseSides:
+    """A sparse-encoder model's document and query sides, over one :class:`ThreadClient`.
+
+    ``inference_free``: the model has an inference-free query side (a ``Router`` with a
+    static query route), so each call names its side as ``task``; otherwise no task is
+    sent. ``max_active_dims`` keeps each row's k largest weights.
+    """
+
+    connection: ThreadClient
+    model: str
+    inference_free: bool
+    max_active_dims: int | None
+
+    def rows(self, texts: Sequence[str], task: str) -> list[SparseRow]:
+        """``embed_sparse`` of ``texts`` as the side ``task`` (query or document).
+
+        No texts: no call, no rows.
+        """
+        if not texts:
+            return []
+        return self.connection.call(
+            "embed_sparse",
+            self.model,
+            list(texts),
+            task=task if self.inference_free else None,
+            max_active_dims=self.max_active_dims,
+        )
+
+
+V = TypeVar("V")  # what one text embeds to
+
+
+class ThreadedEmbeddings(Generic[V]):
+    """The async forms and ``close`` that this package's LangChain embeddings share.
+
+    A class that mixes it in sets ``_connection`` and defines ``embed_documents`` /
+    ``embed_query``, whose rows are ``V``.
+    """
+
+    _connection: ThreadClient
+
+    async def aembed_documents(self, texts: list[str]) -> list[V]:
+        """:meth:`embed_documents` in a worker thread."""
+        return await asyncio.to_thread(self.embed_documents, texts)
+
+    async def aembed_query(self, text: str) -> V:
+        """:meth:`embed_query` in a worker thread."""
+        return await asyncio.to_thread(self.embed_query, text)
+
+    def close(self) -> None:
+        """Close the connection (a later call opens a new one)."""
+        self._connection.close()

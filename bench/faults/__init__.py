@@ -1,4 +1,4 @@
-"""The faults benchmarks: overload, memory soak, starts, plain and cancelling clients.
+"""The faults benchmarks: overload, memory soak, plain and cancelling clients.
 
-``python -m bench.faults.<overload|soak|start_loop|seed|cancels>``.
+``python -m bench.faults.<overload|soak|seed|cancels>``.
 """

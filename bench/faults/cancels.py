@@ -1,15 +1,9 @@
 """Cancelling clients do not wear the admission count down: refusals per minute stay flat.
 
-Open-loop one-sentence requests (Poisson arrivals, tritonclient's asyncio gRPC client) at
-``--factor`` (0.9) x the sustainable rate for ``--minutes`` (10) against all-MiniLM-L6-v2
-as shipped. A fifth of them give up after ``--cancel-ms`` (30 ms: Triton cancels them while
-they queue, before any encoder takes them); the rest state a 1 s deadline
-(``deadline_unix_us`` and the gRPC deadline). A count that kept what no encoder takes
-would grow with every cancelled request and refuse more and more of the others: the gate
-is the refusals of the last minute no higher than those of the first (plus a margin of
-1 % of the minute's requests), and every answer in time.
-
     .venv/bin/python -m bench.faults.cancels [--minutes 10] [--rate R] [--factor 0.9]
+
+Poisson requests at ``--factor`` x the sustainable rate, a fifth giving up after
+``--cancel-ms``. Gate: last minute's refusals <= the first's + 1 %, every answer in time.
 """
 
 from __future__ import annotations
@@ -22,24 +16,22 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
+import tritonclient.grpc.aio as grpcclient
 
 from bench.common import logger, save_results
-from bench.faults.seed import SENTENCE
+from bench.faults.seed import sentence_input
 from bench.manifest import TEXT_MODEL, bench_manifest, served
 
 log = logger("cancels")
 CANCEL_SHARE = 0.2
+OUTCOMES = ("answered", "refused", "failed")  # counted per minute
 DEADLINE_S = 1.0
 
 
 async def _closed_loop_rate(url: str, clients: int, seconds: float) -> float:
     """Answered requests per second of ``clients`` plain clients back to back."""
-    import tritonclient.grpc.aio as grpcclient
-
     client = grpcclient.InferenceServerClient(url)
-    item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
-    item.set_data_from_numpy(np.array([[SENTENCE.encode()]], dtype=object))
+    item = sentence_input(grpcclient)
     stop, done = time.perf_counter() + seconds, 0
 
     async def one() -> None:
@@ -57,11 +49,8 @@ async def _closed_loop_rate(url: str, clients: int, seconds: float) -> float:
 
 async def _open_loop(url: str, rate: float, seconds: float, cancel_ms: float) -> list[dict]:
     """Poisson arrivals at ``rate``; one record per request (minute, kind, outcome)."""
-    import tritonclient.grpc.aio as grpcclient
-
     client = grpcclient.InferenceServerClient(url)
-    item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
-    item.set_data_from_numpy(np.array([[SENTENCE.encode()]], dtype=object))
+    item = sentence_input(grpcclient)
     records: list[dict] = []
     rng = random.Random(56)  # noqa: S311 - arrival times, not secrets
     start = time.perf_counter()
@@ -73,10 +62,8 @@ async def _open_loop(url: str, rate: float, seconds: float, cancel_ms: float) ->
             if cancels:
                 await client.infer(TEXT_MODEL, [item], client_timeout=cancel_ms / 1000)
             else:
-                await client.infer(
-                    TEXT_MODEL, [item], client_timeout=DEADLINE_S,
-                    parameters={"deadline_unix_us": int(deadline * 1e6)},
-                )
+                await client.infer(TEXT_MODEL, [item], client_timeout=DEADLINE_S,
+                                   parameters={"deadline_unix_us": int(deadline * 1e6)})
                 record["late"] = time.time() > deadline
         except Exception as exc:  # noqa: BLE001 - each outcome recorded
             text = str(exc)
@@ -104,14 +91,9 @@ def minutes(records: list[dict]) -> list[dict[str, Any]]:
     out = []
     for minute in sorted({r["minute"] for r in records}):
         mine = [r for r in records if r["minute"] == minute and not r["cancels"]]
-        out.append({
-            "minute": minute,
-            "sent": len(mine),
-            "answered": sum(r["outcome"] == "answered" for r in mine),
-            "refused": sum(r["outcome"] == "refused" for r in mine),
-            "failed": sum(r["outcome"] == "failed" for r in mine),
-            "late": sum(bool(r.get("late")) for r in mine),
-        })
+        counts = {k: sum(r["outcome"] == k for r in mine) for k in OUTCOMES}
+        late = sum(bool(r.get("late")) for r in mine)
+        out.append({"minute": minute, "sent": len(mine), **counts, "late": late})
     return out
 
 
@@ -128,9 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = server.url()
         rate = args.rate or asyncio.run(_closed_loop_rate(url, 16, 15))
         log(f"sustainable {rate:.0f}/s; open loop at {args.factor} x for {args.minutes} min")
-        records = asyncio.run(
-            _open_loop(url, rate * args.factor, args.minutes * 60, args.cancel_ms)
-        )
+        seconds = args.minutes * 60
+        records = asyncio.run(_open_loop(url, rate * args.factor, seconds, args.cancel_ms))
     # whole minutes only: the last arrivals can fall a moment past the run's end
     per_minute = [m for m in minutes(records) if m["minute"] < int(args.minutes)]
     first, last = per_minute[0], per_minute[-1]
@@ -139,8 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results.update({
         "sustainable_per_s": round(rate, 1), "factor": args.factor, "minutes": args.minutes,
         "cancel_ms": args.cancel_ms, "cancel_share": CANCEL_SHARE, "per_minute": per_minute,
-        "gave_up": sum(r["outcome"] == "gave up" for r in records if r["cancels"]),
-        "met": met,
+        "gave_up": sum(r["outcome"] == "gave up" for r in records if r["cancels"]), "met": met,
     })
     for m in per_minute:
         print(m)

@@ -1,39 +1,13 @@
 """Overload and deadlines: text 1x1, text 32x1 and images at 1 x, 2 x, 3 x the sustainable rate.
 
-One fresh repository and server per configuration: the text model as ``models.toml``
-serves it (the profile's bounded queue, ``default``) beside a CLIP model (``--clip``:
-``tiny``, the ``clip-tiny`` stand-in ``make serve`` serves, or ``vit-b-32``, the bench's
-full-size random-init ViT-B-32), then with ``max_queue_size`` N (0: unbounded; optionally
-``queue_timeout_us`` T) on the steps of both. Against each, over gRPC, for each ``--load``
-(:mod:`bench.faults.overload_loads`: ``text1``, ``text32``, ``images``):
-
-1. reference: every sentence and every photo once, alone; the rows each loaded answer
-   must match (max abs diff <= 1e-5);
-2. sustainable rate (first configuration only, then kept): the best closed-loop
-   throughput of ``--clients`` (a quarter of each for ``text32``) in requests/s of the
-   load's own requests (:func:`client.load.loadgen.run_triton_load`);
-3. latency reference: an open loop at 0.8 x the sustainable rate, its accepted p50 / p99
-   (and, with ``--unloaded-s``, one at 10 %, for the record);
-4. overload: an open loop (Poisson arrivals, async gRPC, ``--senders`` threads) at each
-   ``--factor`` (1, the control, 2 and 3) x the sustainable rate for ``--seconds`` (30).
-   Every request carries the client deadline (``--deadline-s``) as the gRPC
-   ``client_timeout`` and, with ``--send-deadline`` (on), as the request parameter
-   ``deadline_unix_us``.
-
-Each (configuration, load, factor) is judged as issue 46 states it
-(:mod:`bench.faults.overload_figures`): goodput >= 0.9 x sustainable, accepted p99
-<= 2 x the 0.8 x run's p99, refusals' p99 <= 50 ms, no answer past the deadline, no wrong
-vector; with the load generator's share of the machine's CPU.
-
-``--pin`` (default ``auto``) keeps the load generator off the server's cores, as
-``taskset`` would: the server (and every stub it starts, whose ONNX Runtime sizes its
-threads from the cores it may use) gets all cores but the last quarter, the generator
-the rest. ``auto`` pins only from 4 cores up: on 2 cores the server would keep one, and
-measured that way (2026-11-27) it did worse than sharing both. ``none`` shares every
-core; ``SERVER/CLIENT`` (``0-2/3``) names them.
-
-Writes ``bench/results/overload-cpu-<time>.json`` (``.build/bench-results`` with
-``--quick``): one record per (configuration, load, factor), and prints their table.
+One fresh server per configuration: the text model beside ``--clip``'s CLIP model as
+``models.toml`` serves them, then with each ``--queue``. For each ``--load``, over gRPC:
+the sustainable rate (the best closed loop of ``--clients``), an open loop at 0.8 x it (the
+latency reference), then Poisson open loops at each ``--factor`` x it, every request with
+the client deadline and every answer checked against the rows its inputs get alone. Judged
+as issue 46 states it: goodput >= 0.9 x sustainable, accepted p99 <= 2 x the 0.8 x run's,
+refusals' p99 <= 50 ms, nothing past the deadline, no wrong vector. Writes
+``bench/results/overload-cpu-<time>.json``; what the runs found: docs/operations.md.
 
     .venv/bin/python -m bench.faults.overload [--quick] [--load text1,images] [--queue 4 ...]
 """
@@ -51,16 +25,8 @@ from functools import partial
 from typing import Any
 
 from bench.common import logger, write_results
-from bench.faults.overload_args import config_name, parse_args
-from bench.faults.overload_figures import cpu_share, judge, outcome, table
-from bench.faults.overload_loads import (
-    Load,
-    expected_rows,
-    make_loads,
-    open_loop,
-    photos,
-    references,
-)
+from bench.faults import overload_loop as loop
+from bench.faults.overload_loop import LOADS, Load
 from bench.machine import CpuMonitor, machine_info
 from bench.manifest import BUILD, CLIP_MODEL, ROOT, bench_manifest, parse_overrides, served
 from client.load import server_stats
@@ -71,19 +37,134 @@ from generator.manifest import Manifest
 REFERENCE_SHARE = 0.8
 UNLOADED_SHARE = 0.1
 TINY_CLIP = BUILD / "tiny-clip"
+# Below, at and a few times above the rows per execution at saturation (3-6 measured
+# here), one far above, and one with a queue timeout.
+DEFAULT_QUEUES = ("1", "4", "16", "0", "4:10000")
+# On 2 cores the server would keep one; pinned that way (2026-11-27) it did worse than shared.
+AUTO_PIN_CORES = 4
 
 
 log = logger("overload")
 
 
+def parse_queue(value: str) -> dict[str, int] | None:
+    """``N`` or ``N:T``: ``max_queue_size`` N, ``queue_timeout_us`` T, admission off; ``none``."""
+    if value == "none":
+        return None
+    size, _, timeout = value.partition(":")
+    return {
+        "max_queue_size": int(size),
+        "queue_timeout_us": int(timeout or 0),
+        "admission_wait_us": 0,
+        "admission_max_rows": 0,
+    }
+
+
+def config_name(knobs: dict[str, int]) -> str:
+    """``default``, ``unbounded``, ``queue-8`` or ``queue-8-timeout-20000us``."""
+    if not knobs:
+        return "default"
+    name = f"queue-{knobs['max_queue_size']}" if knobs["max_queue_size"] else "unbounded"
+    return name + (f"-timeout-{knobs['queue_timeout_us']}us" if knobs["queue_timeout_us"] else "")
+
+
+def parse_loads(value: str) -> list[str]:
+    """``text1,images`` -> the loads in :data:`LOADS` order; an unknown name exits."""
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    if not names or names - set(LOADS):
+        raise SystemExit(
+            f"--load {value!r}: expected a comma-separated subset of {','.join(LOADS)}"
+        )
+    return [n for n in LOADS if n in names]
+
+
+def parse_rates(value: str | None) -> dict[str, float]:
+    """``text1=200,images=12.5`` -> the sustainable rates to use instead of measuring."""
+    rates = {}
+    for pair in (value or "").split(","):
+        name, sep, rate = pair.partition("=")
+        if not pair.strip():
+            continue
+        if not sep or name.strip() not in LOADS:
+            raise SystemExit(f"--rate {value!r}: expected LOAD=REQ_PER_S,... of {LOADS}")
+        rates[name.strip()] = float(rate)
+    return rates
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options; the module's docstring heads the help."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.faults.overload",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--quick", action="store_true", help="4 s loads, short closed loops, no 10 %% run")
+    add("--load", default=",".join(LOADS), type=parse_loads,
+        help=f"loads, comma-separated (default {','.join(LOADS)})")
+    add("--seconds", type=float, help="each loaded run (default 30, quick 4)")
+    add("--reference-s", type=float, help="the 0.8 x run (default 20, quick 4)")
+    add("--unloaded-s", type=float, help="the 10 %% run, 0 to skip (default 10, quick 0)")
+    add("--factor", default="1,2,3",
+        help="load / sustainable rate, comma-separated (default 1,2,3)")
+    add("--clip", choices=("tiny", "vit-b-32"), default="tiny",
+        help="the CLIP model of the images load (default tiny)")
+    add("--send-deadline", action=argparse.BooleanOptionalAction, default=True,
+        help="send the deadline as the request parameter deadline_unix_us too")
+    add("--pin", default="auto", help="auto (from 4 cores up, the last quarter for the load "
+        "generator), none, or SERVER_CPUS/CLIENT_CPUS like 0-2/3")
+    add("--generator-nice", type=int, default=0,
+        help="the load generator's nice value during the open loops (negative: ahead of "
+        "the server, as a client on its own machine is; default 0)")
+    add("--rate", type=parse_rates, default={}, metavar="LOAD=REQ_PER_S,...",
+        help="use these sustainable rates, skip measuring them")
+    add("--queue", action="append", type=parse_queue, metavar="N[:TIMEOUT_US]",
+        help="a configuration beside the default (repeatable; 0: unbounded; none: the "
+        "default alone; default 1, 4, 16, 0, 4:10000)")
+    add("--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a serving knob of the text model in every configuration")
+    add("--clients", default="8,16,32", help="closed-loop concurrencies")
+    add("--deadline-s", type=float, default=5.0, help="client deadline")
+    add("--senders", type=int, default=2, help="open-loop sender threads")
+    add("--pool", type=int, default=512, help="distinct sentences")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.seconds = args.seconds or (4.0 if quick else 30.0)
+    args.reference_s = args.reference_s or (4.0 if quick else 20.0)
+    args.unloaded_s = args.unloaded_s if args.unloaded_s is not None else (0.0 if quick else 10.0)
+    args.queue = [q for q in args.queue or map(parse_queue, DEFAULT_QUEUES) if q is not None]
+    args.clients = [int(c) for c in args.clients.split(",")]
+    args.factor = [float(f) for f in str(args.factor).split(",")]
+    args.pin = cpu_split(args.pin, sorted(os.sched_getaffinity(0)))
+    return args
+
+
+def _cpus(text: str) -> list[int]:
+    """``0-2,5`` -> ``[0, 1, 2, 5]``."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
+def cpu_split(spec: str, cpus: list[int]) -> dict[str, list[int]] | None:
+    """The server's and the load generator's cores for ``--pin`` (``None``: not pinned)."""
+    if spec == "none" or (spec == "auto" and len(cpus) < AUTO_PIN_CORES):
+        return None
+    if spec == "auto":
+        client = max(1, len(cpus) // 4)
+        return {"server": cpus[:-client], "load_generator": cpus[-client:]}
+    server, sep, client = spec.partition("/")
+    split = {"server": _cpus(server), "load_generator": _cpus(client)} if sep else None
+    if not split or set(split["server"]) & set(split["load_generator"]):
+        raise SystemExit(f"--pin {spec!r}: expected auto, none or SERVER/CLIENT, disjoint")
+    return split
+
+
 @contextmanager
 def generator_priority(nice: int):
-    """Every thread of this process (the load generator) at ``nice`` for the block.
-
-    Linux keeps a nice value per thread, and a new thread takes its creator's: threads
-    started inside the block (senders, gRPC's) get ``nice`` too. Set back to 0 after, so a
-    server started later does not inherit it.
-    """
+    """Every thread of this process, and those it starts in the block, at ``nice``; 0 after."""
     if not nice:
         yield
         return
@@ -102,69 +183,63 @@ def generator_priority(nice: int):
         renice(0)
 
 
-def clip_entry(clip: str) -> dict[str, Any]:
-    """The CLIP model's manifest keys for ``--clip`` (``tiny``: its checkpoint written once)."""
-    if clip == "vit-b-32":
-        return {}
-    checkpoint = TINY_CLIP / "open_clip_pytorch_model.bin"
-    if not checkpoint.is_file():
-        from generator.fixtures.tiny_clip import create_tiny_checkpoint
-
-        create_tiny_checkpoint(checkpoint, seed=0)
-    return {
-        "name": "clip-tiny",
-        "arch": str(TINY_CLIP / "tiny-clip.json"),
-        "checkpoint": str(checkpoint),
-    }
-
-
 def overload_manifest(args: argparse.Namespace, knobs: dict[str, int]) -> Manifest:
     """The bench manifest of one configuration: ``knobs`` on both models, ``--set`` on text."""
     text = {**parse_overrides(args.set), **knobs}
     if "images" not in args.load:
         return bench_manifest(with_clip=False, text_overrides=text)
-    return bench_manifest(text_overrides=text, image_overrides={**clip_entry(args.clip), **knobs})
+    clip: dict[str, Any] = {}
+    if args.clip == "tiny":  # the clip-tiny stand-in, its checkpoint written once
+        checkpoint = TINY_CLIP / "open_clip_pytorch_model.bin"
+        if not checkpoint.is_file():
+            from generator.fixtures.tiny_clip import create_tiny_checkpoint
+
+            create_tiny_checkpoint(checkpoint, seed=0)
+        clip = {"name": "clip-tiny", "arch": str(TINY_CLIP / "tiny-clip.json"),
+                "checkpoint": str(checkpoint)}
+    return bench_manifest(text_overrides=text, image_overrides={**clip, **knobs})
 
 
-def sustainable(url: str, load: Load, clients: Sequence[int], seconds: float) -> list[dict]:
-    """Closed-loop throughput of ``load``'s requests at each of its concurrencies.
-
-    ``clients`` as given for one-row requests, a quarter of each for 32-row ones
-    (:meth:`Load.closed_loop_clients`).
-    """
-    found = []
-    for c in load.closed_loop_clients(clients):
-        per_client = int(1500 * seconds / c) + 10
-        spec = LoadSpec(
-            c, len(load.requests[0]), per_client, warmup_requests=2, max_seconds=seconds
-        )
-        requests = [load.requests[k % len(load.requests)] for k in range(c * (per_client + 2))]
-        result = run_triton_load(url, "grpc", load.model, load.input_name, requests, spec)
-        encode = [s for s in result.server if s.name.startswith(f"{load.base}_encode")]
-        found.append(
-            {
-                "clients": c,
-                "req_per_s": round(result.qps, 2),
-                "p50_ms": round(result.median_ms, 2),
-                "p99_ms": round(result.p99_ms, 2),
-                "errors": result.errors,
-                "rows_per_execution": round(encode[0].avg_batch_size, 1) if encode else None,
-            }
-        )
-        log(
-            f"{load.name} closed loop {c:3d} clients: {result.qps:7.1f} req/s, p50 "
-            f"{result.median_ms:.1f} ms, p99 {result.p99_ms:.1f} ms, rows/exec "
-            f"{found[-1]['rows_per_execution']}, errors {result.errors}"
-        )
-    return found
+def sustainable_rate(args: argparse.Namespace, url: str, load: Load, results: dict) -> float:
+    """``load``'s sustainable rate: given, measured before, or its best closed loop now."""
+    known = results["sustainable"].setdefault(load.name, {})
+    if "rate" in known:
+        return known["rate"]
+    rate = args.rate.get(load.name)
+    if rate is None:
+        seconds = 2.0 if args.quick else 10.0
+        known["closed_loop"] = []
+        for c in load.closed_loop_clients(args.clients):
+            per_client = int(1500 * seconds / c) + 10
+            spec = LoadSpec(
+                c, len(load.requests[0]), per_client, warmup_requests=2, max_seconds=seconds
+            )
+            requests = [load.requests[k % len(load.requests)] for k in range(c * (per_client + 2))]
+            result = run_triton_load(url, "grpc", load.model, load.input_name, requests, spec)
+            encode = [s for s in result.server if s.name.startswith(f"{load.base}_encode")]
+            rows = round(encode[0].avg_batch_size, 1) if encode else None
+            known["closed_loop"].append(
+                {
+                    "clients": c,
+                    "req_per_s": round(result.qps, 2),
+                    "p50_ms": round(result.median_ms, 2),
+                    "p99_ms": round(result.p99_ms, 2),
+                    "errors": result.errors,
+                    "rows_per_execution": rows,
+                }
+            )
+            log(
+                f"{load.name} closed loop {c:3d} clients: {result.qps:7.1f} req/s, p50 "
+                f"{result.median_ms:.1f} ms, p99 {result.p99_ms:.1f} ms, rows/exec {rows}, "
+                f"errors {result.errors}"
+            )
+        rate = max(c["req_per_s"] for c in known["closed_loop"])
+    known["rate"] = rate
+    return rate
 
 
 def run_config(
-    args: argparse.Namespace,
-    knobs: dict[str, int],
-    loads: Sequence[Load],
-    inputs: dict[str, Any],
-    results: dict,
+    args: argparse.Namespace, knobs: dict[str, int], loads: Sequence[Load], results: dict
 ) -> None:
     """Serve one configuration; for each load: (sustainable), 0.8 x, (10 %), each factor."""
     name = config_name(knobs)
@@ -177,18 +252,12 @@ def run_config(
         finally:
             if args.pin:
                 os.sched_setaffinity(0, args.pin["load_generator"])
-        knobs_of = {
-            m.name: {
-                "max_queue_size": m.max_queue_size,
-                "queue_timeout_us": m.queue_timeout_us,
-                "admission_wait_us": m.admission_wait_us,
-            }
-            for m in manifest.models
-        }
+        keys = ("max_queue_size", "queue_timeout_us", "admission_wait_us")
+        knobs_of = {m.name: {k: getattr(m, k) for k in keys} for m in manifest.models}
         url, pid = server.url(), server.pid
-        refs = references(url, loads, inputs["sentences"], inputs["images"])
+        refs = loop.references(url, loads)
         for load in loads:
-            expected = partial(expected_rows, refs[load.source], load.rows)
+            expected = partial(loop.expected_rows, refs[load.source], load.rows)
             rate = sustainable_rate(args, url, load, results)
             base = {
                 "config": name,
@@ -207,41 +276,27 @@ def run_config(
             for factor in args.factor:
                 with generator_priority(args.generator_nice):
                     run = overload(args, url, pid, load, expected, factor * rate)
-                judge(run, rate, ref["accepted_ms"])
+                loop.judge(run, rate, ref["accepted_ms"])
                 record = {**base, "factor": factor, **run}
                 results["records"].append(record)
-                print(describe(record), flush=True)
+                print(loop.describe(record), flush=True)
 
 
 def latency_reference(
     args: argparse.Namespace, url: str, load: Load, expected: Callable[[int], Any], rate: float
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The open loop at 0.8 x ``rate`` (the judged reference) and at 10 % (``{}`` if 0 s)."""
-    runs = []
-    for share, seconds, senders, seed in (
-        (REFERENCE_SHARE, args.reference_s, args.senders, 1),
-        (UNLOADED_SHARE, args.unloaded_s, 1, 3),
-    ):
+
+    def run(share: float, seconds: float, senders: int, seed: int) -> dict[str, Any]:
         if not seconds:
-            runs.append({})
-            continue
-        shots, sent_s = open_loop(
+            return {}
+        shots, sent_s = loop.open_loop(
             url, load, share * rate, seconds, args.deadline_s, senders, seed, args.send_deadline
         )
-        runs.append(outcome(shots, expected, args.deadline_s, share * rate, sent_s))
-    return runs[0], runs[1]
+        return loop.outcome(shots, expected, args.deadline_s, share * rate, sent_s)
 
-
-def sustainable_rate(args: argparse.Namespace, url: str, load: Load, results: dict) -> float:
-    """``load``'s sustainable rate: given, measured before, or measured now."""
-    known = results["sustainable"].setdefault(load.name, {})
-    if "rate" not in known:
-        rate = args.rate.get(load.name)
-        if rate is None:
-            known["closed_loop"] = sustainable(url, load, args.clients, 2.0 if args.quick else 10.0)
-            rate = max(c["req_per_s"] for c in known["closed_loop"])
-        known["rate"] = rate
-    return known["rate"]
+    reference = run(REFERENCE_SHARE, args.reference_s, args.senders, 1)
+    return reference, run(UNLOADED_SHARE, args.unloaded_s, 1, 3)
 
 
 def overload(
@@ -252,20 +307,16 @@ def overload(
     expected: Callable[[int], Any],
     rate: float,
 ) -> dict[str, Any]:
-    """The open loop at ``rate``, with the server's statistics and CPU time of the window.
-
-    After the last answer (or deadline) the server is watched until it has stopped
-    serving: with an unbounded queue it goes on with requests whose clients gave up.
-    """
+    """The open loop at ``rate``, the server's statistics and CPU time, what it served after."""
     server, machine = CpuMonitor(pid), CpuMonitor()
     before, cpu = server_stats.snapshot(url, "grpc"), os.times()
     server.start()
     machine.start()
-    shots, sent_s = open_loop(
+    shots, sent_s = loop.open_loop(
         url, load, rate, args.seconds, args.deadline_s, args.senders, 2, args.send_deadline
     )
     window, cpu = machine.stop(), [b - a for a, b in zip(cpu, os.times(), strict=True)]
-    result = outcome(shots, expected, args.deadline_s, rate, sent_s)
+    result = loop.outcome(shots, expected, args.deadline_s, rate, sent_s)
     after = server_stats.snapshot(url, "grpc")
     result["server"] = [
         asdict(s) for s in server_stats.window_stats(before, after) if s.name.startswith(load.base)
@@ -277,7 +328,8 @@ def overload(
         "load_generator": round(generator, 1),
         "other": round(max(window.total_busy_s - window.own_busy_s, 0.0), 1),
     }
-    result["load_generator_cpu_share"] = cpu_share(generator, window.seconds, os.cpu_count() or 1)
+    cores = os.cpu_count() or 1
+    result["load_generator_cpu_share"] = loop.cpu_share(generator, window.seconds, cores)
     result["served_after_s"], result["served_after"] = settle(url, load.model, after)
     return result
 
@@ -304,46 +356,9 @@ def settle(
     return round(last - start, 1), count - answered(since)
 
 
-def describe(run: dict[str, Any]) -> str:
-    """A few lines per (configuration, load, factor)."""
-    lines = [
-        f"== {run['config']} {run['load']} at {run['factor']:g} x "
-        f"({run['target_rate']} req/s of sustainable {run['sustainable']}):",
-        f"   sent {run['sent']} at {run['send_rate']}/s (lag p99 "
-        f"{run['send_lag_ms'].get('p99')} ms); accepted {run['accepted']}, good {run['good']} "
-        f"({run['goodput']}/s = {run['goodput_ratio']} x), refused {run['refused']}, past "
-        f"deadline {run['past_deadline']}, other errors {run['other_errors']}, no answer "
-        f"{run['no_answer']}",
-        f"   accepted ms {run['accepted_ms']} = p50 {run['accepted_p50_ratio']} x, p99 "
-        f"{run['accepted_p99_ratio']} x the 0.8 x run; refused ms {run['refused_ms']}; wrong "
-        f"{run['wrong']} (max abs diff {run['max_abs_diff']:.1e})",
-    ]
-    lines += [f"   status {count:6d}  {status}" for status, count in run["statuses"].items()]
-    lines += [
-        f"   server {s['name']}: {s['success_count']} ok, {s['fail_count']} failed, "
-        f"{s['inference_count'] / max(s['execution_count'], 1):.1f} rows/exec, queue "
-        f"{s['avg_queue_ms']:.1f} ms, infer {s['avg_compute_infer_ms']:.1f} ms"
-        for s in run["server"]
-        if "encode" in s["name"]
-    ]
-    lines += [
-        f"   server {s['name']}: {s['fail_count']} failed after {s['avg_fail_ms']:.1f} ms "
-        "on average (receipt to refusal, inside the server)"
-        for s in run["server"]
-        if s["fail_count"] and s["name"] == run["model"]
-    ]
-    lines.append(
-        f"   cpu s {run['cpu_s']} (load generator {run['load_generator_cpu_share']:.0%}"
-        f" of the machine); served after the loop {run['served_after']} requests "
-        f"over {run['served_after_s']} s"
-    )
-    lines.append(f"   goal: {run['goal']}")
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure every configuration; write the results file and print the table."""
-    args = parse_args(argv, __doc__)
+    args = parse_args(argv)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     clip = "clip-tiny" if args.clip == "tiny" else CLIP_MODEL
     results: dict[str, Any] = {
@@ -362,19 +377,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.sched_setaffinity(0, args.pin["load_generator"])
     results["meta"]["affinity"] = args.pin
     sentences = text_pool(args.pool)
-    images = list(photos().values()) if "images" in args.load else []
-    loads = make_loads(args.load, sentences, clip, images)
+    images = list(loop.photos().values()) if "images" in args.load else []
+    loads = loop.make_loads(args.load, sentences, clip, images)
     for knobs in [{}, *args.queue]:
-        run_config(args, knobs, loads, {"sentences": sentences, "images": images}, results)
-    stamp = started.replace(":", "")
-    name = f"overload-cpu-{'quick-' if args.quick else ''}{stamp}"
+        run_config(args, knobs, loads, results)
+    name = f"overload-cpu-{'quick-' if args.quick else ''}{started.replace(':', '')}"
     path = write_results(results, name, args.quick)
     rates = {k: v["rate"] for k, v in results["sustainable"].items()}
     print(
         f"sustainable req/s {rates}; cores {args.pin or 'shared'}; {args.seconds} s loads, "
         f"deadline {args.deadline_s} s{' sent as a parameter' if args.send_deadline else ''}:"
     )
-    print(table(results["records"]))
+    print(loop.table(results["records"]))
     log(f"results: {path.relative_to(ROOT)}")
     return 0
 

@@ -1,21 +1,9 @@
 """The seed design's benchmark: 500 plain clients, 20 one-sentence requests each, no retries.
 
-The design this project grew from measured its server with 500 concurrent clients, each
-sending 20 one-sentence requests one after another, no deadline, no retry, and expected
-every one answered. This runs the same shape against all-MiniLM-L6-v2 over plain HTTP and
-plain gRPC (tritonclient's asyncio clients, one process, nothing of the project's client),
-for each configuration side by side in one run, each on a fresh server:
-
-- ``shipped``: the profile as a bare entry gets it (plain requests queued up to the
-  profile's row and wait bounds, deadlines steering the rest);
-- ``off``: no admission and no Triton queue policy (Triton alone, unbounded);
-- ``interactive``: the opt-in ``admission_wait_us = 250000``.
-
-For each it prints and records answered, refused (by message), the answered rate, and
-the p50 / p99 latency of answered requests; the gate is every request answered with the
-shipped defaults, at >= 0.9x the answered rate of ``off`` on the same protocol.
-
     .venv/bin/python -m bench.faults.seed [--clients 500] [--requests 20] [--configs ...]
+
+Each :data:`CONFIGS` entry on a fresh server; gate: every request answered as shipped, at
+>= :data:`GATE` x the answered rate with ``off``.
 """
 
 from __future__ import annotations
@@ -31,6 +19,8 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+import tritonclient.grpc.aio as grpc_aio
+import tritonclient.http.aio as http_aio
 
 from bench.common import logger, save_results
 from bench.manifest import TEXT_MODEL, bench_manifest, served
@@ -60,53 +50,38 @@ async def _one_after_another(infer, requests: int, out: list, errors: Counter) -
             errors[_reason(str(exc))] += 1
 
 
-async def _http_client(url: str, requests: int, out: list, errors: Counter) -> None:
-    import tritonclient.http.aio as httpclient
-
-    client = httpclient.InferenceServerClient(url, conn_limit=1, conn_timeout=300)
-    item = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+def sentence_input(tritonclient_module):
+    """The one-sentence ``TEXT`` input of ``tritonclient.{http,grpc}[.aio]``."""
+    item = tritonclient_module.InferInput("TEXT", [1, 1], "BYTES")
     item.set_data_from_numpy(np.array([[SENTENCE.encode()]], dtype=object))
-    try:
-        await _one_after_another(
-            lambda: client.infer(TEXT_MODEL, [item]), requests, out, errors
-        )
-    finally:
-        await client.close()
+    return item
 
 
 async def _run(protocol: str, url: str, clients: int, requests: int) -> dict[str, Any]:
     latencies: list[float] = []
     errors: Counter = Counter()
     start = time.perf_counter()
+    aio = http_aio if protocol == "http" else grpc_aio
     if protocol == "http":
-        jobs = [_http_client(url, requests, latencies, errors) for _ in range(clients)]
-        await asyncio.gather(*jobs)
-    else:
-        import tritonclient.grpc.aio as grpcclient
-
-        # One channel a client, as separate client processes would have.
-        pool = [grpcclient.InferenceServerClient(url) for _ in range(clients)]
-        item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
-        item.set_data_from_numpy(np.array([[SENTENCE.encode()]], dtype=object))
-        try:
-            await asyncio.gather(*(
-                _one_after_another(
-                    partial(c.infer, TEXT_MODEL, [item]), requests, latencies, errors
-                )
-                for c in pool
-            ))
-        finally:
-            await asyncio.gather(*(c.close() for c in pool))
+        pool = [aio.InferenceServerClient(url, conn_limit=1, conn_timeout=300)
+                for _ in range(clients)]
+    else:  # one channel a client, as separate client processes would have
+        pool = [aio.InferenceServerClient(url) for _ in range(clients)]
+    item = sentence_input(aio)
+    try:
+        await asyncio.gather(*(
+            _one_after_another(partial(c.infer, TEXT_MODEL, [item]), requests, latencies, errors)
+            for c in pool
+        ))
+    finally:
+        await asyncio.gather(*(c.close() for c in pool))
     seconds = time.perf_counter() - start
     ms = np.array(sorted(latencies)) * 1000
+    p50, p99 = (round(float(np.percentile(ms, q)), 1) if len(ms) else None for q in (50, 99))
     return {
-        "sent": clients * requests,
-        "answered": len(latencies),
-        "refused": dict(errors),
-        "seconds": round(seconds, 2),
-        "answered_per_s": round(len(latencies) / seconds, 1),
-        "p50_ms": round(float(np.percentile(ms, 50)), 1) if len(ms) else None,
-        "p99_ms": round(float(np.percentile(ms, 99)), 1) if len(ms) else None,
+        "sent": clients * requests, "answered": len(latencies), "refused": dict(errors),
+        "seconds": round(seconds, 2), "answered_per_s": round(len(latencies) / seconds, 1),
+        "p50_ms": p50, "p99_ms": p99,
     }
 
 
@@ -131,8 +106,7 @@ def verdicts(results: dict[str, Any]) -> list[str]:
     for protocol in ("http", "grpc"):
         if protocol not in shipped:
             continue
-        mine = shipped[protocol]
-        base = off.get(protocol)
+        mine, base = shipped[protocol], off.get(protocol)
         ratio = None if base is None else mine["answered_per_s"] / base["answered_per_s"]
         met = mine["answered"] == mine["sent"] and (ratio is None or ratio >= GATE)
         shown = "n/a" if ratio is None else f"{ratio:.2f}x"
@@ -152,17 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--protocols", nargs="+", default=["http", "grpc"],
                         choices=["http", "grpc"])
     args = parser.parse_args(argv)
-    results: dict[str, Any] = {
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "clients": args.clients,
-        "requests_each": args.requests,
-    }
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    results = {"started": started, "clients": args.clients, "requests_each": args.requests}
     for name in args.configs:
         results[name] = run_config(name, args)
     results["verdicts"] = verdicts(results)
-    path = save_results(results, "seed")
     print("\n".join(results["verdicts"]))
-    print(f"results: {path}")
+    print(f"results: {save_results(results, 'seed')}")
     return 0 if all(line.startswith("ok") for line in results["verdicts"]) else 1
 
 

@@ -1,25 +1,10 @@
 """Memory soak: steady mixed load for ``--minutes`` (10), resident memory sampled throughout.
 
-Serves ``models.toml`` as ``make serve`` does (stub watch included), with ``fetch_image``
-allowed to reach 127.0.0.1, where :class:`client.load.workload.ImageServer` serves the
-generated photos. Five closed loops run side by side over gRPC, ``--clients`` (2) each,
-``--pause-ms`` (50) between a client's requests: all-MiniLM-L6-v2 (1 to 16 sentences),
-CLIP text, CLIP image by bytes and by URL (1 or 2 photos), rerank (1 query x 32 texts).
-Before the clock starts, each load's clients send its largest requests ``--warm-rounds``
-times at once (:func:`warm_shapes`), so every step has met the largest shape the load can
-give it: growth after that is what the soak looks for, not a buffer reaching its size.
-
-Every ``--interval`` (5 s) seconds it reads VmRSS (``/proc/<pid>/status``), PSS and
-USS (private pages, ``/proc/<pid>/smaps_rollup``) of ``tritonserver`` and of each of its
-Python-backend stubs (``triton_python_backend_stub`` whose argv[5] is the server's PID;
-argv[8] names the instance). PSS shares a library's pages among every process mapping
-it, so it rises when other processes (another server) exit; USS does not. Growth
-compares the mean of the first window after a warm-up window with the mean of the last
-window (a minute each, a fifth of the run when shorter); the goal is total RSS growth
-under 5 %. Writes ``bench/results/soak-cpu-<time>.json`` and
-``docs/bench-soak.png`` (``.build/bench-results`` with ``--quick``, 1 minute).
-
     .venv/bin/python -m bench.faults.soak [--quick] [--minutes 10] [--clients 2]
+
+Five closed gRPC loops against ``models.toml`` served as ``make serve`` does; RSS, PSS and USS
+of Triton and each stub sampled (PSS rises when another process sharing pages exits; USS does
+not). Goal: total RSS growth, first window after warm-up vs last, under 5 %.
 """
 
 from __future__ import annotations
@@ -42,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import logger, write_results
-from bench.faults.overload_figures import percentiles
+from bench.faults.overload_loop import percentiles
 from bench.machine import CpuMonitor, machine_info, memory, server_processes
 from bench.manifest import ROOT, served
 from bench.rerank.run import TritonRerankSender, rerank_requests
@@ -53,8 +38,6 @@ from generator.manifest import Manifest, parse_manifest
 GOAL_GROWTH = 0.05
 KINDS = ("rss", "pss", "uss")
 TEXT, CLIP, RERANK = "all-MiniLM-L6-v2", "clip-tiny", "rerank-tiny"
-
-
 log = logger("soak")
 
 
@@ -80,13 +63,13 @@ class Load:
     latencies_ms: list[float] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def drive(self, client: int, stop: threading.Event, pause_s: float) -> None:
-        """Send back to back (``pause_s`` apart) until ``stop``; request k is ``client + k``."""
+    def drive(self, client: int, stop: threading.Event, pause_s: float, count: int = 0) -> None:
+        """Send ``pause_s`` apart until ``stop`` or ``count`` sent; request k is ``client + k``."""
         sender = self.factory()
         prepared = [sender.prepare(r) for r in self.requests]
         k = client
         try:
-            while not stop.is_set():
+            while not stop.is_set() and (not count or k < client + count):
                 start = time.perf_counter()
                 try:
                     rows, error = sender.send(prepared[k % len(prepared)]), ""
@@ -112,11 +95,9 @@ class Load:
     def summary(self, seconds: float) -> dict[str, Any]:
         """Requests, items, errors and latency over the run."""
         return {
-            "requests": self.requests_done,
-            "items": self.items,
+            "requests": self.requests_done, "items": self.items,
             "req_per_s": round(self.requests_done / seconds, 2),
-            "errors": sum(self.errors.values()),
-            "error_samples": dict(self.errors.most_common(5)),
+            "errors": sum(self.errors.values()), "error_samples": dict(self.errors.most_common(5)),
             "latency_ms": percentiles(self.latencies_ms),
         }
 
@@ -150,41 +131,20 @@ def make_loads(url: str, urls: list[str], photos: dict[str, bytes]) -> list[Load
 
 
 def warm_shapes(loads: list[Load], clients: int, rounds: int) -> dict[str, Any]:
-    """Each load's largest requests, ``clients`` at a time, ``rounds`` times each: before t0.
+    """Each load's largest requests from ``clients`` at once, ``rounds`` times, before t0.
 
-    ONNX Runtime's arena (and the other step's buffers) grow to the largest batch x length
-    a step has seen and keep it; under the mixed load two clients' largest requests meet in
-    one batch only now and then, so without this the encoders rose in steps until 230 s
-    and the growth figure measured when that coincidence came, not a leak. Sending the
-    largest requests from as many clients as the run has, at once, reaches those shapes
-    first. Returns the requests sent and errors per load.
+    Arenas grow to the largest shape a step has seen; without this, growth measured when two
+    clients' largest requests first met in a batch, not a leak. Requests and errors per load.
     """
-    done: dict[str, Any] = {}
-
-    def drive(load: Load, requests: list[list[bytes]], errors: Counter[str]) -> None:
-        sender = load.factory()
-        try:
-            for request in requests * rounds:
-                try:
-                    sender.send(sender.prepare(request))
-                except Exception as exc:  # noqa: BLE001 - counted per message
-                    errors[f"{type(exc).__name__}: {exc}"[:160]] += 1
-        finally:
-            sender.close()
-
-    threads = []
-    for load in loads:
-        errors: Counter[str] = Counter()
-        largest = load.largest(2)
-        done[load.name] = {"requests": clients * rounds * len(largest), "errors": errors}
-        threads += [threading.Thread(target=drive, args=(load, largest, errors), daemon=True)
-                    for _ in range(clients)]
+    warm = [Load(load.name, load.factory, load.largest(2)) for load in loads]
+    never = threading.Event()
+    threads = [threading.Thread(target=w.drive, args=(0, never, 0.0, rounds * len(w.requests)))
+               for w in warm for _ in range(clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return {name: {"requests": d["requests"], "errors": sum(d["errors"].values())}
-            for name, d in done.items()}
+    return {w.name: {"requests": w.requests_done, "errors": sum(w.errors.values())} for w in warm}
 
 
 def sample(pid: int, t0: float, loads: list[Load]) -> dict[str, Any]:
@@ -195,11 +155,7 @@ def sample(pid: int, t0: float, loads: list[Load]) -> dict[str, Any]:
 
 
 def growth(samples: list[dict], seconds: float) -> dict[str, Any]:
-    """Mean memory of the first window after the warm-up vs the last window, per process.
-
-    Also: the total's growth from the middle of the run to its end, the total RSS trend
-    over the second half, and when each process last rose by more than 1 MiB.
-    """
+    """Per process and total: first window after warm-up vs last; second-half trend, last rise."""
     window = min(60.0, seconds / 5)
     first = [s for s in samples if window <= s["t"] < 2 * window]
     last = [s for s in samples if s["t"] >= seconds - window]
@@ -213,15 +169,11 @@ def growth(samples: list[dict], seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"window_s": window, "first": [window, 2 * window],
                            "last": [seconds - window, seconds], "processes": {}}
     for name in [None, *names]:
-        row = {}
+        row = out.setdefault("total", {}) if name is None else out["processes"].setdefault(name, {})
         for key in KINDS:
             a, b = mean(first, name, key), mean(last, name, key)
             row[key] = {"first_mib": round(a / 1024, 1), "last_mib": round(b / 1024, 1),
                         "growth": round((b - a) / a, 4) if a else None}
-        if name is None:
-            out["total"] = row
-        else:
-            out["processes"][name] = row
     middle = [s for s in samples if seconds / 2 <= s["t"] < seconds / 2 + window]
     out["second_half"] = {"first": [seconds / 2, seconds / 2 + window], **{
         key: round((mean(last, None, key) - mean(middle, None, key)) / mean(middle, None, key), 4)
@@ -269,11 +221,9 @@ def plot(samples: list[dict], result: dict, path: Path) -> str:
         for lo, hi in (g["first"], g["last"]):
             axis.axvspan(lo / 60, hi / 60, color="grey", alpha=0.12)
         axis.grid(alpha=0.3)
-    top.set_title("Memory soak: tritonserver and its Python-backend stubs "
-                  "(growth: last window vs first after warm-up, both shaded)")
-    top.set_ylabel("MiB, all processes")
-    bottom.set_ylabel("RSS MiB per process")
-    bottom.set_xlabel("minutes")
+    top.set(ylabel="MiB, all processes", title="Memory soak: tritonserver and its Python-backend "
+            "stubs (growth: last window vs first after warm-up, both shaded)")
+    bottom.set(ylabel="RSS MiB per process", xlabel="minutes")
     top.legend(loc="lower right")
     bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
@@ -291,9 +241,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=2, help="clients per load")
     parser.add_argument("--pause-ms", type=float, default=50.0, help="pause between requests")
     parser.add_argument("--interval", type=float, help="seconds between samples (5, quick 2)")
-    parser.add_argument("--warm-rounds", type=int, default=20,
-                        help="times each client sends its load's largest requests before "
-                             "the run (0: none, as the 11-25 runs)")
+    parser.add_argument("--warm-rounds", type=int, default=20, help="times each client sends "
+                        "its load's largest requests before the run (0: none, as the 11-25 runs)")
     parser.add_argument("--report", metavar="RESULTS_JSON",
                         help="only redo the figures and plot of a saved full run")
     args = parser.parse_args(argv)
@@ -341,7 +290,6 @@ def run(args: argparse.Namespace, results: dict) -> None:
     results["cpu"] = {"busy_share": round(window.total_busy_s / (window.seconds * cores), 3),
                       "foreign_share": round(window.foreign_share, 3)}
     results["loads"] = {load.name: load.summary(seconds) for load in loads}
-    results["growth"] = growth(samples, samples[-1]["t"])
 
 
 def report(results: dict) -> str:
@@ -376,7 +324,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.report:
         path = Path(args.report)
         results = json.loads(path.read_text())
-        results["growth"] = growth(results["samples"], results["samples"][-1]["t"])
     else:
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         results = {
@@ -388,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = write_results(results, f"soak-cpu-{'quick-' if args.quick else ''}"
                              f"{started.replace(':', '')}", args.quick)
         png = path.with_suffix(".png") if args.quick else png
+    results["growth"] = growth(results["samples"], results["samples"][-1]["t"])
     results["meta"]["plot"] = plot(results["samples"], results, png)
     path.write_text(json.dumps(results, indent=1) + "\n")
     print(report(results))

@@ -1,23 +1,12 @@
-"""GPU image decode in ``bench.gpu``: parity with the exact CPU path, rate, safety, memory.
+"""GPU image decode in ``bench.gpu`` (``--set clip.image_decode=gpu``): parity, rate, safety.
 
-Runs on the GPU host inside ``python -m bench.gpu --set clip.image_decode=gpu``:
-
-- parity: real photographs (those ``scikit-image`` ships in its wheel, encoded as baseline
-  4:2:0, 4:4:4, progressive, grayscale and EXIF-rotated JPEGs) plus PNG/WebP/GIF/TIFF
-  copies, each preprocessed by the exact CPU path and by the GPU path (nvImageCodec with
-  and without fancy upsampling), then embedded by the served image tower's ONNX graph on
-  CUDA: pixel differences in 8-bit levels and embedding cosines, with the draft-decode
-  CPU path beside them for scale. The served ensemble is checked against the same
-  in-process embeddings;
-- the in-process rate of the GPU path (one process, batches of 64) on the load's photos;
-- safety on the served GPU path: corrupt and truncated JPEGs fail their own request while
-  good images sent at the same time succeed;
-- the GPU memory each Python-backend stub holds (every process that touches CUDA has a
-  context of its own).
+Photos in many encodings through the exact CPU path and the GPU path, embedded by the served
+image tower on CUDA; the GPU path's rate; corrupt JPEGs failing alone; stub GPU memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import time
@@ -27,6 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import tritonclient.grpc as grpcclient
+from PIL import Image
+
+from bench.ceiling import config_parameters, make_session
+from bench.gpu.rates import step_onnx
+from client.load.perf_data import image_entries, url_entries
+from embed_runtime.image.gpu import GpuPreprocessor, gpu_eligible, nvimgcodec_decoder
+from embed_runtime.image.preprocess import PreprocessParams, open_image, preprocess_opened
 
 SKIMAGE_PHOTOS = (
     "astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry",
@@ -39,7 +36,6 @@ DECODER_OPTIONS = {"default": "", "fancy_upsampling": ":fancy_upsampling=1"}
 
 def parity_photos() -> dict[str, bytes]:
     """Encoded photographs for the parity table (name -> file bytes)."""
-    from PIL import Image
     from skimage import data
 
     photos: dict[str, bytes] = {}
@@ -79,9 +75,22 @@ def _levels(pixels: np.ndarray, params) -> np.ndarray:
     return (pixels.astype(np.float64) * std + mean) * 255.0
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a, b = a.astype(np.float64), b.astype(np.float64)
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The cosine of each row of ``a`` with the same row of ``b``, in float64."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def embed_one(client, model: str, name: str, data: bytes) -> np.ndarray:
+    """``EMBEDDING`` of ``model`` for one ``[1, 1]`` BYTES input ``name`` (a gRPC client)."""
+    item = grpcclient.InferInput(name, [1, 1], "BYTES")
+    item.set_data_from_numpy(np.array([[data]], dtype=object))
+    return client.infer(model, [item]).as_numpy("EMBEDDING")
+
+
+def _preprocessed(datas: list[bytes], params) -> np.ndarray:
+    """The exact CPU path's pixels of each image, stacked."""
+    return np.stack([preprocess_opened(open_image(d, params), params) for d in datas])
 
 
 def _embed(session, pixels: np.ndarray) -> np.ndarray:
@@ -92,26 +101,13 @@ def _embed(session, pixels: np.ndarray) -> np.ndarray:
 
 def image_parity(onnx_path: Path, params, photos: dict[str, bytes]) -> dict:
     """Exact CPU path vs GPU path (each decoder option) vs draft decode, per photo."""
-    import dataclasses
-
     import torch
 
-    from bench.ceiling import make_session
-    from embed_runtime.image.gpu import (
-        GpuPreprocessor,
-        gpu_eligible,
-        nvimgcodec_decoder,
-    )
-    from embed_runtime.image.preprocess import open_image, preprocess_opened
-
     session = make_session(onnx_path, "gpu")
-    names = list(photos)
+    names, datas = list(photos), list(photos.values())
     exact_params = dataclasses.replace(params, image_decode="cpu")
-    exact = np.stack([preprocess_opened(open_image(photos[n], exact_params), exact_params)
-                      for n in names])
-    draft_params = dataclasses.replace(exact_params, draft_decode=True)
-    draft = np.stack([preprocess_opened(open_image(photos[n], draft_params), draft_params)
-                      for n in names])
+    exact = _preprocessed(datas, exact_params)
+    draft = _preprocessed(datas, dataclasses.replace(exact_params, draft_decode=True))
     reference = _embed(session, exact)
     paths = {"draft_cpu": draft}
     device = torch.device("cuda", 0)
@@ -120,8 +116,7 @@ def image_parity(onnx_path: Path, params, photos: dict[str, bytes]) -> dict:
         try:
             decode = nvimgcodec_decoder(0, params.apply_exif, options)
             gpu = GpuPreprocessor(params, torch, device, decode)
-            opened = [open_image(photos[n], params) for n in names]
-            out = gpu.run(opened, [photos[n] for n in names])
+            out = gpu.run([open_image(d, params) for d in datas], datas)
             failed = [n for n, r in zip(names, out, strict=True) if isinstance(r, Exception)]
             if failed:
                 raise RuntimeError(f"GPU path failed on {failed}: {out}")
@@ -130,7 +125,7 @@ def image_parity(onnx_path: Path, params, photos: dict[str, bytes]) -> dict:
             errors[label] = f"{type(exc).__name__}: {exc}"[:500]
     rows = []
     embeddings = {label: _embed(session, pixels) for label, pixels in paths.items()}
-    cosines = {label: _cosine(reference, emb) for label, emb in embeddings.items()}
+    cosines = {label: cosine_rows(reference, emb) for label, emb in embeddings.items()}
     for i, name in enumerate(names):
         row = {"photo": name, "size": list(open_image(photos[name], params).size),
                "gpu_decoded": gpu_eligible(open_image(photos[name], params), photos[name])}
@@ -148,19 +143,10 @@ def image_parity(onnx_path: Path, params, photos: dict[str, bytes]) -> dict:
 def served_image_parity(grpc_url: str, model: str, photos: dict[str, bytes],
                         onnx_path: Path, params) -> dict:
     """The served ``<model>`` (GPU decode) against the exact CPU path embedded in-process."""
-    import tritonclient.grpc as grpcclient
-
-    from bench.ceiling import make_session
-    from embed_runtime.image.preprocess import open_image, preprocess_opened
-
     client = grpcclient.InferenceServerClient(grpc_url)
-    served = []
-    for data in photos.values():
-        item = grpcclient.InferInput("IMAGE", [1, 1], "BYTES")
-        item.set_data_from_numpy(np.array([[data]], dtype=object))
-        served.append(client.infer(model, [item]).as_numpy("EMBEDDING")[0])
-    exact = np.stack([preprocess_opened(open_image(d, params), params) for d in photos.values()])
-    cosine = _cosine(np.asarray(served), _embed(make_session(onnx_path, "gpu"), exact))
+    served = [embed_one(client, model, "IMAGE", data)[0] for data in photos.values()]
+    exact = _preprocessed(list(photos.values()), params)
+    cosine = cosine_rows(np.asarray(served), _embed(make_session(onnx_path, "gpu"), exact))
     return {"photos": len(photos), "min_cosine": float(cosine.min()),
             "mean_cosine": float(cosine.mean())}
 
@@ -170,14 +156,10 @@ def gpu_preprocess_rate(params, photos: dict[str, bytes], seconds: float = 5.0,
     """Images/s of the GPU path in one process, batches of ``batch`` of ``photos``."""
     import torch
 
-    from embed_runtime.image.gpu import GpuPreprocessor, nvimgcodec_decoder
-    from embed_runtime.image.preprocess import open_image
-
-    device = torch.device("cuda", 0)
     pool = ThreadPoolExecutor(2)
     decode = (nvimgcodec_decoder(0, params.apply_exif) if options is None
               else nvimgcodec_decoder(0, params.apply_exif, options))
-    gpu = GpuPreprocessor(params, torch, device, decode, pool.map)
+    gpu = GpuPreprocessor(params, torch, torch.device("cuda", 0), decode, pool.map)
     datas = [list(photos.values())[i % len(photos)] for i in range(batch)]
 
     def one_batch() -> None:
@@ -208,14 +190,11 @@ def corrupt_jpegs(photo: bytes) -> dict[str, bytes]:
 
 def served_safety(grpc_url: str, model: str, good: list[bytes], bad: dict[str, bytes]) -> dict:
     """Bad JPEGs sent at the same time as good ones: what each request got back."""
-    import tritonclient.grpc as grpcclient
 
     def send(data: bytes) -> str:
         client = grpcclient.InferenceServerClient(grpc_url)
-        item = grpcclient.InferInput("IMAGE", [1, 1], "BYTES")
-        item.set_data_from_numpy(np.array([[data]], dtype=object))
         try:
-            out = client.infer(model, [item]).as_numpy("EMBEDDING")
+            out = embed_one(client, model, "IMAGE", data)
             return "ok" if np.isfinite(out).all() else "non-finite"
         except Exception as exc:  # noqa: BLE001 - the error is what is recorded
             return f"error: {exc}"[:300]
@@ -266,8 +245,6 @@ def clip_gpu_decode(manifest) -> bool:
 
 def write_jpeg_only(perf_dir: Path, base_url: str) -> None:
     """``image_jpeg.json`` / ``image_url_jpeg.json``: the load's photos, JPEGs only."""
-    from client.load.perf_data import image_entries, url_entries
-
     names = sorted(p.name for p in (perf_dir / "images").glob("*.jpg"))
     datas = [(perf_dir / "images" / n).read_bytes() for n in names]
     for file, entries in (("image_jpeg.json", image_entries(datas)),
@@ -277,53 +254,39 @@ def write_jpeg_only(perf_dir: Path, base_url: str) -> None:
 
 def _clip_image(repo: Path):
     """(preprocess params, image tower ONNX path) of the served CLIP model."""
-    from bench.ceiling import config_parameters
-    from embed_runtime.image.preprocess import PreprocessParams
-
-    params = PreprocessParams.from_parameters(
-        config_parameters(repo / f"{CLIP_MODEL}_preprocess_image")
-    )
-    return params, repo / f"{CLIP_MODEL}_encode_image" / "1" / "model.onnx"
+    params = config_parameters(repo / f"{CLIP_MODEL}_preprocess_image")
+    return PreprocessParams.from_parameters(params), step_onnx(repo, f"{CLIP_MODEL}_encode_image")
 
 
 def served_image_checks(url: str, repo: Path, photos: dict[str, bytes], nvidia_smi) -> dict:
     """Served GPU decode: parity with the exact path, bad JPEGs, stub GPU memory."""
-    params, onnx_path = _clip_image(repo)
+    params, onnx = _clip_image(repo)
     model = f"{CLIP_MODEL}_image"
     jpegs = [d for n, d in photos.items() if n.endswith(".jpg")]
     models = sorted(p.name for p in repo.iterdir() if p.is_dir() and not p.name.startswith("."))
-    steps = {
+    return _run_steps({
         "stub_gpu_memory": lambda: stubs_gpu_memory(nvidia_smi, models),
-        "served_parity": lambda: served_image_parity(
-            url, model, parity_photos(), onnx_path, params
-        ),
+        "served_parity": lambda: served_image_parity(url, model, parity_photos(), onnx, params),
         "safety": lambda: served_safety(url, model, jpegs[:4], corrupt_jpegs(jpegs[0])),
-    }
-    return _run_steps(steps)
+    })
 
 
 def in_process_image_gpu(repo: Path, photos: dict[str, bytes]) -> dict:
     """Parity table and rate of the GPU image path in this process (server stopped)."""
-    params, onnx_path = _clip_image(repo)
+    params, onnx = _clip_image(repo)
     jpegs = {n: d for n, d in photos.items() if n.endswith(".jpg")}
-    steps = {
-        "image_gpu_parity": lambda: image_parity(onnx_path, params, parity_photos()),
+    return _run_steps({
+        "image_gpu_parity": lambda: image_parity(onnx, params, parity_photos()),
         "image_preprocess_gpu": lambda: gpu_preprocess_rate(params, photos),
         "image_preprocess_gpu_jpeg": lambda: gpu_preprocess_rate(params, jpegs),
-        "image_preprocess_gpu_jpeg_default_upsampling": lambda: gpu_preprocess_rate(
-            params, jpegs, options=""
-        ),
-    }
-    return _run_steps(steps)
+        "image_preprocess_gpu_jpeg_default_upsampling":
+            lambda: gpu_preprocess_rate(params, jpegs, options=""),
+    })
 
 
 def probe() -> dict:
     """One photo through nvImageCodec and the GPU path, against Pillow (a smoke check)."""
     import torch
-    from PIL import Image
-
-    from embed_runtime.image.gpu import GpuPreprocessor, nvimgcodec_decoder
-    from embed_runtime.image.preprocess import PreprocessParams, open_image, preprocess_opened
 
     data = parity_photos()["astronaut_q90.jpg"]
     decode = nvimgcodec_decoder(0, True)
@@ -335,10 +298,10 @@ def probe() -> dict:
     gpu = GpuPreprocessor(params, torch, torch.device("cuda", 0), decode)
     out = gpu.run([open_image(data, params)], [data])[0].cpu().numpy()
     exact = preprocess_opened(open_image(data, params), params)
+    levels = np.abs(pixels - reference)
     return {
         "decoded": [None if d is None else list(d.shape) for d in decoded],
-        "decode_max_levels": int(np.abs(pixels - reference).max()),
-        "decode_mean_levels": float(np.abs(pixels - reference).mean()),
+        "decode_max_levels": int(levels.max()), "decode_mean_levels": float(levels.mean()),
         "pixel_values_max_abs": float(np.abs(out - exact).max()),
         "routed": [gpu.gpu_images, gpu.cpu_images],
     }

@@ -1,10 +1,4 @@
-"""In-process rates of the GPU benchmark's graphs, without Triton (``bench.gpu``).
-
-One ORT CUDA session over length-sorted token batches (text), fixed-shape batches (CLIP
-text tower, image tower on ready pixels), sentence-transformers in PyTorch fp16, and the
-served image preprocessing run on every core (images are not served faster than the
-CPU decodes them).
-"""
+"""In-process rates of the GPU benchmark's graphs, without Triton (``bench.gpu``)."""
 
 from __future__ import annotations
 
@@ -15,12 +9,29 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.ceiling import config_parameters, make_session, served_tokenizer
+from embed_runtime.image.preprocess import PreprocessParams, decode_image, preprocess_opened
 
-def text_ceiling_gpu(onnx_path: Path, tokenizer, sentences: list[str]) -> dict:
+
+def step_onnx(repo: Path, step: str) -> Path:
+    """The ONNX graph of the served model ``step`` in ``repo``."""
+    return repo / step / "1" / "model.onnx"
+
+
+def _fixed_rate(session, feed: dict[str, np.ndarray], batch: int, runs: int) -> dict:
+    """Rows/s of ``session`` over ``feed`` (``batch`` rows) ``runs`` times, after one warm run."""
+    session.run(None, feed)
+    start = time.perf_counter()
+    for _ in range(runs):
+        session.run(None, feed)
+    rate = batch * runs / (time.perf_counter() - start)
+    return {"provider": session.get_providers()[0], "batch": batch, "items_per_s": round(rate, 1)}
+
+
+def text_ceiling_gpu(repo: Path, model: str, sentences: list[str]) -> dict:
     """ORT CUDA over the tokenized sentences in length-sorted batches (best batch size)."""
-    from bench.ceiling import make_session
-
-    session = make_session(onnx_path, "gpu")
+    tokenizer = served_tokenizer(repo, model)
+    session = make_session(step_onnx(repo, f"{model}_encode"), "gpu")
     names = {i.name for i in session.get_inputs()}
     arrays = {k: v for k, v in tokenizer.encode(sentences).items() if k in names}
     lengths = arrays["attention_mask"].sum(axis=1)
@@ -57,44 +68,26 @@ def torch_text_rate(text_dir: Path, sentences: list[str]) -> dict:
     return {"items_per_s": round(len(sentences) / (time.perf_counter() - start), 1)}
 
 
-def clip_text_ceiling(onnx_path: Path, batch: int = 256, runs: int = 20) -> dict:
+def clip_text_ceiling(repo: Path, model: str, batch: int = 256, runs: int = 20) -> dict:
     """ORT CUDA over the CLIP text tower: fixed 77-token rows, ``batch`` per run."""
-    from bench.ceiling import make_session
-
-    session = make_session(onnx_path, "gpu")
+    session = make_session(step_onnx(repo, f"{model}_encode_text"), "gpu")
     feed = {}
     for graph_input in session.get_inputs():
         width = graph_input.shape[1] if isinstance(graph_input.shape[1], int) else 77
-        feed[graph_input.name] = np.random.default_rng(0).integers(
-            1, 40000, (batch, width)
-        ).astype(np.int64)
-    session.run(None, feed)
-    start = time.perf_counter()
-    for _ in range(runs):
-        session.run(None, feed)
-    rate = batch * runs / (time.perf_counter() - start)
-    return {"provider": session.get_providers()[0], "batch": batch, "items_per_s": round(rate, 1)}
+        feed[graph_input.name] = np.random.default_rng(0).integers(1, 40000, (batch, width))
+    return _fixed_rate(session, feed, batch, runs)
 
 
-def image_tower_ceiling(onnx_path: Path, batch: int = 256, runs: int = 10) -> dict:
+def image_tower_ceiling(repo: Path, model: str, batch: int = 256, runs: int = 10) -> dict:
     """ORT CUDA over the image tower on ready pixels, ``batch`` images per run."""
-    from bench.ceiling import make_session
-
-    session = make_session(onnx_path, "gpu")
+    session = make_session(step_onnx(repo, f"{model}_encode_image"), "gpu")
     graph_input = session.get_inputs()[0]
     size = [int(d) for d in graph_input.shape[1:]]
     pixels = np.random.default_rng(0).standard_normal((batch, *size)).astype(np.float32)
-    session.run(None, {graph_input.name: pixels})
-    start = time.perf_counter()
-    for _ in range(runs):
-        session.run(None, {graph_input.name: pixels})
-    rate = batch * runs / (time.perf_counter() - start)
-    return {"provider": session.get_providers()[0], "batch": batch, "items_per_s": round(rate, 1)}
+    return _fixed_rate(session, {graph_input.name: pixels}, batch, runs)
 
 
 def _preprocess_share(job) -> int:
-    from embed_runtime.image.preprocess import PreprocessParams, decode_image, preprocess_opened
-
     parameters, images, rounds = job
     params = PreprocessParams.from_parameters(parameters)
     for _ in range(rounds):
@@ -103,12 +96,8 @@ def _preprocess_share(job) -> int:
     return rounds * len(images)
 
 
-def preprocess_ceiling(
-    repo: Path, model: str, photos: dict[str, bytes], rounds: int = 8
-) -> dict:
+def preprocess_ceiling(repo: Path, model: str, photos: dict[str, bytes], rounds: int = 8) -> dict:
     """Images/s of ``<model>_preprocess_image``'s decode + preprocess, a process per core."""
-    from bench.ceiling import config_parameters
-
     parameters = config_parameters(repo / f"{model}_preprocess_image")
     cores = os.cpu_count() or 1
     images = list(photos.values())

@@ -1,10 +1,7 @@
-"""The GPU section of ``docs/benchmarks.md``, rendered from ``bench.gpu`` results files.
+"""The GPU section of ``docs/benchmarks.md`` from ``bench.gpu`` results files.
 
-The prose is ``bench/templates/gpu_section.md``; this module computes the tables and values
-it places.
-
-``bench.page`` renders it from the newest ``gpu-all`` run file; ``python -m bench.gpu
---report FILE [FILE ...]`` prints it for any run files.
+The prose is ``bench/templates/gpu_section.md``; ``bench.page`` renders it from the newest
+``gpu-all`` run file, ``python -m bench.gpu --report FILE...`` from any.
 """
 
 from __future__ import annotations
@@ -23,6 +20,7 @@ TARGETS = {  # issue 15: published figures the GPU run is held against (QPS, bat
     "clip-vit-b-32_image_url": 1_500,
 }
 IMAGE_GPU_MIN_COSINE = 0.9999  # gate on the GPU image path's parity table (issue 28)
+JPEG_ONLY = ("image_jpeg.json", "image_url_jpeg.json")
 
 
 def _ceiling(model: str, ceilings: dict[str, Any]) -> tuple[float, str]:
@@ -46,11 +44,7 @@ def _ceiling(model: str, ceilings: dict[str, Any]) -> tuple[float, str]:
 
 def _variant(result: dict[str, Any]) -> str:
     """The ``--set`` overrides of a results file, e.g. ``clip.image_draft_decode=true``."""
-    settings = result["meta"]["args"].get("set", "[]")
-    return settings.strip("[]").replace("'", "")
-
-
-JPEG_ONLY = ("image_jpeg.json", "image_url_jpeg.json")
+    return result["meta"]["args"].get("set", "[]").strip("[]").replace("'", "")
 
 
 def _load(run: dict[str, Any]) -> str:
@@ -61,36 +55,28 @@ def _load(run: dict[str, Any]) -> str:
 def render_gpu_section(results: list[dict[str, Any]]) -> str:
     """Markdown for one or more results files of the same GPU host (``gpu_section.md``)."""
     first = results[0]["meta"]
-    machine = first["machine"]
-    runs = [
-        {**run, "variant": _variant(r), "ceilings": r.get("ceilings", {})}
-        for r in results
-        for run in r.get("runs", [])
-    ]
+    runs = [{**run, "variant": _variant(r), "ceilings": r.get("ceilings", {})}
+            for r in results for run in r.get("runs", [])]
     files = ", ".join(f"`bench/results/gpu-{r['meta']['args']['models']}-{r['meta']['started']}"
                       ".json`" for r in results)
     placement = next((r["placement"] for r in results if "placement" in r), None)
     parity = next((r["parity"] for r in results if "parity" in r), None)
-    checked = None
-    if placement and parity:
-        checked = {
-            "held": ", ".join(f"{m} {mib:,} MiB" for m, mib in sorted(placement["encoder_gpu_mib"]
-                                                                      .items())),
-            "sentences": parity["sentences"],
-            "min_cosine": f"{parity['min_cosine']:.6f}",
-            "gate": parity["gate_min_cosine"],
-            "max_abs": f"{parity['max_abs']:.1e}",
-        }
+    checked = {
+        "held": ", ".join(f"{m} {mib:,} MiB" for m, mib in sorted(placement["encoder_gpu_mib"]
+                                                                  .items())),
+        "sentences": parity["sentences"], "min_cosine": f"{parity['min_cosine']:.6f}",
+        "gate": parity["gate_min_cosine"], "max_abs": f"{parity['max_abs']:.1e}",
+    } if placement and parity else None
     rows = []
     variants = sorted({(r["variant"], _load(r)) for r in runs})
-    for model, (variant, load) in ((m, v) for m in TARGETS for v in variants):
+    for model, variant in ((m, v) for m in TARGETS for v in variants):
         target = TARGETS[model]
         mine = [r for r in runs if r["model"] == model and "qps" in r
-                and (r["variant"], _load(r)) == (variant, load)]
+                and (r["variant"], _load(r)) == variant]
         if not mine:
             continue
         best = max(mine, key=lambda r: r["qps"])
-        ceiling, _ = _ceiling(model, best["ceilings"])
+        ceiling = _ceiling(model, best["ceilings"])[0]
         rows.append([
             _label(best), f"{best['qps']:,.0f}", str(best["concurrency"]),
             f"{best['p50_ms']:.1f}", f"{best.get('gpu_util_mean') or 0:.0f} %",
@@ -100,31 +86,22 @@ def render_gpu_section(results: list[dict[str, Any]]) -> str:
     torch_rates = [r["ceilings"]["text_torch_fp16"]["items_per_s"] for r in runs
                    if "text_torch_fp16" in r["ceilings"]]
     return render_template(
-        "gpu_section.md",
-        begin=BEGIN,
-        end=END,
-        machine=machine,
-        gpu_memory_mib=f"{machine['gpu_memory_mib']:,}",
-        files=files,
+        "gpu_section.md", begin=BEGIN, end=END, machine=first["machine"], files=files,
+        gpu_memory_mib=f"{first['machine']['gpu_memory_mib']:,}", checked=checked,
         measurement_ms=first["args"]["measurement_ms"],
-        checked=checked,
         targets_table=table(["ensemble", "QPS", "at concurrency", "p50 ms", "GPU",
                              "in-process rate", "served / in-process", "target", ""], rows),
-        in_process="; ".join(
-            f"`{model}`: {_ceiling(model, run['ceilings'])[1]}"
-            for model, run in {r["model"]: r for r in runs}.items()
-        ),
+        in_process="; ".join(f"`{model}`: {_ceiling(model, run['ceilings'])[1]}"
+                             for model, run in {r["model"]: r for r in runs}.items()),
         measurements_table=table(
             ["ensemble", "concurrency", "QPS", "p50 ms", "p99 ms", "encoder rows / execution",
              "server compute ms", "GPU mean / max"],
             [
-                [_label(r), str(r["concurrency"]), f"{r['qps']:,.0f}",
-                 f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", _rows_per_execution(r),
-                 f"{r['server_compute_ms']:.1f}",
+                [_label(r), str(r["concurrency"]), f"{r['qps']:,.0f}", f"{r['p50_ms']:.1f}",
+                 f"{r['p99_ms']:.1f}", _rows_per_execution(r), f"{r['server_compute_ms']:.1f}",
                  f"{r.get('gpu_util_mean') or 0:.0f} / {r.get('gpu_util_max') or 0:.0f} %"]
                 if "qps" in r else
-                [_label(r), str(r["concurrency"]), "failed: " + _first_error(r),
-                 "", "", "", "", ""]
+                [_label(r), str(r["concurrency"]), "failed: " + _first_error(r), *[""] * 5]
                 for r in runs
             ],
         ),
@@ -135,10 +112,8 @@ def render_gpu_section(results: list[dict[str, Any]]) -> str:
 
 def _rows_per_execution(run: dict[str, Any]) -> str:
     """Mean requests per execution of the run's encoder step, from perf_analyzer's report."""
-    step = re.compile(
-        r"_encode(?:_text|_image)?, version: \d+\s+Inference count: (\d+)\s+"
-        r"Execution count: (\d+)"
-    )
+    step = re.compile(r"_encode(?:_text|_image)?, version: \d+\s+Inference count: (\d+)\s+"
+                      r"Execution count: (\d+)")
     match = step.search(run.get("perf_analyzer_tail", ""))
     return f"{int(match.group(1)) / int(match.group(2)):.1f}" if match else "?"
 
@@ -171,7 +146,6 @@ def image_gpu_values(results: list[dict[str, Any]]) -> dict[str, Any] | None:
     fancy = summary.get("gpu_fancy_upsampling", {})
     sp = served.get("served_parity", {})
     safety = served.get("safety", {})
-    memory = served.get("stub_gpu_memory", {})
     ceilings = result["ceilings"]
     rates = [
         (key, label) for key, label in (
@@ -187,22 +161,20 @@ def image_gpu_values(results: list[dict[str, Any]]) -> dict[str, Any] | None:
         "table": table(["photo", "size", "decoded on", "GPU cosine", "GPU max levels",
                         "GPU mean levels", "draft cosine", "draft max levels"],
                        [_photo_row(row) for row in parity["photos"]]),
-        "photos": len(parity["photos"]),
+        "photos": len(parity["photos"]), "gate": IMAGE_GPU_MIN_COSINE,
         "gpu_min": f"{summary['gpu_default']['min_cosine']:.7f}",
         "gpu_mean": f"{summary['gpu_default']['mean_cosine']:.7f}",
         "draft_min": f"{summary['draft_cpu']['min_cosine']:.7f}",
-        "gate": IMAGE_GPU_MIN_COSINE,
         "fancy_min": f"{fancy['min_cosine']:.7f}" if fancy else None,
         "served": {"photos": sp["photos"], "min_cosine": f"{sp['min_cosine']:.7f}"}
         if "min_cosine" in sp else None,
         "safety": {
-            "good_sent": safety["good_sent"],
-            "good_ok": safety["good_ok"],
+            "good_sent": safety["good_sent"], "good_ok": safety["good_ok"],
             "bad": "; ".join(f"{k}: {v[:110]}" for k, v in safety["bad"].items()),
             "still_ready": safety["server_still_ready"],
         } if "bad" in safety else None,
         "stub_memory": ", ".join(f"`{m}` {v['mib']:,} MiB in {v['processes']} processes"
-                                 for m, v in sorted(memory.items())),
+                                 for m, v in sorted(served.get("stub_gpu_memory", {}).items())),
         "rates": "; ".join(
             f"{label}: {ceilings[key]['items_per_s']:,.0f} images/s" for key, label in rates
         ),
@@ -214,6 +186,5 @@ def image_gpu_values(results: list[dict[str, Any]]) -> dict[str, Any] | None:
 def _first_error(run: dict[str, Any]) -> str:
     text = run.get("error", "")
     match = re.search(r"error: (.*)", text)
-    line = (match.group(1) if match else text.strip().splitlines()[-1:] or ["?"])
-    line = line if isinstance(line, str) else line[0]
+    line = match.group(1) if match else (text.strip().splitlines() or ["?"])[-1]
     return line.replace("|", "/")[:160]

@@ -1,17 +1,8 @@
 """The GPU benchmark: ``python -m bench.gpu`` on a CUDA host (onnxruntime-gpu installed).
 
-Builds a GPU repository (a random-init e5-small-sized BERT text model and a random-init
-full-size ViT-B-32, ``device = "gpu"``, the CUDA execution provider) with the project's
-own generator, starts the project's Triton, proves the encoders run on the GPU (each
-encoder session refuses to start unless CUDA is its first provider; the stubs must hold
-GPU memory) and their output matches sentence-transformers on the same GPU, then drives
-every ensemble with the real perf_analyzer (gRPC, batch-1 requests, a concurrency sweep)
-while sampling the GPU's utilisation. The in-process rates run the same ONNX graphs
-without Triton: one ORT CUDA session over length-sorted batches (text), batches of ready
-pixels (image tower), and the served preprocessing on every core (images cannot be served
-faster than they are decoded). The serving knobs are those of ``deploy/models.toml`` (the
-GPU deployment); ``--set`` changes one. Writes ``<out>/gpu-<models>-<time>.json``;
-``--report FILE...`` renders saved ones into ``docs/benchmarks.md`` (section "GPU").
+Random-init models with ``deploy/models.toml``'s GPU knobs: placement and parity checks, a
+perf_analyzer sweep of every ensemble while sampling the GPU, then the same graphs in-process
+(:mod:`bench.gpu.rates`). ``--report FILE...`` renders saved results files.
 """
 
 from __future__ import annotations
@@ -20,33 +11,27 @@ import argparse
 import csv
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
+import tritonclient.grpc as grpcclient
 
 from bench.common import logger
-from bench.gpu.images import (
-    clip_gpu_decode,
-    in_process_image_gpu,
-    served_image_checks,
-    stubs_gpu_memory,
-    write_jpeg_only,
-)
-from bench.gpu.rates import (
-    clip_text_ceiling,
-    image_tower_ceiling,
-    preprocess_ceiling,
-    text_ceiling_gpu,
-    torch_text_rate,
-)
-from bench.gpu.report import TARGETS
+from bench.gpu import images, rates, report
 from bench.machine import GpuSampler, gpu_facts, nvidia_smi
-from bench.manifest import BUILD, ROOT, served
+from bench.manifest import BUILD, ROOT, parse_overrides, served
+from client.load.perf_data import write_perf_data
+from client.load.workload import generated_images, text_pool
+from generator.fixtures.random_text import create_random_text_model
+from generator.manifest import parse_manifest
+from generator.triton_local import free_ports
 
 TEXT_MODEL = "e5-small-random"
 CLIP_MODEL = "clip-vit-b-32"
@@ -54,6 +39,13 @@ CLIP_MODEL = "clip-vit-b-32"
 # interpreter's site-packages (deploy/gpu/run_bench_offline.sh) reads this variable.
 STUB_PATH_ENV = "EMBED_STUB_SYSPATH"
 PARITY_MIN_COSINE = {"fp16": 0.999, "fp32": 0.99999}
+PERF_MS = {  # result key: perf_analyzer's CSV column (µs)
+    "p50_ms": "p50 latency", "p99_ms": "p99 latency", "server_queue_ms": "Server Queue",
+    "server_compute_ms": "Server Compute Infer",
+}
+GPU_MANIFEST = ROOT / "deploy" / "models.toml"
+SOURCE_KEYS = ("name", "family", "source", "arch", "pretrained", "checkpoint")
+log = logger("gpu")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -67,43 +59,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--measurement-ms", type=int, default=3000)
     parser.add_argument("--text-concurrency", default="1 16 128 512 1024")
     parser.add_argument("--image-concurrency", default="1 32 128 256")
-    parser.add_argument(
-        "--models", choices=["all", "text", "clip"], default="all",
-        help="which ensembles to drive (all are built and served either way)",
-    )
+    parser.add_argument("--models", choices=["all", "text", "clip"], default="all",
+                        help="which ensembles to drive (all are built and served either way)")
     parser.add_argument("--json-out", type=Path, help="also copy the results file here")
     parser.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE",
                         help="override a manifest knob, e.g. text.max_queue_delay_us=500")
     parser.add_argument("--skip-images", action="store_true")
-    parser.add_argument(
-        "--stub-pythonpath",
-        help="folders put first on the stubs' sys.path (through $EMBED_STUB_SYSPATH)",
-    )
-    parser.add_argument(
-        "--report", type=Path, nargs="+", help="render saved results files into docs/"
-    )
+    parser.add_argument("--stub-pythonpath",
+                        help="folders put first on the stubs' sys.path (via $EMBED_STUB_SYSPATH)")
+    parser.add_argument("--report", type=Path, nargs="+",
+                        help="render saved results files into docs/")
     parser.add_argument("--probe", action="store_true",
                         help="only decode one photo on the GPU and compare it with Pillow")
     return parser.parse_args(argv)
 
 
-log = logger("gpu")
-
-
-GPU_MANIFEST = ROOT / "deploy" / "models.toml"
-SOURCE_KEYS = ("name", "family", "source", "arch", "pretrained", "checkpoint")
-
-
 def manifest_data(text_dir: Path, precision: str, overrides: list[str]) -> dict:
-    """The GPU bench manifest: the GPU deployment's knobs on the random-init models.
-
-    Serving knobs come from ``deploy/models.toml``; then ``precision`` and ``overrides``
-    (``text.KEY=VALUE`` / ``clip.KEY=VALUE``).
-    """
-    import tomllib
-
-    from bench.manifest import parse_overrides
-
+    """``deploy/models.toml``'s knobs on the random-init models, then ``overrides``."""
     shipped = tomllib.loads(GPU_MANIFEST.read_text())
     families = {e["family"]: e for e in shipped["models"]}
 
@@ -117,8 +89,7 @@ def manifest_data(text_dir: Path, precision: str, overrides: list[str]) -> dict:
         entry.update(device="gpu", precision=precision)
     for pair in overrides:
         target, _, setting = pair.partition(".")
-        entry = {"text": text, "clip": clip}[target]
-        entry.update(parse_overrides([setting]))
+        {"text": text, "clip": clip}[target].update(parse_overrides([setting]))
     fetch = dict(shipped.get("fetch_image", {}))
     fetch["allow_hosts"] = ["127.0.0.1"]
     return {"models": [text, clip], "fetch_image": fetch}
@@ -126,8 +97,6 @@ def manifest_data(text_dir: Path, precision: str, overrides: list[str]) -> dict:
 
 def serve_folder(folder: Path, port: int) -> subprocess.Popen:
     """``python -m http.server`` for the URL loads, in a process of its own (no GIL shared)."""
-    import socket
-
     # http.server's own CLI keeps a listen backlog of 5: under hundreds of concurrent
     # fetches the kernel drops connections and the fetches time out on connect.
     code = (
@@ -136,10 +105,8 @@ def serve_folder(folder: Path, port: int) -> subprocess.Popen:
         "handler = functools.partial(h.SimpleHTTPRequestHandler, directory=sys.argv[2])\n"
         "h.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[1])), handler).serve_forever()\n"
     )
-    server = subprocess.Popen(
-        [sys.executable, "-c", code, str(port), str(folder)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    server = subprocess.Popen([sys.executable, "-c", code, str(port), str(folder)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -151,36 +118,20 @@ def serve_folder(folder: Path, port: int) -> subprocess.Popen:
     raise RuntimeError(f"the image server on port {port} did not start")
 
 
-def encoder_stubs_on_gpu(models: Sequence[str]) -> dict[str, int]:
-    """MiB of GPU memory held by the Python-backend stub of each encoder model."""
-    return {m: held["mib"] for m, held in stubs_gpu_memory(nvidia_smi, list(models)).items()}
-
-
 def text_parity(grpc_url: str, text_dir: Path, sentences: list[str], precision: str) -> dict:
     """Served embeddings against ``SentenceTransformer.encode`` on the same GPU (fp32)."""
-    import tritonclient.grpc as grpcclient
     from sentence_transformers import SentenceTransformer
 
     client = grpcclient.InferenceServerClient(grpc_url)
-    served = []
-    for sentence in sentences:
-        item = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
-        item.set_data_from_numpy(np.array([[sentence.encode()]], dtype=object))
-        result = client.infer(TEXT_MODEL, [item])
-        served.append(result.as_numpy("EMBEDDING")[0])
-    reference = SentenceTransformer(str(text_dir), device="cuda").encode(
-        sentences, normalize_embeddings=True, convert_to_numpy=True, batch_size=64
-    )
+    served = [images.embed_one(client, TEXT_MODEL, "TEXT", s.encode())[0] for s in sentences]
+    model = SentenceTransformer(str(text_dir), device="cuda")
+    reference = model.encode(sentences, normalize_embeddings=True, batch_size=64)
     served = np.asarray(served, dtype=np.float64)
-    cosine = np.sum(served * reference, axis=1) / (
-        np.linalg.norm(served, axis=1) * np.linalg.norm(reference, axis=1)
-    )
+    cosine = images.cosine_rows(served, reference)
     gate = PARITY_MIN_COSINE[precision]
     return {
-        "sentences": len(sentences),
-        "min_cosine": float(cosine.min()),
-        "max_abs": float(np.abs(served - reference).max()),
-        "gate_min_cosine": gate,
+        "sentences": len(sentences), "min_cosine": float(cosine.min()),
+        "max_abs": float(np.abs(served - reference).max()), "gate_min_cosine": gate,
         "passed": bool(cosine.min() >= gate),
     }
 
@@ -204,12 +155,8 @@ def perf_run(args, url: str, key: str, model: str, data: Path, concurrency: int,
     with csv_path.open() as handle:
         row = next(csv.DictReader(handle))
     return {
-        "perf_analyzer_tail": done.stdout[-1500:],
-        "qps": float(row["Inferences/Second"]),
-        "p50_ms": float(row["p50 latency"]) / 1000.0,
-        "p99_ms": float(row["p99 latency"]) / 1000.0,
-        "server_queue_ms": float(row["Server Queue"]) / 1000.0,
-        "server_compute_ms": float(row["Server Compute Infer"]) / 1000.0,
+        "perf_analyzer_tail": done.stdout[-1500:], "qps": float(row["Inferences/Second"]),
+        **{key: float(row[column]) / 1000.0 for key, column in PERF_MS.items()},  # µs -> ms
     }
 
 
@@ -243,37 +190,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report:
         from bench import page
-        from bench.gpu.report import render_gpu_section
 
-        print(render_gpu_section([json.loads(path.read_text()) for path in args.report]))
+        print(report.render_gpu_section([json.loads(path.read_text()) for path in args.report]))
         page.main([])  # the page's GPU section: the newest gpu-all run file in bench/results
         return 0
     if args.probe:
-        from bench.gpu.images import probe
-
-        print(json.dumps(probe()))
+        print(json.dumps(images.probe()))
         return 0
-    from bench.ceiling import served_tokenizer
-    from client.load.perf_data import write_perf_data
-    from client.load.workload import generated_images, text_pool
-    from generator.fixtures.random_text import create_random_text_model
-    from generator.manifest import parse_manifest
-    from generator.triton_local import free_ports
-
     started = time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime())
+    with_text = args.models in ("all", "text")
+    with_clip = args.models in ("all", "clip") and not args.skip_images
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {k: str(v) for k, v in vars(args).items()}
-    results: dict = {"meta": {"started": started, "args": settings}}
-    results["meta"]["machine"] = gpu_facts()
-    log(f"machine: {results['meta']['machine']}")
-    if "CUDAExecutionProvider" not in results["meta"]["machine"]["ort_providers"]:
+    meta = {"started": started, "args": settings, "machine": gpu_facts()}
+    results: dict = {"meta": meta}
+    log(f"machine: {meta['machine']}")
+    if "CUDAExecutionProvider" not in meta["machine"]["ort_providers"]:
         raise SystemExit("this onnxruntime has no CUDAExecutionProvider: install onnxruntime-gpu")
     text_dir = BUILD / "gpu" / f"{args.text_shape}-random"
     create_random_text_model(text_dir, args.text_shape, args.tokenizer)
     data = manifest_data(text_dir, args.precision, args.set)
     if args.skip_images:
         data["models"] = data["models"][:1]
-    results["meta"]["manifest"] = data
+    meta["manifest"] = data
     manifest = parse_manifest(data, ROOT, "gpu bench manifest")
     perf_dir = args.out / "perf-data"
     photos = generated_images()
@@ -283,18 +222,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         sampler = GpuSampler()
         stack.callback(sampler.stop)
         image_port = free_ports(1)[0]
-        write_perf_data(perf_dir, "clip", image_base_url=f"http://127.0.0.1:{image_port}")
+        image_url = f"http://127.0.0.1:{image_port}"
+        write_perf_data(perf_dir, "clip", image_base_url=image_url)
         stack.callback(serve_folder(perf_dir / "images", image_port).kill)
-        write_jpeg_only(perf_dir, f"http://127.0.0.1:{image_port}")
+        images.write_jpeg_only(perf_dir, image_url)
         if args.stub_pythonpath:  # the server inherits it; this process has imported numpy
             os.environ[STUB_PATH_ENV] = args.stub_pythonpath
         t0 = time.monotonic()
         server = stack.enter_context(served(manifest, "gpu", log=log, timeout_s=600))
         repo, key = server.repo, server.key
-        results["meta"]["build_s"] = round(time.monotonic() - t0 - server.ready_s, 1)
-        results["meta"]["start_to_ready_s"] = round(server.ready_s, 1)
+        meta["build_s"] = round(time.monotonic() - t0 - server.ready_s, 1)
+        meta["start_to_ready_s"] = round(server.ready_s, 1)
         encoders = sorted(p.name for p in repo.iterdir() if p.is_dir() and "_encode" in p.name)
-        held = encoder_stubs_on_gpu(encoders)
+        held = {m: h["mib"] for m, h in images.stubs_gpu_memory(nvidia_smi, encoders).items()}
         results["placement"] = {"encoder_gpu_mib": held, "encoders": encoders}
         log(f"encoder stubs holding GPU memory (MiB): {held}")
         if sorted(held) != sorted(encoders):
@@ -304,51 +244,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"parity vs sentence-transformers (CUDA): {results['parity']}")
         if not results["parity"]["passed"]:
             failures.append("text parity below its gate")
-        gpu_decode = clip_gpu_decode(manifest)
-        if gpu_decode:
-            results["image_gpu"] = served_image_checks(url, repo, photos, nvidia_smi)
+        if images.clip_gpu_decode(manifest):
+            results["image_gpu"] = images.served_image_checks(url, repo, photos, nvidia_smi)
             log(f"GPU image decode, served: {results['image_gpu']}")
         text_levels = [int(c) for c in args.text_concurrency.split()]
         image_levels = [int(c) for c in args.image_concurrency.split()]
-        plan = []
-        if args.models in ("all", "text"):
-            plan.append((TEXT_MODEL, "text.json", text_levels))
-        if args.models in ("all", "clip") and not args.skip_images:
+        plan = [(TEXT_MODEL, "text.json", text_levels)] if with_text else []
+        if with_clip:
             plan += [
                 (f"{CLIP_MODEL}_text", "text.json", text_levels),
                 (f"{CLIP_MODEL}_image", "image.json", image_levels),
                 (f"{CLIP_MODEL}_image_url", "image_url.json", image_levels),
+                # The same loads with the JPEGs alone (with image_decode "gpu", all on the GPU).
+                (f"{CLIP_MODEL}_image", "image_jpeg.json", image_levels),
+                (f"{CLIP_MODEL}_image_url", "image_url_jpeg.json", image_levels),
             ]
-            # The same loads with the JPEGs alone (with image_decode "gpu", all on the GPU).
-            plan += [
-                    (f"{CLIP_MODEL}_image", "image_jpeg.json", image_levels),
-                    (f"{CLIP_MODEL}_image_url", "image_url_jpeg.json", image_levels),
-                ]
         results["runs"] = runs = []
         for model, data_file, levels in plan:
             runs += sweep(args, url, key, model, perf_dir / data_file, levels, sampler)
             save(results, args, started)
         results["server_log_tail"] = server.process.log_tail(40)
     ceilings = results["ceilings"] = {}
-    if args.models in ("all", "text"):
-        onnx_path = repo / f"{TEXT_MODEL}_encode" / "1" / "model.onnx"
-        tokenizer = served_tokenizer(repo, TEXT_MODEL)
-        ceilings["text_ort"] = text_ceiling_gpu(onnx_path, tokenizer, sentences)
-        ceilings["text_torch_fp16"] = torch_text_rate(text_dir, sentences)
-    if args.models in ("all", "clip") and not args.skip_images:
-        ceilings["clip_text_ort"] = clip_text_ceiling(
-            repo / f"{CLIP_MODEL}_encode_text" / "1" / "model.onnx"
-        )
-        ceilings["image_tower_ort"] = image_tower_ceiling(
-            repo / f"{CLIP_MODEL}_encode_image" / "1" / "model.onnx"
-        )
-        ceilings["image_preprocess_cpu"] = preprocess_ceiling(repo, CLIP_MODEL, photos)
-        if clip_gpu_decode(manifest):
-            ceilings.update(in_process_image_gpu(repo, photos))
+    if with_text:
+        ceilings["text_ort"] = rates.text_ceiling_gpu(repo, TEXT_MODEL, sentences)
+        ceilings["text_torch_fp16"] = rates.torch_text_rate(text_dir, sentences)
+    if with_clip:
+        ceilings["clip_text_ort"] = rates.clip_text_ceiling(repo, CLIP_MODEL)
+        ceilings["image_tower_ort"] = rates.image_tower_ceiling(repo, CLIP_MODEL)
+        ceilings["image_preprocess_cpu"] = rates.preprocess_ceiling(repo, CLIP_MODEL, photos)
+        if images.clip_gpu_decode(manifest):
+            ceilings.update(images.in_process_image_gpu(repo, photos))
     log(f"ceilings: {ceilings}")
     results["failures"] = failures
     log(f"results: {save(results, args, started)}")
-    for model, target in TARGETS.items():
+    for model, target in report.TARGETS.items():
         best = max((r.get("qps", 0.0) for r in runs if r["model"] == model), default=0.0)
         print(f"{model:30s} best {best:9.1f} QPS  target {target:6d}  "
               f"{'met' if best >= target else 'NOT met'}")

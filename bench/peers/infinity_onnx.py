@@ -1,11 +1,7 @@
-"""The model folder for infinity's ONNX (optimum) engine.
+"""The model folder for infinity's ONNX (optimum) engine: the local one plus a ``model.onnx``.
 
-``infinity_emb --engine optimum`` runs a ``model.onnx`` that it finds in the model
-folder and that returns ``last_hidden_state`` (it pools and normalises in numpy
-itself), after its own ONNX Runtime transformer optimisation. The folder is a copy of
-the local sentence-transformers folder plus that graph, exported in the project's venv
-with the project's exporter (:func:`generator.onnx_export.export_module`); the
-``optimum-cli`` of infinity's pinned optimum cannot export with this torch.
+The graph returns ``last_hidden_state``, exported with the project's own exporter
+(infinity's pinned ``optimum-cli`` cannot export with this torch).
 """
 
 from __future__ import annotations

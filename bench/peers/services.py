@@ -1,12 +1,8 @@
 """How to start each peer and how to talk to it (a JSON POST sender per client thread).
 
-- ``fastapi``: :mod:`bench.peers.fastapi_st` under uvicorn (one worker), in the
-  project's venv.
-- ``infinity`` / ``infinity-onnx``: the ``infinity-emb`` server with its torch engine
-  and with its ONNX Runtime (optimum) engine, in its own venv under
-  ``.build/venv-infinity`` so its dependencies cannot disturb the project's pins. It is
-  installed on first use; if it cannot be installed or started offline with the local
-  model folder, the reason is recorded and the peer is skipped.
+``fastapi`` runs in the project's venv; ``infinity`` / ``infinity-onnx`` (torch and ONNX
+Runtime engines) in ``.build/venv-infinity``, installed on first use, skipped with the
+reason when it cannot be installed or started offline.
 """
 
 from __future__ import annotations
@@ -45,23 +41,10 @@ class Peer:
 
 
 def _uvicorn(app: str, port: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        app,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--no-access-log",
-        # Clients wait at a barrier until every client has warmed up; uvicorn's default
-        # 5 s keep-alive would close their idle connections meanwhile.
-        "--timeout-keep-alive",
-        "600",
-    ]
+    # Clients wait at a barrier until every client has warmed up; uvicorn's default
+    # 5 s keep-alive would close their idle connections meanwhile.
+    return [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
+            "--log-level", "warning", "--no-access-log", "--timeout-keep-alive", "600"]
 
 
 def _started(
@@ -91,33 +74,22 @@ def _fastapi_versions() -> str:
     )
 
 
-def fastapi_peer(root: Path, model_path: str, port: int, log_dir: Path, device: str) -> Peer:
-    """Start the FastAPI + sentence-transformers service."""
-    env = {
-        **OFFLINE_ENV,
-        "BENCH_MODEL_PATH": model_path,
-        "BENCH_DEVICE": "cuda" if device == "gpu" else "cpu",
-    }
-    command = _uvicorn("bench.peers.fastapi_st:app", port)
-    process = _started("fastapi", command, port, log_dir, env, root, timeout_s=180)
+def fastapi_peer(root: Path, model_path: str, port: int, log_dir: Path, device: str,
+                 kind: str = "embed") -> Peer:
+    """Start the FastAPI + sentence-transformers peer (``kind`` rerank: its factory is unused)."""
+    env = {**OFFLINE_ENV, "BENCH_PEER": kind, "BENCH_MODEL_PATH": model_path,
+           "BENCH_DEVICE": "cuda" if device == "gpu" else "cpu"}
+    name = "fastapi" if kind == "embed" else "fastapi-ce"
+    command = _uvicorn("bench.peers.fastapi_peer:app", port)
+    process = _started(name, command, port, log_dir, env, root, timeout_s=180)
     factory = _json_senders(
         port, "/embed", lambda texts: {"texts": texts}, lambda reply: len(reply["embeddings"])
-    )
-    return Peer("fastapi", process, factory, _fastapi_versions())
-
-
-def fastapi_ce_peer(root: Path, model_path: str, port: int, log_dir: Path) -> Peer:
-    """Start the FastAPI + ``CrossEncoder.predict`` service (CPU); its factory is unused."""
-    env = {**OFFLINE_ENV, "BENCH_MODEL_PATH": model_path, "BENCH_DEVICE": "cpu"}
-    command = _uvicorn("bench.peers.fastapi_ce:app", port)
-    process = _started("fastapi-ce", command, port, log_dir, env, root, timeout_s=180)
-    return Peer("fastapi-ce", process, lambda: None, _fastapi_versions())
+    ) if kind == "embed" else (lambda: None)
+    return Peer(name, process, factory, _fastapi_versions())
 
 
 def _run(cmd: list[str], log, timeout_s: float) -> None:
-    subprocess.run(
-        cmd, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=timeout_s
-    )
+    subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=timeout_s)
 
 
 def ensure_infinity(venv: Path, log_path: Path, install: bool = True) -> tuple[Path | None, str]:
@@ -138,17 +110,11 @@ def ensure_infinity(venv: Path, log_path: Path, install: bool = True) -> tuple[P
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
             return None, f"pip install {spec} failed ({exc}); see {log_path}"
     try:
+        script = "import importlib.metadata as m; print(m.version('infinity-emb'))"
         version = subprocess.run(
-            [
-                str(venv / "bin" / "python"),
-                "-c",
-                "import importlib.metadata as m; print(m.version('infinity-emb'))",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        ).stdout.strip()
+            [str(venv / "bin" / "python"), "-c", script],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout.strip()  # fmt: skip
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
         return None, f"infinity-emb in {venv} is broken: {exc}"
     return exe, version
@@ -165,41 +131,20 @@ def infinity_peer(
 ) -> Peer:
     """Start ``infinity_emb v2`` on the local model folder, offline.
 
-    ``engine="optimum"`` runs infinity's ONNX Runtime engine on ``model_path``, a folder
-    made by :func:`bench.peers.infinity_onnx.infinity_onnx_folder`; infinity finds its
-    ``model.onnx`` by a relative path, so the process starts inside that folder.
+    ``engine="optimum"``: ``model_path`` is a folder of :mod:`bench.peers.infinity_onnx`, and
+    the process starts inside it (infinity finds ``model.onnx`` by a relative path).
     """
     served = "all-MiniLM-L6-v2"
     name = "infinity" if engine == "torch" else "infinity-onnx"
-    command = [
-        str(exe),
-        "v2",
-        "--model-id",
-        model_path if engine == "torch" else ".",
-        "--served-model-name",
-        served,
-        "--engine",
-        engine,
-        "--device",
-        "cuda" if device == "gpu" else "cpu",
-        "--batch-size",
-        "32",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--no-vector-disk-cache",
-        "--log-level",
-        "warning",
-    ]
+    command = [str(exe), "v2", "--model-id", model_path if engine == "torch" else ".",
+               "--served-model-name", served, "--engine", engine,
+               "--device", "cuda" if device == "gpu" else "cpu", "--batch-size", "32",
+               "--host", "127.0.0.1", "--port", str(port), "--no-vector-disk-cache",
+               "--log-level", "warning"]  # fmt: skip
     cwd = None if engine == "torch" else Path(model_path)
     process = _started(name, command, port, log_dir, OFFLINE_ENV, cwd, timeout_s=300)
     factory = _json_senders(
-        port,
-        "/embeddings",
-        lambda texts: {"model": served, "input": texts},
-        lambda reply: len(reply["data"]),
+        port, "/embeddings", lambda t: {"model": served, "input": t}, lambda r: len(r["data"])
     )
-
     label = "torch engine" if engine == "torch" else "ONNX Runtime engine via optimum"
     return Peer(name, process, factory, f"infinity-emb {version} ({label})")

@@ -1,4 +1,1 @@
-"""The rerank load, ``python -m bench.rerank`` (part of ``make bench``).
-
-The runner and its section of ``docs/benchmarks.md``.
-"""
+"""The rerank load, ``python -m bench.rerank``: its runner and its page section."""

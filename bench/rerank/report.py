@@ -1,8 +1,6 @@
 """The rerank section of ``docs/benchmarks.md`` from a ``bench.rerank`` results dict.
 
-Figures are medians over repeats; ratios are taken inside each repeat (the systems ran
-minutes apart at most) and their median is quoted, as in the rest of the document.
-``bench.page`` renders it from the newest ``rerank-cpu-full`` run file.
+Medians over repeats; ratios are taken inside each repeat, as in the rest of the page.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """Rerank load: 4 clients x 1 query x 32 texts, Triton vs its ceiling and a FastAPI peer.
 
-The model is a MiniLM-L6-sized cross-encoder built offline: the bundled
-all-MiniLM-L6-v2 encoder with a random one-label head, the same shape and cost as
-``cross-encoder/ms-marco-MiniLM-L6-v2`` (scores are meaningless; speed is not). Every
-request is one query against 32 passages of 7 to 300+ tokens, the same fixed requests
-for every system:
-
-- ``triton-grpc``: the ``cross-encoder`` family served by ``tritonserver``, clients
-  calling ``EmbeddingClient.rerank`` over gRPC;
-- ``ceiling``: the load's own timed pairs run in-process by the exported ``model.onnx``
-  with the served pair tokenizer (:mod:`bench.load_ceiling`, 128 pairs in flight);
-- ``fastapi-ce``: FastAPI + ``CrossEncoder.predict`` (``bench/peers/fastapi_ce.py``).
-
-They run in rotation, ``--repeats`` times (3). ``make bench`` runs this after
-``bench.run``; it writes ``bench/results/rerank-<device>-<time>.json``, then
-``docs/benchmarks.md`` again (``bench.page``; not with ``--no-docs``).
+A MiniLM-L6-sized cross-encoder (the bundled encoder, a random head) served by Triton,
+run in-process (:mod:`bench.load_ceiling`) and behind FastAPI + ``CrossEncoder``, in rotation.
 
     .venv/bin/python -m bench.rerank [--quick] [--repeats 5] [--no-docs]
 """
@@ -23,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import secrets
 import tempfile
 import time
 from collections.abc import Sequence
@@ -33,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import page
-from bench.ceiling import make_session
+from bench.ceiling import make_session, per_core_sessions
 from bench.common import logger, write_results
 from bench.load_ceiling import load_ceiling
 from bench.machine import CpuMonitor, machine_info
@@ -50,7 +35,6 @@ QUERIES = (
     "why do cats sleep so much during the day",
 )
 TEXTS_PER_QUERY = 32
-CORES = os.cpu_count() or 1
 LOAD_LABEL = "4 x 1 x 32"
 # The serving knobs of models.toml's rerank-tiny (those of its text model, measured best
 # there), with room for a dynamic batch of every client's request.
@@ -150,7 +134,7 @@ log = logger("rerank")
 def start_systems(base: Path, stack: ExitStack, meta: dict) -> dict[str, Any]:
     """Build the model and repository, start Triton and the peer; return what runs."""
     from bench.ceiling import chunk_settings, config_parameters
-    from bench.peers.services import fastapi_ce_peer
+    from bench.peers.services import fastapi_peer
     from embed_runtime.text.pair_tokenizer import PairTokenizer
     from embed_runtime.text.tokenizer import TokenizerParams
     from generator.manifest import parse_manifest
@@ -161,7 +145,7 @@ def start_systems(base: Path, stack: ExitStack, meta: dict) -> dict[str, Any]:
         "name": MODEL,
         "family": "cross-encoder",
         "source": str(folder),
-        **{k: v for k, v in SERVING.items() if k != "name"},
+        **SERVING,
     }
     manifest = parse_manifest({"models": [entry]}, base)
     meta["entry"] = manifest.models[0].to_dict()
@@ -176,7 +160,7 @@ def start_systems(base: Path, stack: ExitStack, meta: dict) -> dict[str, Any]:
     }
     try:
         peer_port = free_ports(1)[0]
-        peer = fastapi_ce_peer(ROOT, str(folder), peer_port, base / "peers")
+        peer = fastapi_peer(ROOT, str(folder), peer_port, base / "peers", "cpu", "rerank")
         stack.callback(peer.process.stop)
         systems["peer"] = peer
         meta["peer"] = peer.version
@@ -205,29 +189,19 @@ def run(args: argparse.Namespace, systems: dict[str, Any], results: dict) -> Non
                 rows, share = systems["chunks"]
                 # Sessions of their own, dropped before the systems run.
                 session = make_session(systems["onnx"])
-                singles = [make_session(systems["onnx"], threads=1) for _ in range(CORES)]
+                singles = per_core_sessions(systems["onnx"])
+                in_flight = args.clients * TEXTS_PER_QUERY
                 figures = load_ceiling(
-                    session,
-                    systems["tokenizer"].encode,
-                    pairs,
-                    args.clients * TEXTS_PER_QUERY,
-                    rows,
-                    share,
-                    singles if CORES > 1 else (),
+                    session, systems["tokenizer"].encode, pairs, in_flight, rows, share, singles
                 ).to_dict()
                 del session, singles
                 rate = figures["best_items_per_s"]
             elif name == "triton-grpc":
+                url = systems["grpc"]
                 result = run_triton_load(
-                    systems["grpc"],
-                    "grpc",
-                    MODEL,
-                    "",
-                    requests,
-                    spec,
-                    LOAD_LABEL,
-                    factory=lambda: TritonRerankSender(systems["grpc"]),
-                )
+                    url, "grpc", MODEL, "", requests, spec, LOAD_LABEL,
+                    factory=lambda u=url: TritonRerankSender(u),
+                )  # fmt: skip
                 figures, rate = result.to_dict(), result.items_per_s
             else:
                 port = systems["peer"].process.port
@@ -235,10 +209,8 @@ def run(args: argparse.Namespace, systems: dict[str, Any], results: dict) -> Non
                     lambda p=port: PeerRerankSender(
                         "127.0.0.1", p, "/rerank", dict, lambda reply: len(reply["scores"])
                     ),
-                    requests,
-                    spec,
-                    LOAD_LABEL,
-                )
+                    requests, spec, LOAD_LABEL,
+                )  # fmt: skip
                 figures, rate = result.to_dict(), result.items_per_s
             foreign = monitor.stop().foreign_share
             results["runs"].append(
@@ -250,7 +222,6 @@ def run(args: argparse.Namespace, systems: dict[str, Any], results: dict) -> Non
 def main(argv: Sequence[str] | None = None) -> int:
     """Build, serve, measure; write the results file and the docs section."""
     args = parse_args(argv)
-    os.environ.setdefault("EMBED_ADMIN_KEY", secrets.token_urlsafe(32))
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     results: dict[str, Any] = {
         "meta": {

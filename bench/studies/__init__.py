@@ -1,4 +1,4 @@
-"""Studies of ``make bench``: a bare entry, precision knobs, model kinds.
+"""Studies of ``make bench``: model kinds.
 
-``python -m bench.studies.<bare_entry|precision|model_kinds>``.
+``python -m bench.studies.model_kinds``.
 """

@@ -2,26 +2,14 @@
 
     .venv/bin/python -m bench.studies.model_kinds [--texts 512] [--repeats 3] [--kinds ...]
 
-Part of ``make bench``. Builds, offline and seeded, one model per kind at a stated shape
-(random weights: the speed of a shape, not of a checkpoint), serves them all from one
-Triton of their own (free ports, the manifest's defaults), and times, in rotation, the
-same items three ways per kind:
-
-- the library's own call in this process, batches of 32 (``SentenceTransformer.encode``,
-  ``SparseEncoder.encode``, ``MultiVectorEncoder.encode_document``,
-  ``CrossEncoder.predict``), which is what a user would run without a server;
-- one gRPC client sending requests of 32 items one after another;
-- 8 gRPC clients sending one item per request (the server batches them).
-
-Items are the load corpus's short texts (``client.load.corpus.varied_sentences``);
-a reranker's items are (query, text) pairs, one query per 32 texts. Each served answer
-is compared with the library's (largest absolute difference). Writes
-``bench/results/kinds-cpu-<time>.json`` and ``docs/model-kinds.md``.
+One seeded model per kind (:data:`KINDS`), served by one Triton, timed in rotation three ways
+(:data:`LOADS`); writes ``docs/model-kinds.md`` (its method: the template).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -30,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,25 +29,27 @@ from bench.machine import machine_info
 from bench.manifest import ROOT, served
 from client import EmbeddingClient
 from client.load.corpus import SENTENCES, varied_sentences
+from generator.fixtures.tiny_colbert import create_tiny_colbert
+from generator.fixtures.tiny_llm_rerank import create_tiny_llm_reranker
+from generator.fixtures.tiny_splade import create_tiny_splade
 from generator.manifest import parse_manifest
 
 BATCH = 32
 CLIENTS = 8
 DOC = ROOT / "docs" / "model-kinds.md"
-LOADS = {
-    "library": f"library in-process, batches of {BATCH}",
-    "batches": f"served, 1 gRPC client x {BATCH} per request",
-    "singles": f"served, {CLIENTS} gRPC clients x 1 per request",
-}
+LOADS = {"library": f"library in-process, batches of {BATCH}",
+         "batches": f"served, 1 gRPC client x {BATCH} per request",
+         "singles": f"served, {CLIENTS} gRPC clients x 1 per request"}
 MINILM_L6 = {  # all-MiniLM-L6-v2's encoder shape
-    "hidden_size": 384,
-    "num_hidden_layers": 6,
-    "num_attention_heads": 12,
+    "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
     "intermediate_size": 1536,
 }
-
+QWEN3_SMALL = {  # a Qwen3 causal LM of 4 layers, hidden 256
+    "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 768,
+    "initializer_range": 0.02,
+}
 log = logger("model-kinds", sys.stdout)
-
 Item = Any  # a text, or a (query, text) pair for a reranker
 Row = Any  # one item's answer: a vector, (indices, values), a [T, D] array or a score
 
@@ -116,44 +107,12 @@ def _make_static(folder: Path) -> Path:
     return folder
 
 
-def _make_splade(folder: Path) -> Path:
-    from generator.fixtures.tiny_splade import create_tiny_splade
-
-    return create_tiny_splade(folder, seed=0, shape=MINILM_L6, max_length=256)
-
-
-def _make_colbert(folder: Path) -> Path:
-    from generator.fixtures.tiny_colbert import create_tiny_colbert
-
-    return create_tiny_colbert(
-        folder, seed=0, shape=MINILM_L6, dim=128, query_length=32, document_length=180,
-        max_length=512,
-    )
-
-
-def _make_llm_rerank(folder: Path) -> Path:
-    from generator.fixtures.tiny_llm_rerank import create_tiny_llm_reranker
-
-    shape = {
-        "hidden_size": 256,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 64,
-        "intermediate_size": 768,
-        "initializer_range": 0.02,
-    }
-    return create_tiny_llm_reranker(folder, seed=0, shape=shape, max_length=512)
-
-
 def _sparse_rows(tensor) -> list[Row]:
     """A library sparse [N, V] tensor as per-row (indices, values)."""
     coo = tensor.coalesce()
     index, values = coo.indices().numpy(), coo.values().numpy()
-    return [
-        (index[1][index[0] == i].astype(np.int32), values[index[0] == i])
-        for i in range(coo.shape[0])
-    ]
+    rows = range(coo.shape[0])
+    return [(index[1][index[0] == i].astype(np.int32), values[index[0] == i]) for i in rows]
 
 
 def _sparse_diff(got: Row, want: Row) -> float:
@@ -166,15 +125,10 @@ def _sparse_diff(got: Row, want: Row) -> float:
 
 
 def _rerank(client: EmbeddingClient, model: str, pairs: list[Item]) -> list[Row]:
-    """One request per distinct query run of ``pairs`` (the load keeps them in runs)."""
+    """One request per run of one query in ``pairs`` (the load keeps them in runs)."""
     out: list[Row] = []
-    start = 0
-    while start < len(pairs):
-        end = start
-        while end < len(pairs) and pairs[end][0] == pairs[start][0]:
-            end += 1
-        out.extend(client.rerank(model, pairs[start][0], [t for _, t in pairs[start:end]]))
-        start = end
+    for query, run in itertools.groupby(pairs, key=lambda pair: pair[0]):
+        out.extend(client.rerank(model, query, [text for _, text in run]))
     return out
 
 
@@ -192,7 +146,8 @@ KINDS = {
         Kind(
             "sparse", "sparse (SPLADE: fill-mask Transformer + SpladePooling max, relu)",
             "an MLM of all-MiniLM-L6-v2's shape (6 layers, hidden 384, vocabulary 30,522), "
-            "max_seq_length 256", {"family": "sparse-encoder"}, _make_splade, "SparseEncoder",
+            "max_seq_length 256", {"family": "sparse-encoder"},
+            partial(create_tiny_splade, seed=0, shape=MINILM_L6, max_length=256), "SparseEncoder",
             lambda m, texts: m.encode(texts, batch_size=BATCH),
             lambda c, name, texts: list(c.embed_sparse(name, texts)),
             rows=_sparse_rows, diff=_sparse_diff,
@@ -201,7 +156,10 @@ KINDS = {
             "multi-vector", "multi-vector (ColBERT, documents)",
             "a BERT of all-MiniLM-L6-v2's shape, 128-wide projection, queries expanded to 32, "
             "documents cut at 180 (ColBERTv2's lengths and width)",
-            {"family": "multi-vector"}, _make_colbert, "MultiVectorEncoder",
+            {"family": "multi-vector"},
+            partial(create_tiny_colbert, seed=0, shape=MINILM_L6, dim=128, query_length=32,
+                    document_length=180, max_length=512),
+            "MultiVectorEncoder",
             lambda m, texts: m.encode_document(texts, batch_size=BATCH),
             lambda c, name, texts: c.embed_multivector(name, texts),
             rows=lambda out: [t.numpy() for t in out],
@@ -210,7 +168,9 @@ KINDS = {
             "llm-rerank", "LLM reranker (causal LM + LogitScore, chat template)",
             "a Qwen3 causal LM of 4 layers, hidden 256 (Qwen3-Reranker-0.6B has 28 layers, "
             "hidden 1,024), an 800-token BPE vocabulary, max_length 512",
-            {"family": "cross-encoder"}, _make_llm_rerank, "CrossEncoder",
+            {"family": "cross-encoder"},
+            partial(create_tiny_llm_reranker, seed=0, shape=QWEN3_SMALL, max_length=512),
+            "CrossEncoder",
             lambda m, pairs: m.predict([list(p) for p in pairs], batch_size=BATCH),
             _rerank, pairs=True,
         ),
@@ -220,12 +180,9 @@ KINDS = {
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.studies.model_kinds", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument(
-        "--texts", type=int, default=512, help="items per load (static embeddings: 8 x)"
-    )
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.model_kinds",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--texts", type=int, default=512, help="items per load (static: 8 x)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated")
     parser.add_argument("--docs", action=argparse.BooleanOptionalAction, default=True)
@@ -244,10 +201,8 @@ def workload(kind: Kind, texts: list[str]) -> list[Item]:
 def served_batches(kind: Kind, url: str, items: list[Item]) -> list[Row]:
     """One gRPC client, requests of :data:`BATCH` items one after another."""
     with EmbeddingClient(url, protocol="grpc") as c:
-        out: list[Row] = []
-        for i in range(0, len(items), BATCH):
-            out.extend(kind.served(c, kind.key, items[i : i + BATCH]))
-        return out
+        starts = range(0, len(items), BATCH)
+        return [row for i in starts for row in kind.served(c, kind.key, items[i : i + BATCH])]
 
 
 def served_singles(kind: Kind, url: str, items: list[Item]) -> list[Row]:
@@ -262,6 +217,22 @@ def served_singles(kind: Kind, url: str, items: list[Item]) -> list[Row]:
     with ThreadPoolExecutor(CLIENTS) as pool:
         list(pool.map(client, range(CLIENTS)))
     return out
+
+
+def rotation(
+    runs: dict[str, Callable[[], Any]], items: int, repeats: int, label: str, log: Callable
+) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Every run, ``repeats`` times in rotation: items/s per run, and each run's last answer."""
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    answers: dict[str, Any] = {}
+    for repeat in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            answers[name] = run()
+            rates[name].append(items / (time.perf_counter() - start))
+        shown = ", ".join(f"{name} {values[-1]:,.1f}/s" for name, values in rates.items())
+        log(f"{label} repeat {repeat + 1}: {shown}")
+    return rates, answers
 
 
 def measure(kinds: list[Kind], base: Path, texts: list[str], repeats: int) -> dict[str, Any]:
@@ -286,29 +257,15 @@ def measure(kinds: list[Kind], base: Path, texts: list[str], repeats: int) -> di
                 "singles": lambda k=kind, it=items: served_singles(k, url, it),
             }
             runs["batches"]()  # warm-up: sessions, connections, first shapes
-            rates: dict[str, list[float]] = {name: [] for name in runs}
-            answers: dict[str, list[Row]] = {}
-            for repeat in range(repeats):
-                for name, run in runs.items():
-                    start = time.perf_counter()
-                    answers[name] = run()
-                    rates[name].append(len(items) / (time.perf_counter() - start))
-                log(f"{kind.key} repeat {repeat + 1}: " + ", ".join(
-                    f"{name} {values[-1]:,.1f}/s" for name, values in rates.items()
-                ))
+            rates, answers = rotation(runs, len(items), repeats, kind.key, log)
             want = answers["library"]
             results[kind.key] = {
-                "label": kind.label,
-                "shape": kind.shape,
-                "entry": {k: v for k, v in kind.entry.items()},
+                "label": kind.label, "shape": kind.shape, "entry": dict(kind.entry),
                 "items": len(items),
                 "loads": {
-                    name: {
-                        "rates": values,
-                        "max_abs_diff": max(
-                            kind.diff(g, w) for g, w in zip(answers[name], want, strict=True)
-                        ),
-                    }
+                    name: {"rates": values, "max_abs_diff": max(
+                        kind.diff(g, w) for g, w in zip(answers[name], want, strict=True)
+                    )}
                     for name, values in rates.items()
                 },
             }
@@ -325,14 +282,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="model-kinds-") as tmp:
         results = measure(kinds, Path(tmp), varied_sentences(args.texts), args.repeats)
     return {
-        "started": started,
-        "seconds": round(time.perf_counter() - t0, 1),
-        "machine": machine_info(),
-        "repeats": args.repeats,
-        "batch": BATCH,
-        "clients": CLIENTS,
-        "loads": LOADS,
-        "kinds": results,
+        "started": started, "seconds": round(time.perf_counter() - t0, 1),
+        "machine": machine_info(), "repeats": args.repeats, "batch": BATCH, "clients": CLIENTS,
+        "loads": LOADS, "kinds": results,
     }
 
 
@@ -350,29 +302,21 @@ def render(results: dict[str, Any], results_name: str) -> str:
         loads = data["loads"]
         rate = {name: median(load["rates"]) for name, load in loads.items()}
         rows.append([
-            key,
-            f"{data['items']:,}",
-            f"{rate['library']:,.1f}",
+            key, f"{data['items']:,}", f"{rate['library']:,.1f}",
             f"{rate['batches']:,.1f} ({ratio(data, 'batches'):.2f} x)",
             f"{rate['singles']:,.1f} ({ratio(data, 'singles'):.2f} x)",
             f"{max(loads['batches']['max_abs_diff'], loads['singles']['max_abs_diff']):.1e}",
         ])
         shapes.append(f"- `{key}`: {data['label']}; {data['shape']}.")
     header = [
-        "kind",
-        "items per load",
-        f"library in-process, batches of {results['batch']} (items/s)",
+        "kind", "items per load", f"library in-process, batches of {results['batch']} (items/s)",
         f"served, 1 client x {results['batch']} (items/s, x library)",
         f"served, {results['clients']} clients x 1 (items/s, x library)",
         "served vs library, max diff",
     ]
     return render_template(
-        "model_kinds.md",
-        results=results,
-        results_name=results_name,
-        machine=results["machine"],
-        table=table(header, rows),
-        shapes="\n".join(shapes),
+        "model_kinds.md", results=results, results_name=results_name,
+        machine=results["machine"], table=table(header, rows), shapes="\n".join(shapes),
     )
 
 

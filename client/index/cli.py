@@ -17,7 +17,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..api import PRECISION_OUTPUTS
+from ..cli_options import add_text_options
 from ..errors import EmbeddingClientError
 
 EXIT_ROWS_FAILED = 1
@@ -46,9 +46,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     index.add_argument(
         "--keep-columns", default="", help="comma-separated columns carried into the output"
     )
-    index.add_argument("--prompt-name", help="one of the text model's prompts")
-    index.add_argument("--dimensions", type=int, help="keep the first N values (Matryoshka)")
-    index.add_argument("--precision", choices=list(PRECISION_OUTPUTS), default=None)
+    add_text_options(
+        index,
+        precision=None,
+        per_chunk="one output row each: id, chunk, start, end, tokens, chunks, embedding",
+    )
     index.add_argument(
         "--no-truncate",
         action="store_true",
@@ -57,13 +59,6 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     index.add_argument(
         "--task", choices=["query", "document"], help="sparse / multi-vector side (default doc)"
     )
-    index.add_argument(
-        "--chunk-tokens",
-        type=int,
-        help="cut each text into chunks of at most N of the model's tokens (one output row "
-        "per chunk: id, chunk, start, end, tokens, chunks, embedding)",
-    )
-    index.add_argument("--chunk-overlap", type=int, help="tokens shared by neighbouring chunks")
     index.add_argument(
         "--late-chunking",
         action="store_true",

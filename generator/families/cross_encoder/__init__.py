@@ -14,6 +14,19 @@ from embed_runtime.errors import InvalidInputError
 from ...declared_kind import Served
 from ..text_family import check_sentence_transformers_folder, text_family
 
+# (query, text) pairs every reranker kind is checked on at build time: scripts, emoji, a
+# one-character pair and long sides on both ends of the window.
+SHARED_PAIRS = (
+    ("what is the capital of France?", "Paris is the capital and largest city of France."),
+    ("¿Dónde está la biblioteca?", "Está cerca del río."),
+    ("東京", "東京は日本の首都です。"),
+    ("x", "y"),
+    ("emoji 🙂🚀", "punctuation!!! ... ???"),
+    ("a long query " * 30, "short text"),
+    ("short query", "The quick brown fox jumps over the lazy dog. " * 40),
+    ("both long " * 60, "and longer still " * 60),
+)
+
 
 def check_cross_encoder_folder(folder: Path) -> None:
     """Refuse a reranker folder with custom code, as sentence-transformers folders are.

@@ -38,21 +38,13 @@ from ..text_export import (
     token_limits,
     validation_batches,
 )
-from . import FAMILY, llm
+from . import FAMILY, SHARED_PAIRS, llm
 
 # Score parity gate of the exported graph against ``CrossEncoder.predict`` (max |diff|).
 SCORE_ATOL = 1e-5
 
 VALIDATION_PAIRS = (
-    ("what is the capital of France?", "Paris is the capital and largest city of France."),
-    ("how do rerankers work", "A cross-encoder reads the query and the passage together."),
-    ("¿Dónde está la biblioteca?", "Está cerca del río."),
-    ("東京", "東京は日本の首都です。"),
-    ("x", "y"),
-    ("emoji 🙂🚀", "punctuation!!! ... ???"),
-    ("a long query " * 30, "short text"),
-    ("short query", "The quick brown fox jumps over the lazy dog. " * 40),
-    ("both long " * 60, "and longer still " * 60),
+    *SHARED_PAIRS,
     ("   spaces   ", "Numbers 3.14159, 2,718 and 1e-10; URLs like https://example.com/a?b=c"),
 )
 

@@ -30,6 +30,7 @@ from embed_runtime.text.tokenizer import TokenizerParams
 
 from ...declared_kind import UnsupportedModelError
 from ...onnx_export import GraphSpec, TensorSpec
+from . import SHARED_PAIRS
 
 # Scores of the graph fed right-padded rows vs ``CrossEncoder.predict`` (left padding).
 SERVED_SCORE_ATOL = 1e-4
@@ -53,17 +54,10 @@ TOKENIZATION_OPTIONS = ("padding", "truncation", "max_length", "return_tensors",
                         "sanitize_control_tokens", "tokenize", "return_dict",
                         "return_assistant_tokens_mask", "continue_final_message")
 LLM_VALIDATION_PAIRS = (
-    ("what is the capital of France?", "Paris is the capital and largest city of France."),
-    ("x", "y"),
-    ("¿Dónde está la biblioteca?", "Está cerca del río."),
-    ("東京", "東京は日本の首都です。"),
-    ("emoji 🙂🚀", "punctuation!!! ... ???"),
+    *SHARED_PAIRS,
     ("   spaces   ", "\n\nnew lines\n\n"),
     ("special <|im_end|>", "tokens <|im_start|>assistant in a document"),
     ("{{ jinja }}", "{% if x %}text{% endif %}"),
-    ("a long query " * 30, "short text"),
-    ("short query", "The quick brown fox jumps over the lazy dog. " * 40),
-    ("both long " * 60, "and longer still " * 60),
 )
 
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from client import thread_client
-from client.thread_client import ThreadClient
+from client.thread_client import SparseSides, ThreadClient
 
 
 class _FakeClient:
@@ -66,15 +66,14 @@ def test_close_closes_the_kept_client_and_a_later_call_opens_a_new_one() -> None
 
 
 @pytest.mark.parametrize(("inference_free", "sent"), [(True, "query"), (False, None)])
-def test_embed_sparse_side_sends_the_task_only_to_an_inference_free_model(
-    inference_free, sent
-) -> None:
-    shared = ThreadClient(None, "http", 1.0, None)
-    rows = shared.embed_sparse_side("s", ("a", "b"), "query", inference_free, 4)
+def test_sparse_sides_send_the_task_only_to_an_inference_free_model(inference_free, sent) -> None:
+    sides = SparseSides(ThreadClient(None, "http", 1.0, None), "s", inference_free, 4)
+    rows = sides.rows(("a", "b"), "query")
     options = {"task": sent, "max_active_dims": 4}
     assert rows == [("s", "a", options), ("s", "b", options)]
 
 
-def test_embed_sparse_side_of_no_texts_makes_no_call() -> None:
-    assert ThreadClient(None, "http", 1.0, None).embed_sparse_side("s", [], "query", True, 4) == []
+def test_sparse_sides_of_no_texts_make_no_call() -> None:
+    sides = SparseSides(ThreadClient(None, "http", 1.0, None), "s", True, 4)
+    assert sides.rows([], "query") == []
     assert _FakeClient.made == []

@@ -32,6 +32,7 @@ def test_a_bare_cpu_text_entry_gets_the_measured_cpu_settings() -> None:
     )
     assert (entry.encoder_instances, entry.fused_tokenize, entry.ort_spin_us) == (2, False, 20)
     assert (entry.max_queue_size, entry.queue_timeout_us) == (1024, 0)
+    assert (entry.max_batch_size, entry.ort_threads_shared) == (64, -1)
     # Plain requests queue up to 30 s of work and 8,192 rows; deadlines steer the rest.
     assert (entry.admission_wait_us, entry.admission_max_rows) == (30_000_000, 8192)
     interactive = _entry(admission_wait_us=250_000)  # the opt-in interactive bound
