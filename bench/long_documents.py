@@ -137,7 +137,8 @@ def _rate(make_client, calls: list, clients: int) -> float:
                 with lock:
                     done[0] += rows
 
-    return done[0] / run_threads([threading.Thread(target=work) for _ in range(clients)])
+    wall = run_threads([threading.Thread(target=work) for _ in range(clients)])
+    return done[0] / wall  # read after the threads ran
 
 
 def measure_cost(make_client, model: str, texts: list[str], rounds: int, url: str) -> dict:
