@@ -5,6 +5,13 @@
 The same requests to Triton's ``/v2/.../infer`` and to the gateway's ``/v1/embeddings``, in
 rotation, at 1 x 1, 16 x 1 and 4 x 32. Gates (exit 1): the gateway's CPU per request at
 16 x 1 <= 1 ms, its rate >= 0.85 x Triton's at 16 x 1 and >= 0.95 x at 4 x 32.
+
+The gateway's CPU by part: the JSON steps timed in-process on a real answer; the HTTP
+server as uvicorn alone, with the gateway's settings, reading the same requests and
+answering as many bytes as late as Triton answers, at the same load; the call to Triton as
+``Gateway.embeddings`` run alone at the same load, less its JSON steps (both
+``bench/gateway_call.py``, in the gateway's venv); the rest is the measured total less all
+of these.
 """
 
 from __future__ import annotations
@@ -14,19 +21,23 @@ import hmac
 import http.client
 import importlib.util
 import json
+import os
 import secrets
+import socket
+import subprocess
 import sys
 import threading
 import time
 from contextlib import ExitStack
 from datetime import UTC, datetime
+from pathlib import Path
 
 from bench import page
 from bench.common import logger, median, run_threads, save_results
 from bench.machine import CpuMonitor, machine_info
 from bench.manifest import BUILD, ROOT, TEXT_MODEL, bench_manifest, served
 from client.load.corpus import varied_sentences
-from generator.gateway import GatewayProcess, write_gateway_config
+from generator.gateway import GATEWAY_VENV, GatewayProcess, write_gateway_config
 from generator.triton_local import free_ports
 
 log = logger("bench.gateway")
@@ -36,6 +47,11 @@ WARMUP = 10
 KEYS = ("req_per_s", "p50_ms", "p99_ms", "triton_cpu_ms_per_req", "gateway_cpu_ms_per_req")
 GATES = {"16x1": 0.85, "4x32": 0.95}
 CPU_GATE_MS = 1.0
+# The HTTP server alone is cheap: this many times the requests, so the CPU clock's tick is small.
+SERVER_TIMES = 4
+# The two rows of the table by part measured under load (each: bench.gateway's docstring).
+CALL_PART = "the call to Triton: aiohttp and the event loop"
+SERVER_PART = "the HTTP server: uvicorn"
 DIM = 384
 
 
@@ -45,11 +61,13 @@ class Way:
     def __init__(self, name: str, port: int, path: str, headers: dict[str, str], body):
         self.name, self.port, self.path, self.headers, self.body = name, port, path, headers, body
 
-    def widths(self, answer: dict, n: int) -> list[int]:
-        """The widths of the ``n`` rows of an answer of this way."""
+    def answered(self, answer: dict, n: int) -> bool:
+        """Whether an answer of this way holds ``n`` rows of :data:`DIM` floats."""
         if self.name == "triton":
-            return [len(answer["outputs"][0]["data"]) // n] * n
-        return [len(d["embedding"]) for d in answer["data"]]
+            return len(answer["outputs"][0]["data"]) == n * DIM
+        if self.name == "server":
+            return "data" in answer
+        return [len(d["embedding"]) for d in answer["data"]] == [DIM] * n
 
 
 def _client(way: Way, batches: list[list[str]], latencies: list[float], errors: list[str]) -> None:
@@ -63,7 +81,7 @@ def _client(way: Way, batches: list[list[str]], latencies: list[float], errors: 
             latencies.append(time.perf_counter() - start)
             if response.status != 200:
                 errors.append(f"{response.status}: {data[:200]!r}")
-            elif way.widths(json.loads(data), len(texts)) != [DIM] * len(texts):
+            elif not way.answered(json.loads(data), len(texts)):
                 errors.append(f"not {len(texts)} rows of {DIM} floats")
     finally:
         connection.close()
@@ -152,15 +170,66 @@ def _gateway_module():
     return module
 
 
-def cpu_by_part(triton_port: int, texts: list[str]) -> dict[str, float]:
-    """µs of CPU per request of each part the gateway runs for ``texts`` (a real answer)."""
+def embeddings_cpu(config: Path, triton_port: int, texts: list[str], clients: int,
+                   requests: int) -> float:
+    """µs of CPU per request of ``Gateway.embeddings`` alone (``bench/gateway_call.py``)."""
+    done = subprocess.run(
+        [str(GATEWAY_VENV / "bin" / "python"), str(ROOT / "bench" / "gateway_call.py"),
+         str(config), f"http://127.0.0.1:{triton_port}", TEXT_MODEL, str(clients),
+         str(requests)],
+        input=json.dumps(texts), capture_output=True, text=True, check=True, timeout=600,
+    )
+    return json.loads(done.stdout)["us_per_request"]
+
+
+def server_cpu(pool: list[str], rows: int, clients: int, requests: int, size: int,
+               wait_s: float) -> float:
+    """µs of CPU per request of uvicorn alone answering ``size`` bytes (``gateway_call serve``)."""
+    (port,) = free_ports(1)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    server = subprocess.Popen(
+        [str(GATEWAY_VENV / "bin" / "python"), str(ROOT / "bench" / "gateway_call.py"),
+         "serve", str(port), str(size), str(wait_s)], env=env,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError("the bare uvicorn did not start") from None
+                time.sleep(0.1)
+        way = Way("server", port, "/v1/embeddings", {"Content-Type": "application/json"},
+                  lambda texts: {"model": TEXT_MODEL, "input": texts, "encoding_format": "float"})
+        result = run_load(way, clients, rows, requests * SERVER_TIMES, pool,
+                          {"server": server.pid})
+        if result["errors"]:
+            raise RuntimeError(f"the bare uvicorn: {result['first_error']}")
+        return 1000 * result["server_cpu_ms_per_req"]
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def cpu_by_part(config: Path, triton_port: int, pool: list[str], n: int, clients: int,
+                requests: int, wait_s: float) -> dict[str, float]:
+    """µs of CPU per request of each part the gateway runs for ``n`` texts (a real answer).
+
+    The JSON steps are timed in-process; the call to Triton is ``Gateway.embeddings`` run
+    alone at ``clients`` at once, less those steps; the HTTP server is uvicorn alone at the
+    same load, answering as many bytes ``wait_s`` (Triton's p50 at that load) later.
+    """
+    texts = pool[:n]
     gw = _gateway_module()
-    route = gw.Route(TEXT_MODEL, TEXT_MODEL, 64, True, False)
+    route = gw.load_routes(config)[TEXT_MODEL]
     key = ("sk-" + "0" * 32).encode()
     body = json.dumps({"model": TEXT_MODEL, "input": texts, "encoding_format": "float"})
     connection = http.client.HTTPConnection("127.0.0.1", triton_port, timeout=60)
-    connection.request("POST", f"/v2/models/{TEXT_MODEL}/infer",
-                       gw.triton_body(texts, None, False, 0), {"Content-Type": "application/json"})
+    connection.request("POST", f"/v2/models/{route.ensemble}/infer",
+                       gw.triton_body(texts, None, route.token_count, 0),
+                       {"Content-Type": "application/json"})
     answer = connection.getresponse().read()
     connection.close()
     rows, _ = gw.triton_rows(answer, len(texts))
@@ -175,19 +244,26 @@ def cpu_by_part(triton_port: int, texts: list[str]) -> dict[str, float]:
     parts = {
         "auth: the key compared in constant time": lambda: hmac.compare_digest(key, key),
         "the request's JSON parsed and checked": request,
-        "Triton's request written (JSON)": lambda: gw.triton_body(texts, None, False, 1),
+        "Triton's request written (JSON)": lambda: gw.triton_body(texts, None, True, 1),
         "Triton's answer parsed (JSON)": lambda: gw.triton_rows(answer, len(texts)),
         "the answer's JSON (the floats)": lambda: gw.orjson.dumps(
             {"object": "list", "data": data, "model": TEXT_MODEL, "usage": {}}),
         "base64 rows instead (encoding_format base64)": lambda: [gw.base64_row(r) for r in rows],
     }
     times = {}
+    repeat = max(50, 4000 // n)
     for name, part in parts.items():
-        n = max(50, 4000 // len(texts))
         start = time.process_time()
-        for _ in range(n):
+        for _ in range(repeat):
             part()
-        times[name] = 1e6 * (time.process_time() - start) / n
+        times[name] = 1e6 * (time.process_time() - start) / repeat
+    size = len(gw.orjson.dumps({"object": "list", "data": data, "model": TEXT_MODEL,
+                                "usage": {"prompt_tokens": 0, "total_tokens": 0}}))
+    alone = embeddings_cpu(config, triton_port, texts, clients, requests)
+    inside = ("Triton's request written (JSON)", "Triton's answer parsed (JSON)",
+              "the answer's JSON (the floats)")
+    times[CALL_PART] = alone - sum(times[name] for name in inside)
+    times[SERVER_PART] = server_cpu(pool, n, clients, requests, size, wait_s)
     return times
 
 
@@ -254,7 +330,15 @@ def main(argv: list[str] | None = None) -> int:
                         f"gateway {result['gateway_cpu_ms_per_req']:.1f}"
                     )
         window = monitor.stop()
-        parts = {str(n): cpu_by_part(triton_port, pool[:n]) for n in (1, 32)}
+        config = BUILD / "bench-gateway" / "config.yaml"
+        parts = {
+            str(n): cpu_by_part(
+                config, triton_port, pool, n, clients,
+                max(1, args.requests // clients // (4 if n > 1 else 1)),
+                median(r["p50_ms"] for r in runs[load]["triton"]) / 1000,
+            )
+            for n, clients, load in ((1, 16, "16x1"), (32, 4, "4x32"))
+        }
     results = {
         "started": started,
         "command": ("python -m bench.gateway " + " ".join(argv or [])).strip(),
