@@ -2,8 +2,10 @@
 
     .venv/bin/python -m bench.open_clip_speed [--kind all|tiny-eva ...] [--images 64]
 
-One tiny seeded model per tower kind, served by one Triton; open_clip in-process against one
-gRPC client, batches of 32, in rotation. Exits 1 when a load is under :data:`GATE`.
+One tiny seeded model per tower kind, served by one Triton; open_clip in-process, in
+batches of 32, against one gRPC client's call with all the items (which it sends as requests
+of the ensemble's ``max_batch_size``, 32, up to ``MAX_IN_FLIGHT`` at once), in rotation.
+Exits 1 when a load is under :data:`GATE`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from bench.manifest import served
 from bench.studies.model_kinds import rotation
 from client import EmbeddingClient
 from client.load.corpus import varied_sentences
+from client.sending import MAX_IN_FLIGHT
 from generator.families.open_clip.assets import load_open_clip
 from generator.fixtures.tiny_clip_hf_text import create_tiny_xlmr_clip
 from generator.fixtures.tiny_clip_towers import create_tiny_tower_model
@@ -126,7 +129,7 @@ def measure(args: argparse.Namespace, kinds: Sequence[str], base: Path) -> dict[
                 results[kind] = {
                     what: _time_load({
                         "library": partial(_batched, library, items),
-                        "served": partial(_batched, serve, items),
+                        "served": partial(serve, items),
                     }, len(items), args.repeats, f"{kind} {what}")
                     for what, items, library, serve in loads
                 }
@@ -160,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kind", nargs="+", default=["all"], choices=["all", *KINDS])
     parser.add_argument("--images", type=int, default=64)
-    parser.add_argument("--texts", type=int, default=256)
+    parser.add_argument("--texts", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--torch-threads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -179,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
         "kinds": kinds, "batch": BATCH, "images": args.images, "texts": args.texts,
         "repeats": args.repeats, "torch_threads": args.torch_threads, "gate": GATE,
+        "client_in_flight": MAX_IN_FLIGHT,
         "under_gate": slow, "table": rows, "results": results,
     }
     log(f"saved {save_results(data, 'clip-speed')}")

@@ -196,9 +196,16 @@ def _ratios(page: Page, found: dict[str, tuple[str, dict]]) -> None:
             rows.append([kind, *map(times, ratios)])
             page.target("OpenCLIP kinds", f"{kind}: images and texts >= 0.9 x open_clip",
                         " / ".join(map(times, ratios)), min(ratios) >= 0.9, source)
+        how = []
+        if "client_in_flight" in speed:
+            how = ["", f"Each load: {speed['images']} images, {speed['texts']} texts. Served: one "
+                   "gRPC client call with all of them (requests of the ensemble's "
+                   f"max_batch_size, {speed['client_in_flight']} in flight: the client's "
+                   f"default); open_clip: batches of {speed['batch']} in this process, "
+                   f"{speed['torch_threads']} torch threads."]
         page.section("OpenCLIP tower kinds served against open_clip (`bench.open_clip_speed`)",
                      source, speed["started"],
-                     [table(["kind", "images ÷ open_clip", "texts ÷ open_clip"], rows)])
+                     [table(["kind", "images ÷ open_clip", "texts ÷ open_clip"], rows), *how])
 
 
 def gateway_section(results: dict) -> str:

@@ -45,8 +45,8 @@ from .records import (
 from .rerank import RerankMixin
 from .retry import DEFAULT_RETRY, NO_RETRY, RetryBudget, RetryPolicy
 from .sending import GRPC_MAX_MESSAGE_BYTES as GRPC_MAX_MESSAGE_BYTES
+from .sending import MAX_IN_FLIGHT, SendMixin, checked_rows, grpc_channel_args
 from .sending import RECONNECT_BACKOFF_MS as RECONNECT_BACKOFF_MS
-from .sending import SendMixin, checked_rows, grpc_channel_args
 from .sparse import sparse_rows
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
@@ -160,7 +160,8 @@ class EmbeddingClient(
     calling the server. Inputs are split into requests of at most the model's
     ``max_batch_size`` items (read once per model from its config) and about
     ``max_request_bytes`` bytes (Triton caps HTTP bodies at 64 MB by default), so any
-    number of inputs can be passed. Each embedding call has one deadline, ``timeout_s``,
+    number of inputs can be passed; up to ``max_in_flight`` of those requests are sent at
+    once. Each embedding call has one deadline, ``timeout_s``,
     across its requests and their retries; refused requests are retried
     (:mod:`client.retry`), and :class:`~client.ServerOverloadedError` says when no retry
     was left, :class:`~client.DeadlineExceededError` when the deadline passed. Not
@@ -177,6 +178,7 @@ class EmbeddingClient(
         admin_key: str | None = None,
         retry: RetryPolicy | None = DEFAULT_RETRY,
         retry_budget: RetryBudget | None = None,
+        max_in_flight: int = MAX_IN_FLIGHT,
     ):
         """Connect lazily to Triton at ``url`` (``host:port``, no scheme).
 
@@ -192,7 +194,9 @@ class EmbeddingClient(
         clients). ``admin_key`` (default: ``$EMBED_ADMIN_KEY``, the file
         ``$EMBED_ADMIN_KEY_FILE``, or for a server on this machine the local key file of
         ``make serve``; ``""``: none) is sent as ``X-Admin-Key`` with the calls that need
-        it: the repository index, model configs and ``model_manager``.
+        it: the repository index, model configs and ``model_manager``. ``max_in_flight``:
+        the requests of one call (inputs past the model's ``max_batch_size``) sent at once
+        (1: one after another); answers keep input order.
         """
         if protocol not in DEFAULT_PORTS:
             raise EmbeddingClientError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
@@ -202,6 +206,10 @@ class EmbeddingClient(
         self.protocol = protocol
         self.timeout_s = timeout_s
         self.max_request_bytes = max_request_bytes
+        if type(max_in_flight) is not int or max_in_flight < 1:
+            raise EmbeddingClientError(f"max_in_flight must be an integer >= 1: {max_in_flight!r}")
+        self.max_in_flight = max_in_flight
+        self._threads = None  # the worker threads of gRPC parts in flight, made on first use
         self.retry = retry or NO_RETRY
         self.retry_budget = retry_budget or RetryBudget(clock=self.retry.clock)
         self._deadline: Deadline | None = None
@@ -214,7 +222,10 @@ class EmbeddingClient(
         with self._errors():
             if protocol == "http":
                 self._client = self._tc.InferenceServerClient(
-                    self.url, connection_timeout=timeout_s, network_timeout=timeout_s
+                    self.url,
+                    connection_timeout=timeout_s,
+                    network_timeout=timeout_s,
+                    concurrency=max_in_flight,
                 )
                 self._call: dict[str, Any] = {}
                 self._json: dict[str, Any] = {}
@@ -236,6 +247,8 @@ class EmbeddingClient(
         """Close the underlying connection; safe to call more than once."""
         if not self._closed:
             self._closed = True
+            if self._threads is not None:
+                self._threads.shutdown()
             self._client.close()
 
     def embed_texts(
@@ -383,7 +396,7 @@ class EmbeddingClient(
         with self._call_deadline():
             try:
                 slices = split_batches(sizes, self._max_batch_size(model), self.max_request_bytes)
-                return [call(items[s]) for s in slices]
+                return self._each_part(call, [items[s] for s in slices])
             except EmbeddingClientError as exc:
                 limit = _BATCH_LIMIT.search(exc.message)
                 if limit is None or self._max_batch.get(model) != 0:

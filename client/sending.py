@@ -1,18 +1,23 @@
 """How :class:`~client.EmbeddingClient` sends a request: deadline, transport timeout, retries.
 
-The gRPC channel options it connects with are here too (:func:`grpc_channel_args`).
+The gRPC channel options it connects with are here too (:func:`grpc_channel_args`), and how
+the requests of one call are kept in flight together (``SendMixin._each_part``).
 
 A mixin, as the client's other parts are: it needs the client's ``_client`` (tritonclient's),
 ``_tc`` (its module), ``url``, ``protocol``, ``timeout_s``, ``retry``, ``retry_budget``,
-``_deadline`` and, for HTTP, ``_gevent``.
+``_deadline``, ``max_in_flight``, ``_threads`` (None until first used) and, for HTTP,
+``_gevent``.
 """
 
 from __future__ import annotations
 
 import http.client
-from collections.abc import Iterator
+import importlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from tritonclient.utils import InferenceServerException
 
@@ -21,6 +26,13 @@ from .errors import EmbeddingClientError
 from .payload import bytes_tensor
 from .retry import call_with_retries
 
+T = TypeVar("T")
+
+# Requests of one call (a list longer than the model's max_batch_size) in flight at once by
+# default: the next request's tokenizing or image decode overlaps this one's encoding, and
+# a model's two encoder instances both work. One at a time, a single caller got 0.52-0.76x
+# of open_clip's own text rate on a 2-core CPU, 4 at a time 0.94-1.50x (docs/clients.md).
+MAX_IN_FLIGHT = 4
 GRPC_MAX_MESSAGE_BYTES = 2**31 - 1  # Triton's own limit, as tritonclient sets it
 # The gRPC channel waits this long (ms) before its first reconnect attempt to a server it
 # lost, growing to the second: gRPC's defaults (1 s, growing to 120 s) keep a client
@@ -124,6 +136,46 @@ class SendMixin:
                 )
 
         return self._retried(model, attempt)
+
+    def _each_part(self, call: Callable[[Any], T], parts: Sequence[Any]) -> list[T]:
+        """``call(part)`` of each of ``parts``, answered in order, ``max_in_flight`` at once.
+
+        gRPC: the client's worker threads share its channel; HTTP: greenlets share its
+        connection pool (made with ``concurrency=max_in_flight``). Once a part has failed
+        no further part is sent, and the first failure in part order is raised when the
+        parts sent have ended (within the call's deadline).
+        """
+        if len(parts) < 2 or self.max_in_flight < 2:
+            return [call(part) for part in parts]
+        outcomes: list[tuple[bool, Any]] = [(False, None)] * len(parts)
+        failed = threading.Event()
+
+        def run(index: int) -> None:
+            if failed.is_set():
+                return  # not sent: an earlier part failed
+            try:
+                outcomes[index] = (True, call(parts[index]))
+            except Exception as exc:  # noqa: BLE001 - raised below, in part order
+                outcomes[index] = (False, exc)
+                failed.set()
+
+        if self.protocol == "grpc":
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(
+                    self.max_in_flight, thread_name_prefix="embedding-client"
+                )
+            list(self._threads.map(run, range(len(parts))))
+        else:
+            group = importlib.import_module("gevent.pool").Pool(self.max_in_flight)
+            for index in range(len(parts)):
+                if failed.is_set():
+                    break
+                group.spawn(run, index)
+            group.join()
+        for sent, value in outcomes:
+            if not sent:
+                raise value  # a part sent after another failed is never before it
+        return [value for _, value in outcomes]
 
     def _text_outputs(
         self, model: str, items: list[bytes], names, parameters: dict | None, input_name="TEXT"

@@ -157,6 +157,7 @@ def client_factory_for(
             admin_key=job.admin_key,
             retry=DEFAULT_RETRY,
             retry_budget=budget,
+            max_in_flight=1,  # the runner keeps its own count of requests in flight
         )
 
     return factory
