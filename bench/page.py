@@ -21,6 +21,7 @@ from typing import Any
 from bench import docs_text
 from bench.common import RESULTS, ROOT, render_template, table
 from bench.docs_text import times
+from bench.faults import cancels
 from bench.gpu import report as gpu_report
 from bench.rerank import report as rerank_report
 from bench.summary import Summary
@@ -126,15 +127,16 @@ def _overload(page: Page, found: dict[str, tuple[str, dict]]) -> None:
         first, last = minutes[0], minutes[-1]
         late = sum(m["late"] + m["failed"] for m in minutes)
         page.target("overload", "a fifth of clients cancel: refusals of the last minute <= the "
-                    "first's (+1 %), every answer in time", f"{first['refused']} then "
-                    f"{last['refused']} refused, {late} late or failed", c["met"], source)
+                    "first's (+1 %), every answer in time, none failed", f"{first['refused']} then "
+                    f"{last['refused']} refused, {late} late or failed",
+                    cancels.target_met(minutes), source)
         page.section(
             "Overload: a fifth of the clients cancel (`bench.faults.cancels`)", source,
             c["started"],
             [f"{c['minutes']:.0f} min at {c['factor']} x {c['sustainable_per_s']:.0f} req/s, "
              f"{c['gave_up']} requests given up by their clients; refused per minute: "
              + ", ".join(str(m["refused"]) for m in minutes) + "; answered late or failed: "
-             f"{late}."],
+             f"{late}" + _lateness(c) + "."],
         )
     if "overload-cpu" in found:
         source, o = found["overload-cpu"]
@@ -206,6 +208,20 @@ def _ratios(page: Page, found: dict[str, tuple[str, dict]]) -> None:
         page.section("OpenCLIP tower kinds served against open_clip (`bench.open_clip_speed`)",
                      source, speed["started"],
                      [table(["kind", "images ÷ open_clip", "texts ÷ open_clip"], rows), *how])
+
+
+def _lateness(cancels: dict) -> str:
+    """How late the latest answer came, where the run file says."""
+    minutes = cancels["per_minute"]
+    if "late_max_ms" not in minutes[0]:
+        return ""
+    failed = [str(m["minute"]) for m in minutes if m["failed"]]
+    worst = max(m["late_max_ms"] for m in minutes)
+    died = cancels.get("server_exit")
+    return (f" (the latest {worst:.0f} ms past its deadline"
+            + (f"; failed in minutes {', '.join(failed)}" if failed else "")
+            + (f"; Triton died, exit status {died}: docs/security.md, gRPC on Triton 2.51"
+               if died is not None else "") + ")")
 
 
 def gateway_section(results: dict) -> str:
