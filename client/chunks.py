@@ -11,12 +11,12 @@ rows; :meth:`ChunksMixin.embed_long_texts` the per-text vectors.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .errors import EmbeddingClientError
-from .payload import request_parameters
+from .payload import encode_texts, request_parameters
 
 CHUNKS_SUFFIX = "_chunks"
 OUTPUTS = ("EMBEDDING", "CHUNK_ROW", "CHUNK_SPAN", "TOKEN_COUNT")
@@ -131,14 +131,21 @@ class ChunksMixin:
         Rows are numbered across the request-sized parts.
         """
         model, parameters = chunks_model(model), request_parameters(**options)
-        done = [0]  # rows sent before the part under way
-
-        def part_chunks(part: list[bytes]) -> list[TextChunk]:
-            rows = self._infer_chunks(model, part, parameters, done[0], outputs)
-            done[0] += len(part)
-            return rows
-
-        return self._text_rows(model, texts, part_chunks)
+        items = encode_texts(texts)
+        if not items:
+            return []
+        # Parts may be answered in any order (several in flight): each is numbered from 0
+        # and shifted by the rows of the parts before it here, in part order.
+        parts = self._batched(
+            model,
+            items,
+            lambda part: (len(part), self._infer_chunks(model, part, parameters, 0, outputs)),
+        )
+        chunks, done = [], 0
+        for count, rows in parts:
+            chunks += [replace(chunk, row=chunk.row + done) for chunk in rows]
+            done += count
+        return chunks
 
     def _infer_chunks(
         self, model: str, items: list[bytes], parameters: dict, first_row: int, names=OUTPUTS

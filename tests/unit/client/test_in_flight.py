@@ -91,3 +91,17 @@ def test_after_a_failure_no_further_part_is_sent() -> None:
 def test_max_in_flight_must_be_a_positive_integer(value) -> None:
     with pytest.raises(EmbeddingClientError, match="max_in_flight"):
         EmbeddingClient("127.0.0.1:8001", "grpc", admin_key="", max_in_flight=value)
+
+
+def test_chunks_are_numbered_by_part_order_whatever_order_the_parts_end_in(monkeypatch) -> None:
+    from client.chunks import TextChunk
+
+    def infer_chunks(model, items, parameters, first_row, names):
+        gevent.sleep(0.05 if items[0] == b"t0" else 0)  # the first part ends last
+        return [TextChunk(first_row + r, 0, 1, 1, None) for r in range(len(items))]
+
+    with _client("http", 4) as client:
+        monkeypatch.setattr(client, "_max_batch_size", lambda model: 2)
+        monkeypatch.setattr(client, "_infer_chunks", infer_chunks)
+        chunks = client._chunked("m", [f"t{i}" for i in range(6)])
+    assert [chunk.row for chunk in chunks] == [0, 1, 2, 3, 4, 5]
