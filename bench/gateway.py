@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import hmac
 import http.client
-import importlib.util
 import json
 import os
 import secrets
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from bench import page
 from bench.common import logger, median, run_threads, save_results
+from bench.gateway_call import CALL_PART, SERVER_PART, gateway_module
 from bench.machine import CpuMonitor, machine_info
 from bench.manifest import BUILD, ROOT, TEXT_MODEL, bench_manifest, served
 from client.load.corpus import varied_sentences
@@ -49,9 +49,6 @@ GATES = {"16x1": 0.85, "4x32": 0.95}
 CPU_GATE_MS = 1.0
 # The HTTP server alone is cheap: this many times the requests, so the CPU clock's tick is small.
 SERVER_TIMES = 4
-# The two rows of the table by part measured under load (each: bench.gateway's docstring).
-CALL_PART = "the call to Triton: aiohttp and the event loop"
-SERVER_PART = "the HTTP server: uvicorn"
 DIM = 384
 
 
@@ -160,16 +157,6 @@ def ways(triton_port: int, gateway: GatewayProcess) -> list[Way]:
     ]
 
 
-def _gateway_module():
-    """``deploy/gateway/openai_gateway.py``, imported here to time its parts in-process."""
-    path = ROOT / "deploy" / "gateway" / "openai_gateway.py"
-    spec = importlib.util.spec_from_file_location("openai_gateway", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["openai_gateway"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def embeddings_cpu(config: Path, triton_port: int, texts: list[str], clients: int,
                    requests: int) -> float:
     """µs of CPU per request of ``Gateway.embeddings`` alone (``bench/gateway_call.py``)."""
@@ -222,7 +209,7 @@ def cpu_by_part(config: Path, triton_port: int, pool: list[str], n: int, clients
     same load, answering as many bytes ``wait_s`` (Triton's p50 at that load) later.
     """
     texts = pool[:n]
-    gw = _gateway_module()
+    gw = gateway_module()
     route = gw.load_routes(config)[TEXT_MODEL]
     key = ("sk-" + "0" * 32).encode()
     body = json.dumps({"model": TEXT_MODEL, "input": texts, "encoding_format": "float"})

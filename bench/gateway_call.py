@@ -28,12 +28,14 @@ import sys
 import time
 from pathlib import Path
 
-import uvloop
-
 WARMUP = 5
+# The two rows of bench.gateway's table by part measured under load, as its run files name them.
+CALL_PART = "the call to Triton: aiohttp and the event loop"
+SERVER_PART = "the HTTP server: uvicorn"
 
 
-def _gateway_module():
+def gateway_module():
+    """``deploy/gateway/openai_gateway.py``, imported by path (it is no package's module)."""
     path = Path(__file__).resolve().parents[1] / "deploy" / "gateway" / "openai_gateway.py"
     spec = importlib.util.spec_from_file_location("openai_gateway", path)
     module = importlib.util.module_from_spec(spec)
@@ -43,7 +45,7 @@ def _gateway_module():
 
 
 async def _measure(config: Path, url: str, request: dict, clients: int, requests: int) -> float:
-    gw = _gateway_module()
+    gw = gateway_module()
     gateway = gw.Gateway(gw.load_routes(config), url, "unused")
 
     async def client(count: int) -> None:
@@ -88,6 +90,8 @@ def main() -> None:
         return
     config, url, model = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     clients, requests = int(sys.argv[4]), int(sys.argv[5])
+    import uvloop  # the gateway venv's; bench.gateway imports this module without it
+
     request = {"model": model, "input": json.loads(sys.stdin.read()), "encoding_format": "float"}
     seconds = uvloop.run(_measure(config, url, request, clients, requests))
     print(json.dumps({"us_per_request": 1e6 * seconds}))

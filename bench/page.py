@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from bench import docs_text
+from bench import docs_text, gateway_call
 from bench.common import RESULTS, ROOT, render_template, table
 from bench.docs_text import times
 from bench.faults import cancels
@@ -224,6 +224,11 @@ def _lateness(cancels: dict) -> str:
                if died is not None else "") + ")")
 
 
+def measured_apart(results: dict) -> bool:
+    """Whether a ``bench.gateway`` run measured the HTTP server and the call on their own."""
+    return gateway_call.CALL_PART in results["parts"]["1"]
+
+
 def gateway_section(results: dict) -> str:
     """The gateway's section: a ``bench.gateway`` run file's rates, CPU by part and scaling."""
     rows = []
@@ -245,12 +250,13 @@ def gateway_section(results: dict) -> str:
     rows = [[name, f"{parts['1'][name]:.1f}", f"{parts['32'][name]:.1f}"] for name in parts["1"]]
     # Run files before 2026-12-05T18 did not measure the two servers' shares on their own.
     rest = ("the rest: the ASGI app around `embeddings`, both halves on one event loop"
-            if len(parts["1"]) > 6 else
+            if measured_apart(results) else
             "the rest: uvicorn (HTTP server), aiohttp (the call to Triton), the event loop")
     rows += [[rest, f"{total['1'] - timed['1']:.0f}", f"{total['32'] - timed['32']:.0f}"],
              ["total, measured", f"{total['1']:.0f}", f"{total['32']:.0f}"]]
     errors = sum(row["errors"] for row in results["summary"].values())
     return render_template("gateway_section.md", r=results, m=results["machine"], rates=rates,
+                           apart=measured_apart(results),
                            errors=errors, total=total,
                            parts=table(["Part", "1 text", "32 texts"], rows)).rstrip()
 
