@@ -8,8 +8,8 @@ the model dirs one entry builds, wherever a step's config names the step it admi
 (``admission_encoder``) and counts what it passes on (no ``admission_peek``):
 
 - the admitting step's output ``issued_ticket`` and the admitted step's optional input
-  ``admitted_ticket``, both ``[4]`` INT64 a row (a direct call of the admitted step sends
-  none);
+  ``admitted_ticket``, both ``[TICKET_WIDTH]`` INT64 a row (a direct call of the admitted step
+  sends none);
 - in each ensemble that runs both, the tensor ``<admitted step>_ticket`` joining them.
 """
 
@@ -24,14 +24,19 @@ from embed_runtime.serving.admission import (
     ADMISSION_PEEK,
     ADMITTED_TICKET,
     ISSUED_TICKET,
+    TICKET_WIDTH,
 )
 
 from .model_dir import ModelDir
 from .render import parse_config
 
-_OUTPUT = f'output {{\n  name: "{ISSUED_TICKET}"\n  data_type: TYPE_INT64\n  dims: [ 4 ]\n}}\n'
+_OUTPUT = (
+    f'output {{\n  name: "{ISSUED_TICKET}"\n  data_type: TYPE_INT64\n'
+    f"  dims: [ {TICKET_WIDTH} ]\n}}\n"
+)
 _INPUT = (
-    f'input {{\n  name: "{ADMITTED_TICKET}"\n  data_type: TYPE_INT64\n  dims: [ 4 ]\n'
+    f'input {{\n  name: "{ADMITTED_TICKET}"\n  data_type: TYPE_INT64\n'
+    f"  dims: [ {TICKET_WIDTH} ]\n"
     "  optional: true\n}\n"
 )
 

@@ -138,7 +138,7 @@ class TritonPythonModel:
         if self.backlog is None:
             return self._execute(requests)
         taken = Taken.read(pb_utils, requests, "IMAGE")
-        with self.backlog.executing(taken.rows, taken.ticket):
+        with self.backlog.executing(taken.features(), taken.ticket, taken.work_ticket):
             responses = self._execute(requests)
         self.backlog.observe(taken.ratios(wall_clock_us()))
         return responses

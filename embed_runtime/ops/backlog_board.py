@@ -41,16 +41,26 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from .busy_board import board_dir, board_prefix
+from .cost_model import FEATURES as COST_FIELDS
+from .cost_model import Cost, CostFit
 
 SLOTS = 64
-_ISSUED = 0  # uint64: rows numbered so far (the last ticket issued)
-_FLOOR = 8  # uint64: tickets up to this one were found not to wait (idle encoders)
-_LOCK = 16  # the byte locked while ``issued`` or the floor is rewritten
-# encoder slot i: HIGH, ROW_NS, BUSY, LAST_END, EXEC_NS, ROWS, BIAS (uint64 each)
+_ISSUED = 0  # uint64: rows numbered so far (the last row ticket issued)
+_FLOOR = 8  # uint64: row tickets up to this one were found not to wait (idle encoders)
+_LOCK = 16  # the byte locked while the header is rewritten
+_ISSUED_WORK = 24  # uint64: ns of estimated work numbered so far (the last work ticket)
+_FLOOR_WORK = 32  # uint64: the work floor, set with the row floor
+_SECRET = 40  # 16 random bytes, made by the first process that opens the board
+_SECRET_SIZE = 16
+# encoder slot i: HIGH, BUSY, LAST_END, BIAS, HIGH_WORK, RUN_START, RUN_WORK (uint64 each),
+# then the instance's learned cost (float64 each, embed_runtime.ops.cost_model.Cost)
 _ENCODERS = 64
-_ENCODER_SIZE = 56
-_HIGH, _ROW_NS, _BUSY, _LAST_END, _EXEC_NS, _ROWS, _BIAS = range(7)
+_HIGH, _BUSY, _LAST_END, _BIAS, _HIGH_WORK, _RUN_START, _RUN_WORK = range(7)
+_COST = 7
+_ENCODER_SIZE = 8 * (_COST + COST_FIELDS)
 # The bias is kept in thousandths: actual time to the answer over the admission's estimate.
 _BIAS_SCALE = 1000
 # The bias never moves an estimate beyond these factors: it only ever makes the model's
@@ -130,6 +140,22 @@ class _Slot:
         self._fd, self._map = _open(path)
         self.slot = _claim(self._fd, base, size)
         self.at = base + self.slot * size
+        _lock(self._fd, _LOCK, wait=True)
+        try:
+            if not any(self._map[_SECRET : _SECRET + _SECRET_SIZE]):
+                self._map[_SECRET : _SECRET + _SECRET_SIZE] = os.urandom(_SECRET_SIZE)
+        finally:
+            _lock(self._fd, _LOCK, fcntl.F_UNLCK)
+
+    @property
+    def secret(self) -> str:
+        """The board's random key (hex): known to the server's own processes only.
+
+        A step that admitted a request's parts as one unit sends it with the parts
+        (:data:`embed_runtime.serving.admission.GRANT_PARAMETER`), so the step in front of
+        the encoder does not weigh them again, each behind the others.
+        """
+        return bytes(self._map[_SECRET : _SECRET + _SECRET_SIZE]).hex()
 
     def _get(self, field: int) -> int:
         return struct.unpack_from("<Q", self._map, self.at + 8 * field)[0]
@@ -155,25 +181,28 @@ class _Slot:
 
 
 class EncoderSlot(_Slot):
-    """An encoder instance's slot: the highest ticket it took, what a row costs it, if it runs."""
+    """An encoder instance's slot: the tickets it took, what its work costs, if it runs."""
 
     def __init__(self, path: str, clock: Callable[[], int] = time.monotonic_ns):
         super().__init__(path, _ENCODERS, _ENCODER_SIZE)
         self._clock = clock
         self._set(_BUSY, 0)  # a process that died running left its flag set
-        self._time_ns = self._rows = 0.0
+        self.fit = CostFit()
+
+    def _get_cost(self) -> Cost:
+        return Cost(*struct.unpack_from(f"<{COST_FIELDS}d", self._map, self.at + 8 * _COST))
 
     @property
-    def row_ns(self) -> int:
-        """This instance's moving cost of a row (0 before it ran)."""
-        return self._get(_ROW_NS)
+    def cost(self) -> Cost:
+        """This instance's learned cost (``Cost()`` before it ran)."""
+        return self._get_cost()
 
     def observe(self, ratios: list[float]) -> None:
         """Fold the executed requests' actual wait over their admission's estimate in.
 
-        The admitting step's estimate is a model (rows before it, their cost, the run
-        under way); how Triton's batcher and the cores actually serve them is measured
-        here, and the step scales its next estimates by it (:attr:`Backlog.bias`).
+        The admitting step's estimate is a model (the work queued before it, its own, the
+        runs under way); how Triton's batcher and the cores actually serve them is
+        measured here, and the step scales its next estimates by it (:attr:`Backlog.bias`).
         """
         if not ratios:
             return
@@ -183,60 +212,74 @@ class EncoderSlot(_Slot):
         self._set(_BIAS, int((old + COST_WEIGHT * (ratio - old)) * _BIAS_SCALE))
 
     @contextlib.contextmanager
-    def executing(self, rows: int, ticket: int = 0) -> Iterator[None]:
-        """Take ``rows`` from the queue, the highest of their tickets ``ticket``; time them.
+    def executing(
+        self, x: np.ndarray, ticket: int = 0, work_ticket: int = 0
+    ) -> Iterator[None]:
+        """Take requests of :func:`~.cost_model.features` ``x`` from the queue; time them.
 
-        The cost of a row is the moving time of an execution over its moving row count, so
-        an execution of one row (its fixed cost all its own) weighs as little as it is
-        worth against the batches a queue makes.
+        ``ticket`` (rows) and ``work_ticket`` (work) are the highest among them. While it
+        runs the board shows when it started and what it should cost, so an admitting
+        step counts only the part still to come; once done, its time refines the
+        instance's cost (:class:`~.cost_model.CostFit`).
         """
         if ticket > self._get(_HIGH):
             self._set(_HIGH, ticket)
-        self._set(_ROWS, self._get(_ROWS) + rows)
-        self._set(_BUSY, 1)
+        if work_ticket > self._get(_HIGH_WORK):
+            self._set(_HIGH_WORK, work_ticket)
         start = self._clock()
+        self._set(_RUN_START, start)
+        self._set(_RUN_WORK, max(0, int(self._get_cost().of(x))))
+        self._set(_BUSY, 1)
         try:
             yield
         finally:
             end = self._clock()
-            if rows:
-                first = not self._rows
-                weight = 1.0 if first else COST_WEIGHT
-                self._time_ns += weight * ((end - start) - self._time_ns)
-                self._rows += weight * (rows - self._rows)
-                self._set(_ROW_NS, max(1, int(self._time_ns / self._rows)))
-                self._set(_EXEC_NS, max(1, int(self._time_ns)))
+            self.fit.add(x, end - start)
+            struct.pack_into(
+                f"<{COST_FIELDS}d", self._map, self.at + 8 * _COST, *self.fit.cost().as_tuple()
+            )
             self._set(_LAST_END, end)
             self._set(_BUSY, 0)
 
 
 @dataclass(frozen=True)
 class Backlog:
-    """What an admitting step reads: rows queued and what they cost the encoders.
+    """What an admitting step reads: what waits for the encoders and what it costs them.
 
-    ``row_ns`` is the encoders' mean cost of a row over the ``encoders`` instances that ran
-    (they run side by side), 0 before any ran; ``exec_ns`` the mean time of one execution;
-    ``running`` how many instances are executing now; ``bias`` how the answers' actual
-    waits compared with the estimates they were admitted on (1.0: as estimated).
+    ``queued`` rows and ``work_ns`` of estimated work (ns of one instance) numbered past
+    what the encoders took; ``cost`` the encoders' mean learned cost (``Cost()`` before
+    any ran); ``encoders`` the instances that ran (they run side by side); ``running``
+    how many execute now and ``remaining_ns`` the estimated rest of their executions;
+    ``bias`` how the answers' actual waits compared with the estimates they were admitted
+    on (1.0: as estimated).
     """
 
     queued: int
-    row_ns: float
+    work_ns: float = 0.0
+    cost: Cost = Cost()
     encoders: int = 0
-    exec_ns: float = 0.0
     running: int = 0
+    remaining_ns: float = 0.0
     bias: float = 1.0
 
-    def wait_ns(self, rows: int = 0) -> float:
-        """The estimated time until ``rows`` more, queued now, are answered.
+    def ahead_ns(self) -> float:
+        """The estimated wait of a request queued now before an instance starts on it.
 
-        The rows before them and their own, at the encoders' cost of a row, plus one
-        execution when every instance is busy or rows wait (the one under way ends first).
+        Nothing when nothing waits and an instance is free, whatever the request's size;
+        otherwise the queued work and the rest of the executions under way, shared by the
+        instances, and the fixed cost of the execution the queue runs in.
         """
-        if self.row_ns <= 0:
+        if not self.cost.known:
             return 0.0
-        full = self.queued > 0 or self.running >= max(self.encoders, 1)
-        return (self.queued + rows) * self.row_ns + (self.exec_ns if full else 0.0)
+        free = self.running < max(self.encoders, 1)
+        if free and self.queued <= 0 and self.work_ns <= 0:
+            return 0.0
+        share = (self.work_ns + self.remaining_ns) / max(self.encoders, 1)
+        return share + (self.cost.run_ns if self.queued > 0 else 0.0)
+
+    def own_ns(self, lengths: list[int]) -> float:
+        """The estimated time of a request's own execution, rows of these token counts."""
+        return self.cost.alone_ns(lengths) if self.cost.known else 0.0
 
 
 class Admission(_Slot):
@@ -249,23 +292,36 @@ class Admission(_Slot):
     def _header(self, at: int) -> int:
         return struct.unpack_from("<Q", self._map, at)[0]
 
-    def issue(self, rows: list[int]) -> list[int]:
-        """Number ``rows`` (one count per request passed on): each request's ticket."""
+    def issue(self, rows: list[int], work: list[float] | None = None) -> list[tuple[int, int]]:
+        """Number ``rows`` and ``work`` (ns; one count per request passed on).
+
+        Each request's tickets: (its last row, its last ns of work).
+        """
         tickets = []
+        work = work if work is not None else [0.0] * len(rows)
         _lock(self._fd, _LOCK, wait=True)
         try:
-            last = self._header(_ISSUED)
-            for count in rows:
+            last, last_work = self._header(_ISSUED), self._header(_ISSUED_WORK)
+            for count, ns in zip(rows, work, strict=True):
                 last += count
-                tickets.append(last)
+                last_work += max(int(ns), 0)
+                tickets.append((last, last_work))
             struct.pack_into("<Q", self._map, _ISSUED, last)
+            struct.pack_into("<Q", self._map, _ISSUED_WORK, last_work)
         finally:
             _lock(self._fd, _LOCK, fcntl.F_UNLCK)
         return tickets
 
     def _encoders(self) -> list[tuple[int, ...]]:
         return [
-            struct.unpack_from("<7Q", self._map, _ENCODERS + i * _ENCODER_SIZE)
+            struct.unpack_from(f"<{_COST}Q", self._map, _ENCODERS + i * _ENCODER_SIZE)
+            for i in range(SLOTS)
+        ]
+
+    def _costs(self) -> list[Cost]:
+        at = _ENCODERS + 8 * _COST
+        return [
+            Cost(*struct.unpack_from(f"<{COST_FIELDS}d", self._map, at + i * _ENCODER_SIZE))
             for i in range(SLOTS)
         ]
 
@@ -285,20 +341,25 @@ class Admission(_Slot):
         _lock(self._fd, _LOCK, wait=True)
         try:
             struct.pack_into("<Q", self._map, _FLOOR, self._header(_ISSUED))
+            struct.pack_into("<Q", self._map, _FLOOR_WORK, self._header(_ISSUED_WORK))
         finally:
             _lock(self._fd, _LOCK, fcntl.F_UNLCK)
 
     def read(self) -> Backlog:
-        """The encoder's backlog now: rows numbered past the highest ticket taken."""
-        encoders = self._encoders()
+        """The encoder's backlog now: rows and work numbered past the highest tickets taken."""
+        encoders, costs = self._encoders(), self._costs()
         issued, floor = self._header(_ISSUED), self._header(_FLOOR)
+        issued_work, floor_work = self._header(_ISSUED_WORK), self._header(_FLOOR_WORK)
         high = max([floor, *(e[_HIGH] for e in encoders)])
-        ran = [e for e in encoders if e[_ROW_NS]]
+        high_work = max([floor_work, *(e[_HIGH_WORK] for e in encoders)])
+        queued, work = max(0, issued - high), float(max(0, issued_work - high_work))
+        ran = [i for i, cost in enumerate(costs) if cost.known]
         if not ran:
-            return Backlog(max(0, issued - high), 0.0)
-        row_ns = sum(e[_ROW_NS] for e in ran) / len(ran) / len(ran)
-        exec_ns = sum(e[_EXEC_NS] for e in ran) / len(ran)
-        running = sum(1 for e in ran if e[_BUSY])
-        biased = [e[_BIAS] / _BIAS_SCALE for e in ran if e[_BIAS]]
+            return Backlog(queued, work)
+        now = self._clock()
+        running = [encoders[i] for i in ran if encoders[i][_BUSY]]
+        remaining = sum(max(0, e[_RUN_WORK] - (now - e[_RUN_START])) for e in running)
+        biased = [encoders[i][_BIAS] / _BIAS_SCALE for i in ran if encoders[i][_BIAS]]
         bias = sum(biased) / len(biased) if biased else 1.0
-        return Backlog(max(0, issued - high), row_ns, len(ran), exec_ns, running, bias)
+        cost = Cost.mean(costs[i] for i in ran)
+        return Backlog(queued, work, cost, len(ran), len(running), float(remaining), bias)

@@ -11,7 +11,13 @@ from typing import Any
 from ..errors import INVALID_ARG, UNAVAILABLE, RequestError
 from ..text.request_options import request_parameters
 from ..text.tokenizer import split_rows
-from .admission import ISSUED_TICKET, AdmissionGate, gone_reason, request_deadline_us
+from .admission import (
+    ISSUED_TICKET,
+    AdmissionGate,
+    _row_bytes,
+    gone_reason,
+    request_deadline_us,
+)
 
 
 def config_parameters(model_config: str | dict[str, Any]) -> dict[str, str]:
@@ -62,10 +68,12 @@ class Gathered:
     valid: list[int] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
     items: list = field(default_factory=list)
-    # Each valid request's deadline (µs since the epoch) or None, and the estimate of its
-    # wait (µs) it was admitted on, where a gate read them.
+    # Each valid request's deadline (µs since the epoch) or None, the estimate of its
+    # wait (µs) it was admitted on and the token counts its rows were priced at, where a
+    # gate read them.
     deadlines: list[int | None] = field(default_factory=list)
     estimates: list[int] = field(default_factory=list)
+    weights: list[list[int]] = field(default_factory=list)
 
     def slices(self) -> Iterator[tuple[int, int, int]]:
         """``(request index, start, stop)`` of each valid request's rows in ``items``."""
@@ -99,17 +107,19 @@ def gather_rows(
     A request whose client has gone or whose deadline has passed is answered at once,
     unread (:mod:`.admission`): no step works for an answer nobody can use. So is one
     the ``gate`` refuses because the encoder after this step cannot answer it in time,
-    weighed by its rows (:func:`request_rows`) before any work of this step's own.
+    weighed by its rows (:meth:`AdmissionGate.weigh`) before any work of this step's own.
     """
     gathered = Gathered(responses=[None] * len(requests))
     if gate is not None:
         gate.begin()
     for i, request in enumerate(requests):
         gone = gone_reason(request, _parameters)
-        deadline, estimate = None, 0
+        deadline, estimate, weights = None, 0, []
         if gone is None and gate is not None:
-            deadline = request_deadline_us(request, _parameters(request))
-            gone = gate.admit(request_rows(request), deadline)
+            parameters = _parameters(request)
+            deadline = request_deadline_us(request, parameters)
+            weights = gate.weigh(request)
+            gone = gate.admit(weights, deadline, gate.granted(parameters))
             estimate = gate.estimate_us
         if gone is not None:
             gathered.responses[i] = error_response(pb_utils, gone)
@@ -118,7 +128,7 @@ def gather_rows(
             rows = read(request)
         except RequestError as exc:
             if gate is not None:
-                gate.withdraw(request_rows(request))
+                gate.withdraw(weights)
             gathered.responses[i] = error_response(pb_utils, exc)
             continue
         gathered.valid.append(i)
@@ -126,35 +136,51 @@ def gather_rows(
         gathered.items.extend(rows)
         gathered.deadlines.append(deadline)
         gathered.estimates.append(estimate)
+        gathered.weights.append(weights)
     return gathered
 
 
-def request_rows(request: Any) -> int:
-    """The rows of ``request``: the longest batch dimension of its inputs (1 if none)."""
-    try:
-        shapes = [tensor.as_numpy().shape for tensor in request.inputs()]
-    except Exception:  # noqa: BLE001 - weighed as one row; reading it fails it properly
-        return 1
-    return max([1, *(shape[0] for shape in shapes if shape)])
-
-
 def with_tickets(
-    pb_utils: Any, gate: AdmissionGate | None, batch: Gathered, outputs: dict[int, list]
+    pb_utils: Any,
+    gate: AdmissionGate | None,
+    batch: Gathered,
+    outputs: dict[int, list],
+    lengths: dict[int, list[int]] | None = None,
 ) -> dict[int, list]:
     """``outputs`` (tensors by request index) with the :data:`ISSUED_TICKET` of each.
 
     The requests of ``batch`` that have outputs are passed on to the encoder the ``gate``
-    admits to, their rows numbered now; without a gate, ``outputs`` as they are.
+    admits to, their rows and work numbered now; ``lengths``: each one's rows' token
+    counts as tokenized (none: as they were weighed, 0s for images). Without a gate,
+    ``outputs`` as they are.
     """
     if gate is None or not outputs:
         return outputs
+    lengths = lengths or {}
     admitted = zip(batch.valid, batch.counts, batch.deadlines, batch.estimates, strict=True)
     passed = [(i, c, d, e) for i, c, d, e in admitted if i in outputs]
-    _, rows, deadlines, estimates = (list(column) for column in zip(*passed, strict=True))
+    rows = [lengths.get(i, [0] * c) for i, c, _, _ in passed]
+    deadlines, estimates = [d for *_, d, _ in passed], [e for *_, e in passed]
     tickets = gate.tickets(rows, deadlines, estimates)
     for (i, *_), ticket in zip(passed, tickets, strict=True):
         outputs[i] = [*outputs[i], pb_utils.Tensor(ISSUED_TICKET, ticket)]
     return outputs
+
+
+def token_lengths(arrays: dict[str, Any]) -> list[int]:
+    """Each row's token count: the sums of its ``attention_mask`` (none: 0 a row)."""
+    mask = arrays.get("attention_mask")
+    if mask is None or getattr(mask, "ndim", 0) != 2:
+        first = next(iter(arrays.values()), None)
+        return [0] * (0 if first is None else len(first))
+    return [int(v) for v in mask.sum(axis=1)]
+
+
+def learn_tokens(gate: AdmissionGate, requests: Sequence[Any], lengths: dict[int, list[int]]):
+    """Teach ``gate`` the tokens a byte of text makes, from the requests just tokenized."""
+    tokens = sum(sum(rows) for rows in lengths.values())
+    text_bytes = sum(sum(_row_bytes(requests[i])) for i in lengths)
+    gate.learn(text_bytes, tokens)
 
 
 def run_or_isolate(
@@ -204,13 +230,16 @@ def tokenize_requests(
     if not batch.items:
         return batch.responses
     groups = [batch.items[start:stop] for _, start, stop in batch.slices()]
-    outputs = {}
+    outputs, lengths = {}, {}
     for i, arrays in zip(batch.valid, run_or_isolate(tokenize, groups, log), strict=True):
         if isinstance(arrays, Exception):
             batch.responses[i] = error_response(pb_utils, arrays, log)
             continue
         outputs[i] = [pb_utils.Tensor(n, arrays[n]) for n in output_names]
-    for i, tensors in with_tickets(pb_utils, gate, batch, outputs).items():
+        lengths[i] = token_lengths(arrays)
+    if gate is not None:
+        learn_tokens(gate, requests, lengths)
+    for i, tensors in with_tickets(pb_utils, gate, batch, outputs, lengths).items():
         batch.responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
     return batch.responses
 

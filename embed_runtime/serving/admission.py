@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import UnavailableError
-from ..ops.backlog_board import Admission, Backlog, board_path
+from ..ops.backlog_board import COST_WEIGHT, Admission, Backlog, board_path
+from ..ops.cost_model import Cost, features
 
 DEADLINE_PARAMETER = "deadline_unix_us"
 
@@ -116,14 +117,20 @@ BACKLOG_PARAMETER = "admission_backlog"
 # nothing it passes on: ``<name>_admit_url``, in front of the URL fetch.
 ADMISSION_PEEK = "admission_peek"
 # The tensor an admitting step sends each request's ticket in, and the one the step it
-# admits to takes it as: [rows, 4] INT64, each row the same (ticket, deadline µs or 0,
-# when it was admitted µs, the admission's estimate of its wait µs or 0).
+# admits to takes it as: [rows, TICKET_WIDTH] INT64, each row the same (row ticket,
+# deadline µs or 0, when it was admitted µs, the admission's estimate of its wait µs or 0,
+# work ticket ns).
 ISSUED_TICKET = "issued_ticket"
 ADMITTED_TICKET = "admitted_ticket"
-
-# Rows always admitted per encoder instance to an otherwise empty queue, whatever one
-# costs, for a request that states no deadline (AdmissionGate.admit).
-PER_INSTANCE = 2
+TICKET_WIDTH = 5
+# A request parameter: the parts of one request that a step in front already admitted
+# as one unit (``<name>_chunks``) carry the encoder board's key in it, so the admitting
+# step counts them without weighing each behind the others. Nobody outside the server
+# knows the key; a wrong one is weighed as usual.
+GRANT_PARAMETER = "admission_grant"
+# Before a step has tokenized anything, a row of text is priced at this many tokens a
+# byte (then at what it has seen), and never past its model's window.
+TOKENS_PER_BYTE = 0.3
 # A request with a deadline is admitted while the estimated time to its answer is within
 # this share of the time it has left: the estimate is a moving mean, a request admitted
 # just after a batch formed waits for two executions, and the answer still has to travel
@@ -235,18 +242,23 @@ class AdmissionGate:
     Built by the step in front of an encoder from its config parameters
     (:data:`ADMISSION_ENCODER`, :data:`ADMISSION_WAIT`, :data:`ADMISSION_ROWS`).
     :meth:`begin` reads the encoder's backlog board once per execution; :meth:`admit` is
-    asked for each request in order, with its rows and its deadline:
+    asked for each request in order, with its rows' token counts (estimated from their
+    bytes before this step tokenized them: :meth:`weigh`) and its deadline. Everything is
+    priced by the encoder's learned cost of tokens (:mod:`embed_runtime.ops.cost_model`):
 
-    - every request is refused past ``max_rows`` rows waiting (the memory the queue may
-      hold), but for the first :data:`PER_INSTANCE` rows an instance of an empty queue;
+    - the wait *ahead* of a request is bounded, never its own size: a request with nothing
+      ahead of it is admitted whatever its rows;
+    - every request is refused while ``max_rows`` rows already wait (the memory the queue
+      may hold);
     - a request that states a deadline is refused at once when the estimated time to its
-      answer (the rows queued before it, their cost, the execution under way) exceeds
-      :data:`DEADLINE_SHARE` of the time it has left, and admitted otherwise;
-    - one that states none is queued, as Triton queues it, up to ``wait_us`` of estimated
-      work (the longest wait a client is asked to sit through), past it refused at once.
+      answer (the work ahead and its own) exceeds :data:`DEADLINE_SHARE` of the time it
+      has left, and admitted otherwise;
+    - one that states none is queued, as Triton queues it, while less than ``wait_us`` of
+      estimated work waits ahead of it (the longest wait a client is asked to sit
+      through), past it refused at once.
 
-    :meth:`tickets` numbers the rows passed on, so the encoder's board counts only what
-    the encoder has still to take (:mod:`embed_runtime.ops.backlog_board`).
+    :meth:`tickets` numbers the rows and the work passed on, so the encoder's board counts
+    only what the encoder has still to take (:mod:`embed_runtime.ops.backlog_board`).
     """
 
     def __init__(
@@ -257,22 +269,33 @@ class AdmissionGate:
         max_rows: int = 0,
         refusals: Refusals | None = None,
         now_us: Callable[[], int] = wall_clock_us,
+        max_tokens: int = 0,
     ):
         self.board, self.encoder, self.wait_us, self.max_rows = board, encoder, wait_us, max_rows
         self.refusals, self.now_us = refusals, now_us
-        self._read = Backlog(0, 0.0)
-        self._rows = 0  # admitted by this execution so far: they wait too
+        # Text steps: rows are priced by tokens, at most the model's window; 0: no tokens.
+        self.max_tokens = max_tokens
+        self.tokens_per_byte = TOKENS_PER_BYTE
+        self._read = Backlog(0)
+        self._rows, self._work = 0, 0.0  # admitted by this execution so far: they wait too
         self._idle_checked = False
         self.estimate_us = 0  # the estimate the last admitted request was admitted on
+        self._grant = board.secret
 
     @classmethod
     def from_parameters(
-        cls, params: Mapping[str, str], version: str, pb_utils: Any = None, model: str = ""
+        cls,
+        params: Mapping[str, str],
+        version: str,
+        pb_utils: Any = None,
+        model: str = "",
+        max_tokens: int = 0,
     ) -> AdmissionGate | None:
         """The gate a step's config asks for, or ``None`` where it admits everything.
 
         With ``pb_utils`` (inside Triton) its refusals are counted (:class:`Refusals`)
-        under the step's name ``model``.
+        under the step's name ``model``. ``max_tokens``: a text step's window (rows are
+        priced by their tokens); 0 for images.
         """
         encoder = params.get(ADMISSION_ENCODER, "")
         wait_us = int(params.get(ADMISSION_WAIT, "0") or 0)
@@ -281,92 +304,137 @@ class AdmissionGate:
             return None
         refusals = None if pb_utils is None else Refusals.for_step(pb_utils, model, encoder)
         board = Admission(board_path(encoder, version))
-        return cls(board, encoder, max(wait_us, 0), max(max_rows, 0), refusals)
+        return cls(
+            board, encoder, max(wait_us, 0), max(max_rows, 0), refusals, max_tokens=max_tokens
+        )
 
     def begin(self) -> None:
         """Read the backlog once for this execution."""
         self._read = self.board.read()
-        self._rows = 0
+        self._rows, self._work = 0, 0.0
         self._idle_checked = False
 
-    def _backlog(self) -> Backlog:
-        return dataclasses.replace(self._read, queued=self._read.queued + self._rows)
+    def weigh(self, request: Any) -> list[int]:
+        """The token counts the rows of ``request`` are priced at before it is tokenized.
 
-    def _over(self, rows: int, deadline: int | None) -> str | None:
-        """Why ``rows`` more cannot be admitted now, ``None`` when they can.
+        A text step prices each row of its ``BYTES`` inputs by its bytes at the tokens a
+        byte it has seen (:meth:`learn`), within the model's window; an image step counts
+        rows alone (0 tokens each).
+        """
+        sizes = _row_bytes(request)
+        if not self.max_tokens:
+            return [0] * len(sizes)
+        return [min(self.max_tokens, 2 + int(size * self.tokens_per_byte)) for size in sizes]
+
+    def learn(self, text_bytes: int, tokens: int) -> None:
+        """Fold what this step tokenized in: ``tokens`` tokens from ``text_bytes`` bytes."""
+        if text_bytes > 0 and tokens > 0:
+            ratio = tokens / text_bytes
+            self.tokens_per_byte += COST_WEIGHT * (ratio - self.tokens_per_byte)
+
+    def granted(self, parameters: Mapping[str, Any]) -> bool:
+        """Whether a step in front admitted this request already (:data:`GRANT_PARAMETER`)."""
+        return parameters.get(GRANT_PARAMETER) == self._grant
+
+    @property
+    def grant(self) -> str:
+        """What a step that admits parts as one unit sends with them (:data:`GRANT_PARAMETER`)."""
+        return self._grant
+
+    def _backlog(self) -> Backlog:
+        read = self._read
+        return dataclasses.replace(
+            read, queued=read.queued + self._rows, work_ns=read.work_ns + self._work
+        )
+
+    def _over(self, lengths: list[int], deadline: int | None) -> str | None:
+        """Why a request of rows with these token counts cannot be admitted now, or ``None``.
 
         The estimate is the board's model scaled by how the last answers compared with
         theirs (:attr:`Backlog.bias`).
         """
         backlog = self._backlog()
-        self.estimate_us = int(backlog.wait_ns(rows) / 1000)
-        expected_ms = self.estimate_us * backlog.bias / 1000
-        floor = backlog.queued < PER_INSTANCE * max(backlog.encoders, 1)
-        if self.max_rows and backlog.queued + rows > self.max_rows and not floor:
+        ahead_ns = backlog.ahead_ns()
+        self.estimate_us = int((ahead_ns + backlog.own_ns(lengths)) / 1000)
+        ahead_ms = ahead_ns * backlog.bias / 1e6
+        if self.max_rows and backlog.queued >= self.max_rows:
             return (
                 f"server overloaded: {backlog.queued} row(s) already wait for {self.encoder}, "
                 f"its bound is {self.max_rows} ({ADMISSION_ROWS}); retry later with backoff"
             )
         if deadline is not None:
+            expected_ms = self.estimate_us * backlog.bias / 1000
             left_ms = (deadline - self.now_us()) / 1000
-            if backlog.row_ns > 0 and expected_ms > DEADLINE_SHARE * left_ms:
+            if backlog.cost.known and expected_ms > DEADLINE_SHARE * left_ms:
                 return (
                     f"server overloaded: about {expected_ms:.0f} ms until {self.encoder} "
-                    f"could answer ({backlog.queued} row(s) wait before it), more than "
-                    f"{DEADLINE_SHARE:g} of the {max(left_ms, 0):.0f} ms left before the "
-                    "request's deadline; retry "
+                    f"could answer ({ahead_ms:.0f} ms of work ahead of this request's "
+                    f"{len(lengths)} row(s)), more than {DEADLINE_SHARE:g} of the "
+                    f"{max(left_ms, 0):.0f} ms left before the request's deadline; retry "
                     "later with backoff or a later deadline"
                 )
             return None
-        if floor:
-            return None
-        if self.wait_us and backlog.row_ns > 0 and expected_ms * 1000 > self.wait_us:
+        if self.wait_us and ahead_ms * 1000 > self.wait_us:
             return (
-                f"server overloaded: {backlog.queued} row(s) (about {expected_ms:.0f} ms of "
+                f"server overloaded: {backlog.queued} row(s) (about {ahead_ms:.0f} ms of "
                 f"work) already wait for {self.encoder}, over its admission bound of "
                 f"{self.wait_us / 1000:g} ms ({ADMISSION_WAIT}); retry later with backoff"
             )
         return None
 
-    def admit(self, rows: int = 1, deadline: int | None = None) -> OverloadedError | None:
-        """``None`` to admit a request of ``rows`` rows, else the error that refuses it.
+    def admit(
+        self, lengths: list[int], deadline: int | None = None, granted: bool = False
+    ) -> OverloadedError | None:
+        """``None`` to admit a request of rows with these token counts, else its refusal.
 
         ``deadline``: when it must be answered by (µs since the epoch), ``None`` if never.
+        ``granted``: a step in front admitted it already; it is counted, never refused.
         A count that would refuse is checked against idle encoders once per execution:
         rows that never reached them cannot be waiting.
         """
-        reason = self._over(rows, deadline)
+        reason = None if granted else self._over(lengths, deadline)
         if reason is not None and not self._idle_checked and self._read.queued:
             self._idle_checked = True
             if self.board.idle():
                 self.board.resync()
-                self._read = dataclasses.replace(self._read, queued=0)
-                reason = self._over(rows, deadline)
+                self._read = dataclasses.replace(self._read, queued=0, work_ns=0.0)
+                reason = self._over(lengths, deadline)
         if reason is None:
-            self._rows += rows
+            self._rows += len(lengths)
+            self._work += self._read.cost.work_ns(lengths)
             return None
         error = OverloadedError(reason)
         if self.refusals is not None:
             self.refusals.count(error.message)
         return error
 
-    def withdraw(self, rows: int) -> None:
-        """Take back ``rows`` this execution admitted: their request failed before going on."""
-        self._rows = max(0, self._rows - rows)
+    def withdraw(self, lengths: list[int]) -> None:
+        """Take back rows this execution admitted: their request failed before going on."""
+        self._rows = max(0, self._rows - len(lengths))
+        self._work = max(0.0, self._work - self._read.cost.work_ns(lengths))
 
     def tickets(
-        self, rows: list[int], deadlines: list[int | None], estimates: list[int]
+        self,
+        lengths: list[list[int]],
+        deadlines: list[int | None],
+        estimates: list[int],
     ) -> list[np.ndarray]:
-        """The :data:`ISSUED_TICKET` tensor of each request passed on, rows numbered now.
+        """The :data:`ISSUED_TICKET` tensor of each request passed on, numbered now.
 
-        ``deadlines`` and ``estimates`` (µs) are each request's, as it was admitted.
+        ``lengths``: each request's rows' token counts as tokenized (0 for an image);
+        ``deadlines`` and ``estimates`` (µs) each request's, as it was admitted.
         """
-        numbered = self.board.issue(rows)
+        work = [self._read.cost.work_ns(rows) for rows in lengths]
+        numbered = self.board.issue([len(rows) for rows in lengths], work)
         now = self.now_us()
         return [
-            np.full((count, 4), (ticket, deadline or 0, now, estimate), dtype=np.int64)
-            for count, ticket, deadline, estimate in zip(
-                rows, numbered, deadlines, estimates, strict=True
+            np.full(
+                (len(rows), TICKET_WIDTH),
+                (ticket, deadline or 0, now, estimate, work_ticket),
+                dtype=np.int64,
+            )
+            for rows, (ticket, work_ticket), deadline, estimate in zip(
+                lengths, numbered, deadlines, estimates, strict=True
             )
         ]
 
@@ -377,58 +445,99 @@ class AdmissionGate:
             self.refusals.close()
 
 
-def taken_ticket(tickets: Any) -> tuple[int, int | None, int, int]:
-    """(ticket, deadline µs or ``None``, admitted at µs, estimate µs) of a ticket array."""
-    if tickets is None or tickets.size < 4:
-        return 0, None, 0, 0
-    ticket, deadline, admitted, estimate = (int(v) for v in tickets.reshape(-1, 4)[0])
-    return max(ticket, 0), (deadline if deadline > 0 else None), admitted, estimate
+def _row_bytes(request: Any) -> list[int]:
+    """The bytes of each row of ``request``'s ``BYTES`` inputs (rows of other inputs: 0)."""
+    try:
+        arrays = [tensor.as_numpy() for tensor in request.inputs()]
+    except Exception:  # noqa: BLE001 - weighed as one row; reading it fails it properly
+        return [0]
+    rows = max([1, *(a.shape[0] for a in arrays if a.ndim)])
+    sizes = [0] * rows
+    for array in arrays:
+        if array.dtype != np.object_ or not array.ndim or not array.size:
+            continue
+        for i, row in enumerate(array.reshape(array.shape[0], -1)):
+            sizes[i] += sum(len(v) for v in row if isinstance(v, (bytes, str)))
+    return sizes
+
+
+def taken_ticket(tickets: Any) -> tuple[int, int | None, int, int, int]:
+    """(row ticket, deadline µs or ``None``, admitted at µs, estimate µs, work ticket)."""
+    if tickets is None or tickets.size < TICKET_WIDTH:
+        return 0, None, 0, 0, 0
+    ticket, deadline, admitted, estimate, work = (
+        int(v) for v in tickets.reshape(-1, TICKET_WIDTH)[0]
+    )
+    return max(ticket, 0), (deadline if deadline > 0 else None), admitted, estimate, max(work, 0)
 
 
 @dataclass(frozen=True)
 class Taken:
-    """What an admitted-to step takes in one execution: rows, highest ticket, deadlines.
+    """What an admitted-to step takes in one execution: its requests' rows and tickets.
 
-    ``estimated``: (admitted at µs, estimate µs) of each request admitted on an estimate
-    of at least :data:`OBSERVED_FROM_US`.
+    ``lengths``: each request's rows' token counts (0 for rows without tokens), from
+    which the execution's cost is priced and learned; ``ticket`` and ``work_ticket`` the
+    highest tickets taken; ``estimated``: (admitted at µs, estimate µs) of each request
+    admitted on an estimate of at least :data:`OBSERVED_FROM_US`.
     """
 
-    rows: int
+    lengths: tuple[tuple[int, ...], ...]
     ticket: int
     deadlines: tuple[int | None, ...]
     estimated: tuple[tuple[int, int], ...] = ()
+    work_ticket: int = 0
+
+    @property
+    def rows(self) -> int:
+        """The rows taken."""
+        return sum(len(rows) for rows in self.lengths)
+
+    def features(self) -> np.ndarray:
+        """The execution's regressors (:func:`embed_runtime.ops.cost_model.features`)."""
+        return features(self.lengths)
 
     def ratios(self, now_us: int) -> list[float]:
         """Each estimated request's wait so far over its estimate."""
         return [(now_us - admitted) / estimate for admitted, estimate in self.estimated]
 
     @classmethod
-    def read(cls, pb_utils: Any, requests: list, input_name: str) -> Taken:
+    def read(
+        cls, pb_utils: Any, requests: list, input_name: str, mask_name: str = ""
+    ) -> Taken:
         """Each request's :data:`ADMITTED_TICKET`; without one (a direct call), its rows.
 
-        A request's deadline is the earlier of its ticket's and its
-        :data:`DEADLINE_PARAMETER`.
+        ``mask_name``: the input whose rows' sums are their token counts
+        (``attention_mask``), where the step takes tokens. A request's deadline is the
+        earlier of its ticket's and its :data:`DEADLINE_PARAMETER`.
         """
-        rows, high, deadlines, estimated = 0, 0, [], []
+        lengths, high, high_work, deadlines, estimated = [], 0, 0, [], []
         for request in requests:
             tensor = pb_utils.get_input_tensor_by_name(request, ADMITTED_TICKET)
-            ticket, deadline = 0, None
+            ticket, deadline, work = 0, None, 0
             if tensor is not None:
-                array = tensor.as_numpy()
-                ticket, deadline, admitted, estimate = taken_ticket(array)
-                count = len(array)
+                ticket, deadline, admitted, estimate, work = taken_ticket(tensor.as_numpy())
                 if estimate >= OBSERVED_FROM_US and admitted > 0:
                     estimated.append((admitted, estimate))
-            else:
-                data = pb_utils.get_input_tensor_by_name(request, input_name)
-                count = 0 if data is None else len(data.as_numpy())
+            lengths.append(_row_lengths(pb_utils, request, input_name, mask_name))
             stated = deadline_us(_request_parameters(request))
             if stated is not None:
                 deadline = stated if deadline is None else min(deadline, stated)
-            rows += count
-            high = max(high, ticket)
+            high, high_work = max(high, ticket), max(high_work, work)
             deadlines.append(deadline)
-        return cls(rows, high, tuple(deadlines), tuple(estimated))
+        return cls(tuple(lengths), high, tuple(deadlines), tuple(estimated), high_work)
+
+
+def _row_lengths(pb_utils: Any, request: Any, input_name: str, mask_name: str) -> tuple:
+    """Each row's token count (the sum of its mask), or 0s for the rows of ``input_name``."""
+    if mask_name:
+        mask = pb_utils.get_input_tensor_by_name(request, mask_name)
+        if mask is not None:
+            array = mask.as_numpy()
+            if array.ndim == 2:
+                return tuple(int(v) for v in array.sum(axis=1))
+    data = pb_utils.get_input_tensor_by_name(request, input_name)
+    rows = 0 if data is None else len(data.as_numpy())
+    return (0,) * rows
 
 
 def _request_parameters(request: Any) -> Mapping[str, Any]:
@@ -443,15 +552,15 @@ class LateError(UnavailableError):
     """The request's deadline passes before this execution can end; none of it was done."""
 
 
-def late_refusals(taken: Taken, row_ns: int, now_us: Callable[[], int] = wall_clock_us):
+def late_refusals(taken: Taken, cost: Cost, now_us: Callable[[], int] = wall_clock_us):
     """Per request, the :class:`LateError` of one whose deadline passes before the run ends.
 
-    The run is estimated at ``row_ns`` (the instance's own moving cost of a row) times the
-    rows taken; 0 (it has not run yet) refuses nothing.
+    The run is priced by the instance's own learned ``cost`` of the taken requests; an
+    unknown cost (it has not run yet) refuses nothing.
     """
-    if row_ns <= 0:
+    if not cost.known:
         return [None] * len(taken.deadlines)
-    end = now_us() + row_ns * taken.rows // 1000
+    end = now_us() + int(cost.of(taken.features()) / 1000)
     return [
         None
         if deadline is None or deadline >= end

@@ -35,6 +35,9 @@ from ..text.tokenizer import TokenizerParams
 from .adapter import config_parameters, embed_requests, input_array
 from .admission import Taken, late_refusals, wall_clock_us
 
+# The input whose rows' sums are their token counts: what an execution is priced by.
+MASK = "attention_mask"
+
 
 class NoForms:
     """For engines without quantized forms: a request's ``precision`` is not read."""
@@ -175,11 +178,13 @@ class EncodeStep:
         """Embed all valid requests in one call; each bad one fails alone."""
         if self.backlog is None:
             return self._timed_execute(requests)
-        taken = Taken.read(self.pb_utils, requests, self.engine.input_names[0])
-        late = late_refusals(taken, self.backlog.row_ns)
+        names = self.engine.input_names
+        mask = MASK if MASK in names else ""
+        taken = Taken.read(self.pb_utils, requests, names[0], mask)
+        late = late_refusals(taken, self.backlog.cost)
         self._late = {id(r): e for r, e in zip(requests, late, strict=True) if e is not None}
         try:
-            with self.backlog.executing(taken.rows, taken.ticket):
+            with self.backlog.executing(taken.features(), taken.ticket, taken.work_ticket):
                 responses = self._timed_execute(requests)
             self.backlog.observe(taken.ratios(wall_clock_us()))
             return responses

@@ -48,7 +48,8 @@ class TokenizeStep:
         path = os.path.join(model_dir, params["tokenizer_file"])
         self.tokenizer = self.open_tokenizer(path, params)
         self.gate = AdmissionGate.from_parameters(
-            params, args["model_version"], self.pb_utils, args["model_name"]
+            params, args["model_version"], self.pb_utils, args["model_name"],
+            max_tokens=self.params.max_length,
         )
 
     def execute(self, requests: list) -> list:

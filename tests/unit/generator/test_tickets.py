@@ -3,6 +3,7 @@ that runs both, so the encoder's board counts only rows still on their way."""
 
 from __future__ import annotations
 
+from embed_runtime.serving.admission import TICKET_WIDTH
 from generator.model_dir import ModelDir
 from generator.render import Batching, Instances, IOSpec, Step, ensemble, parse_config, python_model
 from generator.tickets import admitted_steps, wire_tickets
@@ -35,7 +36,7 @@ def test_an_admitting_step_sends_its_tickets_to_the_step_it_admits_to() -> None:
     wired = {d.name: parse_config(d.config) for d in wire_tickets(_dirs(admission))}
     issued = [o for o in wired["m_tokenize"].output if o.name == "issued_ticket"]
     taken = [i for i in wired["m_encode"].input if i.name == "admitted_ticket"]
-    assert len(issued) == 1 and list(issued[0].dims) == [4]
+    assert len(issued) == 1 and list(issued[0].dims) == [TICKET_WIDTH] == [5]
     assert len(taken) == 1 and taken[0].optional  # a direct call sends none
     tokenize, encode = wired["m"].ensemble_scheduling.step
     assert tokenize.output_map["issued_ticket"] == "m_encode_ticket"

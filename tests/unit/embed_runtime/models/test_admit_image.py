@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from embed_runtime.ops.backlog_board import Admission, EncoderSlot
+from embed_runtime.ops.cost_model import features
 from embed_runtime.serving.admission import AdmissionGate
 from tests.unit import fake_pb_utils as pb
 from tests.unit.embed_runtime.models.helpers import _args, _error, load_adapter
@@ -61,10 +62,11 @@ def test_a_zero_row_request_fails_alone(admit) -> None:
 def test_requests_past_the_preprocessing_queues_bound_are_refused_unread(admit) -> None:
     model, board, clock = admit
     preprocess = EncoderSlot(board, clock)
-    with preprocess.executing(4):  # 4 images in 80 ms: 20 ms an image, 80 ms a run
-        clock.ns += 80 * MS
-    model.gate.board.issue([1, 1])  # two wait: 80 + 40 ms of the 100 ms bound with one more
-    with preprocess.executing(0):  # running: not idle
+    for n in (1, 4, 2, 8):  # 20 ms an image and 5 ms an execution, learned
+        with preprocess.executing(features([[0]] * n)):
+            clock.ns += (5 + 20 * n) * MS
+    model.gate.board.issue([4, 2], [80 * MS, 40 * MS])  # 120 ms of work wait: over 100 ms
+    with preprocess.executing(features([[0]])):  # running: not idle
         responses = model.execute([_request(b"a") for _ in range(3)])
     assert [r.has_error() for r in responses] == [True, True, True]
     assert len(responses[0].output_tensors()) == 0
@@ -84,8 +86,9 @@ def test_the_step_in_front_of_the_fetch_refuses_while_full_and_counts_nothing(
     model.gate = AdmissionGate(Admission(board, clock), "m_preprocess_image", 100_000)
     preprocess = EncoderSlot(board, clock)
     try:
-        with preprocess.executing(4):  # 4 images in 80 ms: 20 ms an image, 80 ms a run
-            clock.ns += 80 * MS
+        for n in (1, 4, 2, 8):  # 20 ms an image and 5 ms an execution, learned
+            with preprocess.executing(features([[0]] * n)):
+                clock.ns += (5 + 20 * n) * MS
         urls = [_request(b"http://127.0.0.1/a.jpg", b"http://127.0.0.1/b.jpg")]
         responses = model.execute(urls)  # room: passed on, as it came
         assert not responses[0].has_error()
@@ -94,12 +97,12 @@ def test_the_step_in_front_of_the_fetch_refuses_while_full_and_counts_nothing(
             urls[0].inputs()[0].as_numpy().tolist()
         )
         assert Admission(board, clock).read().queued == 0  # counted after the fetch only
-        model.gate.board.issue([1] * 5)  # five wait after their fetch: past the bound
-        with preprocess.executing(0):
+        model.gate.board.issue([1] * 6, [20 * MS] * 6)  # 120 ms wait after their fetch
+        with preprocess.executing(features([[0]])):
             responses = model.execute([_request(b"http://127.0.0.1/c.jpg")])
         code, message = _error(responses[0])
         assert code == pb.TritonError.UNAVAILABLE and "server overloaded" in message
-        assert Admission(board, clock).read().queued == 5
+        assert Admission(board, clock).read().queued == 6
     finally:
         model.finalize()
         preprocess.close()
@@ -124,16 +127,19 @@ def test_the_preprocessing_step_counts_what_it_takes_on_its_own_board(
     model.initialize(_args(tmp_path / "m_preprocess_image", params))
     try:
         reader = Admission(boards["m_preprocess_image"])
-        first, second, _ = reader.issue([1, 1, 1])
+        first, second, _ = reader.issue([1, 1, 1], [MS, MS, MS])
         image = _png(8, 8)
-        tickets = [pb.Tensor("admitted_ticket", np.array([[t, 0, 0, 0]])) for t in (first, second)]
+        tickets = [
+            pb.Tensor("admitted_ticket", np.array([[t, 0, 0, 0, w]])) for t, w in (first, second)
+        ]
         requests = [_request(image), _request(image)]
         for request, ticket in zip(requests, tickets, strict=True):
             request._inputs.append(ticket)
         responses = model.execute(requests)
         assert not any(r.has_error() for r in responses)
         backlog = reader.read()
-        assert backlog.queued == 1 and backlog.row_ns > 0 and backlog.encoders == 1
+        assert backlog.queued == 1 and backlog.work_ns == MS and backlog.encoders == 1
+        assert backlog.cost.known
         reader.close()
     finally:
         model.finalize()

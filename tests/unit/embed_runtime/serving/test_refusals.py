@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from embed_runtime.ops.backlog_board import Admission, EncoderSlot
+from embed_runtime.ops.cost_model import features
 from embed_runtime.serving.admission import (
     REFUSAL_LOG_EVERY_S,
     REFUSED_METRIC,
@@ -81,14 +82,16 @@ def test_the_gate_counts_its_refusals_only(tmp_path: Path) -> None:
     clock = Clock()
     board = str(tmp_path / "board")
     encoder = EncoderSlot(board, clock)
-    with encoder.executing(2):  # 2 rows in 40 ms: 20 ms a row, 40 ms a run
-        clock.ns += 40 * MS
+    for n in (1, 2, 4, 8):  # 20 ms a row, nothing else
+        with encoder.executing(features([[0]] * n)):
+            clock.ns += 20 * n * MS
     refusals = Refusals.for_step(pb, "m_tokenize", "m_encode")
-    gate = AdmissionGate(Admission(board, clock), "m_encode", 140_000, 0, refusals)
-    gate.board.issue([1] * 3)  # three wait: 60 + 40 ms of the 140 ms bound
-    with encoder.executing(0):  # running: not idle
+    gate = AdmissionGate(Admission(board, clock), "m_encode", 60_000, 0, refusals)
+    gate.board.issue([1], [20 * MS])  # one waits: 20 ms of the 60 ms bound ahead
+    with encoder.executing(features([[0]])):  # running: not idle, its 20 ms still ahead
+        clock.ns += 10 * MS
         gate.begin()
-        answers = [gate.admit(1) for _ in range(5)]
+        answers = [gate.admit([0]) for _ in range(5)]
     assert [a is None for a in answers] == [True, True, False, False, False]
     assert refusals.total == 3
     assert pb.MetricFamily.families[0].metrics[0].value == 3
