@@ -29,11 +29,15 @@ import numpy as np
 # well-conditioned (a 64-row run of 256 tokens has rows * w**2 = 256, not 4 million).
 WIDTH_UNIT = 128.0
 FEATURES = 5
+TOKEN_FEATURES = 3  # the index of the first token term (sum of w, then of w**2)
 # Weight kept by the older executions at each new one: the fit follows the last ~100.
 FORGET = 0.99
-# Ridge term, relative to each feature's own weight: keeps a feature the runs have not
-# varied (every run one width) from taking an arbitrary share.
-RIDGE = 1e-6
+# Ridge term on the token terms, per execution fitted: their coefficients are pulled to 0
+# as if each execution also showed 0.1 unit of each at no cost. A token feature the executions have barely
+# shown (only short queries, a few tokens each) is not extrapolated from noise (seen: 4.8 s
+# a row priced after a few health probes), while one they have shown (a 64-row batch of
+# 240 tokens is 120 units) is fitted as measured.
+RIDGE = 0.01
 
 
 @dataclass(frozen=True)
@@ -128,8 +132,9 @@ class CostFit:
             return Cost()
         active = [i for i in range(FEATURES) if self._xtx[i, i] > 0]
         while active:
-            sub = self._xtx[np.ix_(active, active)]
-            sub = sub + RIDGE * np.diag(np.diag(sub))
+            scale = max(self._xtx[0, 0], 1.0)
+            ridge = [(RIDGE if i >= TOKEN_FEATURES else 1e-9) * scale for i in active]
+            sub = self._xtx[np.ix_(active, active)] + np.diag(ridge)
             try:
                 beta = np.linalg.solve(sub, self._xty[active])
             except np.linalg.LinAlgError:

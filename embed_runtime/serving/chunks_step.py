@@ -44,6 +44,7 @@ from ..text.request_options import (
 )
 from ..text.tokenizer import TokenizerParams, decode_texts, untruncated
 from .adapter import config_parameters, error_response, input_array, read_requests
+from .admission import GRANT_PARAMETER, AdmissionGate, request_deadline_us
 
 CHUNK_ROW, CHUNK_SPAN, TOKEN_COUNT = "CHUNK_ROW", "CHUNK_SPAN", "TOKEN_COUNT"
 
@@ -134,6 +135,9 @@ class ChunksStep:
         self._late_args = (model_dir, tokenizer, self.tok.output_names, self.params.late_window,
                            self.tok.lowercase)
         self._late: LateChunker | None = None
+        self.gate = AdmissionGate.from_parameters(
+            params, args["model_version"], self.pb_utils, args["model_name"], self.tok.max_length
+        )
 
     @property
     def late(self) -> LateChunker | None:
@@ -176,7 +180,9 @@ class ChunksStep:
         forward = {
             k: v
             for k, v in parameters.items()
-            if k not in CHUNK_PARAMETERS and isinstance(v, (bool, int, str))
+            if k not in CHUNK_PARAMETERS
+            and k != GRANT_PARAMETER
+            and isinstance(v, (bool, int, str))
         }
         timeout = getattr(request, "timeout", None)
         timeout_us = timeout() if timeout is not None else 0
@@ -244,10 +250,33 @@ class ChunksStep:
             return tensors
         return [pb.Tensor(self.params.output_name, np.ascontiguousarray(embeddings)), *tensors]
 
+    def _admit(self, requests: list, responses: list, jobs: dict[int, ChunkedRequest]) -> None:
+        """Admit each request's chunks as one unit, or refuse the request before any work.
+
+        The wait ahead of the request is bounded, never its own chunks: they go on with
+        the grant, so the tokenize step counts them without weighing each behind the
+        others (a request of 300 chunks was refused for its own size before).
+        """
+        if self.gate is None:
+            return
+        self.gate.begin()
+        for i, job in list(jobs.items()):
+            if job.vectors is not None or job.spans_only:
+                continue
+            parameters = request_parameters(requests[i].parameters())
+            deadline = request_deadline_us(requests[i], parameters)
+            refused = self.gate.admit([c.tokens + 2 for c in job.chunks], deadline)
+            if refused is not None:
+                responses[i] = error_response(self.pb_utils, refused)
+                del jobs[i]
+            else:
+                job.forward[GRANT_PARAMETER] = self.gate.grant
+
     async def execute(self, requests: list) -> list:
         """Cut every request, send all their chunks on at once, answer each request."""
         pb, log = self.pb_utils, self.logger.log_error
         responses, jobs = read_requests(pb, requests, self.read)
+        self._admit(requests, responses, jobs)
         embedded = (self._embed(job) for job in jobs.values())
         done = await asyncio.gather(*embedded, return_exceptions=True)
         for i, out in zip(jobs, done, strict=True):
@@ -258,8 +287,10 @@ class ChunksStep:
         return responses
 
     def finalize(self) -> None:
-        """Drop the tokenizer."""
+        """Drop the tokenizer; free this instance's admission slot."""
         self.chunker = None
+        if self.gate is not None:
+            self.gate.close()
 
 
 def _requested(request: Any) -> set[str]:
@@ -268,12 +299,19 @@ def _requested(request: Any) -> set[str]:
     return set(names()) if names is not None else set()
 
 
+# What the steps answer UNAVAILABLE with (embed_runtime.serving.admission): a refusal keeps
+# its class (HTTP 503, gRPC UNAVAILABLE) through this step even where the code is lost.
+UNAVAILABLE_PREFIXES = ("server overloaded:", "deadline passed", "request cancelled")
+
+
 def target_error(error: Any) -> RequestError:
     """The target's error as this request's, its message kept, 400 / 503 kept."""
     message = error.message()
     code = error.code() if hasattr(error, "code") else None
+    if code == getattr(error, "UNAVAILABLE", object()) or any(
+        p in message for p in UNAVAILABLE_PREFIXES
+    ):
+        return UnavailableError(message)
     if code == getattr(error, "INVALID_ARG", object()):
         return InvalidInputError(message)
-    if code == getattr(error, "UNAVAILABLE", object()):
-        return UnavailableError(message)
     return RequestError(message)

@@ -16,6 +16,7 @@ from embed_runtime.engines.sparse_router import (
     QUERY_WEIGHTS_FILE,
     QueryRouteParams,
 )
+from embed_runtime.serving.admission import ADMISSION_PEEK
 from embed_runtime.serving.chunks_step import CHUNK_ROW, CHUNK_SPAN, ChunksParams
 from embed_runtime.steps import Adapter
 from embed_runtime.text.tokenizer import TokenizerParams
@@ -503,7 +504,12 @@ def chunks_dir(entry: ModelEntry, graph: TextGraph, dim: int, late=None) -> Mode
         entry.max_batch_size,
         [TEXT],
         outputs,
-        {**caps.to_parameters(), "tokenizer_file": "tokenizer.json", **chunks.to_parameters()},
+        {
+            **caps.to_parameters(),
+            "tokenizer_file": "tokenizer.json",
+            **chunks.to_parameters(),
+            **chunk_admission(entry),
+        },
         step_batching(entry, 0),
         # An execution waits for all its chunks; other instances keep the encoder fed
         # meanwhile (one instance: 0.75x of plain rows, two per encoder instance: 1.02x;
@@ -514,6 +520,16 @@ def chunks_dir(entry: ModelEntry, graph: TextGraph, dim: int, late=None) -> Mode
     if late is not None:
         files.update({late.tokens.name: late.tokens, late.head.name: late.head})
     return ModelDir(f"{entry.name}_chunks", config, Adapter.CHUNKS, files)
+
+
+def chunk_admission(entry: ModelEntry) -> dict[str, str]:
+    """``<name>_chunks`` admits a request's chunks as one unit, counting nothing itself.
+
+    Its parts go on through ``<name>``, whose tokenize step counts them (they carry the
+    grant, so none waits behind its siblings in the count).
+    """
+    params = admission_parameters(entry, f"{entry.name}_encode")
+    return {**params, ADMISSION_PEEK: "true"} if params else {}
 
 
 def litellm_dir(

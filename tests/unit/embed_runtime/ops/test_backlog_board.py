@@ -101,7 +101,7 @@ def test_the_cost_is_learned_by_tokens_and_tells_a_long_row_from_a_query(board) 
     cost = admission.read().cost
     for lengths in ([8], [240], [128] * 64, [8, 240, 30]):
         want = MODEL.alone_ns(lengths)
-        assert cost.alone_ns(lengths) == pytest.approx(want, rel=0.02), lengths
+        assert cost.alone_ns(lengths) == pytest.approx(want, rel=0.1), lengths
     # a one-sentence query is priced at a small share of a 240-token row
     assert cost.work_ns([240]) > 10 * cost.work_ns([8])
     assert encoder.cost == cost
