@@ -33,10 +33,10 @@ TOKEN_FEATURES = 3  # the index of the first token term (sum of w, then of w**2)
 # Weight kept by the older executions at each new one: the fit follows the last ~100.
 FORGET = 0.99
 # Ridge term on the token terms, per execution fitted: their coefficients are pulled to 0
-# as if each execution also showed 0.1 unit of each at no cost. A token feature the executions have barely
-# shown (only short queries, a few tokens each) is not extrapolated from noise (seen: 4.8 s
-# a row priced after a few health probes), while one they have shown (a 64-row batch of
-# 240 tokens is 120 units) is fitted as measured.
+# as if each execution also showed 0.1 unit of each at no cost. A token feature the
+# executions have barely shown (only short queries, a few tokens each) is not extrapolated
+# from noise (seen: 4.8 s a row priced after a few health probes), while one they have
+# shown (a 64-row batch of 240 tokens is 120 units) is fitted as measured.
 RIDGE = 0.01
 
 
