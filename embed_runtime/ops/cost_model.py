@@ -32,12 +32,13 @@ FEATURES = 5
 TOKEN_FEATURES = 3  # the index of the first token term (sum of w, then of w**2)
 # Weight kept by the older executions at each new one: the fit follows the last ~100.
 FORGET = 0.99
-# Ridge term on the token terms, per execution fitted: their coefficients are pulled to 0
-# as if each execution also showed 0.1 unit of each at no cost. A token feature the
-# executions have barely shown (only short queries, a few tokens each) is not extrapolated
-# from noise (seen: 4.8 s a row priced after a few health probes), while one they have
-# shown (a 64-row batch of 240 tokens is 120 units) is fitted as measured.
-RIDGE = 0.01
+# Ridge term on the token terms, relative to the executions' own weight: their
+# coefficients are pulled to 0 as if each execution also showed 0.01 unit of each at no
+# cost. A token feature the executions have barely shown (only short queries, a few tokens
+# each) is not extrapolated from noise (seen: 4.8 s a row priced after a few health
+# probes), while one they have shown (a 64-row batch of 240 tokens is 120 units) is
+# fitted as measured.
+RIDGE = 1e-4
 
 
 @dataclass(frozen=True)
@@ -106,10 +107,13 @@ def features(lengths: Iterable[Iterable[int]]) -> np.ndarray:
 
 
 class CostFit:
-    """Least squares of run time on run shape, older runs forgotten by :data:`FORGET`.
+    """Least squares of execution time on its shape, older executions forgotten.
 
-    Coefficients are kept non-negative (a feature whose fit goes negative is dropped and
-    the rest refitted), so a price never falls below what fewer tokens would cost.
+    Each execution weighs by the inverse square of its own time, so the fit keeps the
+    *relative* error small for a 5 ms query and a 4 s batch alike (unweighted, the batches'
+    noise set every price and a one-sentence query was priced at 70 ms). Coefficients are
+    kept non-negative (Lawson and Hanson's active set), so a price never falls below what
+    fewer tokens would cost.
     """
 
     def __init__(self, forget: float = FORGET):
@@ -122,26 +126,42 @@ class CostFit:
         """Fold one execution of :func:`features` ``x``, which took ``ns``, in."""
         if x[2] <= 0 or ns <= 0:
             return
-        self._xtx = self.forget * self._xtx + np.outer(x, x)
-        self._xty = self.forget * self._xty + x * ns
+        scaled = x / ns
+        self._xtx = self.forget * self._xtx + np.outer(scaled, scaled)
+        self._xty = self.forget * self._xty + scaled
         self.runs += 1
 
     def cost(self) -> Cost:
         """The current fit (``Cost()`` before any execution)."""
         if self.runs == 0:
             return Cost()
-        active = [i for i in range(FEATURES) if self._xtx[i, i] > 0]
-        while active:
-            scale = max(self._xtx[0, 0], 1.0)
-            ridge = [(RIDGE if i >= TOKEN_FEATURES else 1e-9) * scale for i in active]
-            sub = self._xtx[np.ix_(active, active)] + np.diag(ridge)
-            try:
-                beta = np.linalg.solve(sub, self._xty[active])
-            except np.linalg.LinAlgError:
-                beta = np.linalg.lstsq(sub, self._xty[active], rcond=None)[0]
-            if (beta >= 0).all():
-                out = np.zeros(FEATURES)
-                out[active] = beta
-                return Cost(*(float(v) for v in out))
-            active = [i for i, b in zip(active, beta, strict=True) if b > 0]
-        return Cost()
+        scale = self._xtx[0, 0]
+        ridge = [RIDGE * scale if i >= TOKEN_FEATURES else 1e-9 * scale for i in range(FEATURES)]
+        beta = nonnegative_solve(self._xtx + np.diag(ridge), self._xty)
+        return Cost(*(float(v) for v in beta))
+
+
+def nonnegative_solve(gram: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """``argmin b'Gb/2 - t'b`` over ``b >= 0`` (normal equations of NNLS; G positive definite)."""
+    n = len(target)
+    beta, passive = np.zeros(n), np.zeros(n, dtype=bool)
+    for _ in range(3 * n):
+        gradient = target - gram @ beta
+        gradient[passive] = -np.inf
+        j = int(np.argmax(gradient))
+        if gradient[j] <= 1e-12 * max(1.0, float(np.abs(target).max())):
+            break
+        passive[j] = True
+        for _ in range(3 * n):
+            trial = np.zeros(n)
+            idx = np.flatnonzero(passive)
+            trial[idx] = np.linalg.solve(gram[np.ix_(idx, idx)], target[idx])
+            if (trial[idx] > 0).all():
+                beta = trial
+                break
+            shrinking = idx[trial[idx] <= 0]
+            alpha = min(beta[i] / (beta[i] - trial[i]) for i in shrinking)
+            beta = beta + alpha * (trial - beta)
+            passive &= beta > 0
+            beta[~passive] = 0.0
+    return beta
