@@ -62,3 +62,39 @@ class StepTimes:
         self.phases, self.rows = {}, 0
         with open(self.path, "a", encoding="utf-8") as out:
             out.write("\t".join(cells) + "\n")
+
+
+ESTIMATES_ENV = "EMBED_ADMISSION_TIMES"
+ESTIMATE_COLUMNS = ("rows", "tokens", "estimate_us", "actual_us")
+
+
+class EstimateLog:
+    """Opt-in record of admission's estimates against what happened, one line a request.
+
+    With ``EMBED_ADMISSION_TIMES`` set to a folder, each admitted-to instance appends to
+    ``<folder>/<model>.<pid>.estimates.tsv``, for every request it answered that came
+    with a ticket: its rows, its tokens, the wait the admitting step estimated when it
+    admitted it (µs to its answer) and the time that actually passed until this execution
+    ended (``bench.admission_estimate`` reads them). Off (the default), nothing is written.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        with open(path, "a", encoding="utf-8") as out:
+            if out.tell() == 0:
+                out.write("\t".join(ESTIMATE_COLUMNS) + "\n")
+
+    @classmethod
+    def from_env(cls, model_name: str) -> EstimateLog | None:
+        """The recorder of this process, or ``None`` when ``EMBED_ADMISSION_TIMES`` is unset."""
+        folder = os.environ.get(ESTIMATES_ENV, "")
+        if not folder:
+            return None
+        os.makedirs(folder, exist_ok=True)
+        return cls(os.path.join(folder, f"{model_name}.{os.getpid()}.estimates.tsv"))
+
+    def write(self, rows: list[tuple[int, int, int, int]]) -> None:
+        """Lines of (rows, tokens, estimate µs, actual µs)."""
+        if rows:
+            with open(self.path, "a", encoding="utf-8") as out:
+                out.writelines("\t".join(map(str, row)) + "\n" for row in rows)

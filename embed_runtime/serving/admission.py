@@ -486,6 +486,8 @@ class Taken:
     deadlines: tuple[int | None, ...]
     estimated: tuple[tuple[int, int], ...] = ()
     work_ticket: int = 0
+    # (admitted at µs, estimate µs) of each request, (0, 0) for one without a ticket
+    admitted: tuple[tuple[int, int], ...] = ()
 
     @property
     def rows(self) -> int:
@@ -510,21 +512,24 @@ class Taken:
         (``attention_mask``), where the step takes tokens. A request's deadline is the
         earlier of its ticket's and its :data:`DEADLINE_PARAMETER`.
         """
-        lengths, high, high_work, deadlines, estimated = [], 0, 0, [], []
+        lengths, high, high_work, deadlines, estimated, tickets = [], 0, 0, [], [], []
         for request in requests:
             tensor = pb_utils.get_input_tensor_by_name(request, ADMITTED_TICKET)
-            ticket, deadline, work = 0, None, 0
+            ticket, deadline, work, admitted, estimate = 0, None, 0, 0, 0
             if tensor is not None:
                 ticket, deadline, admitted, estimate, work = taken_ticket(tensor.as_numpy())
                 if estimate >= OBSERVED_FROM_US and admitted > 0:
                     estimated.append((admitted, estimate))
+            tickets.append((admitted, estimate))
             lengths.append(_row_lengths(pb_utils, request, input_name, mask_name))
             stated = deadline_us(_request_parameters(request))
             if stated is not None:
                 deadline = stated if deadline is None else min(deadline, stated)
             high, high_work = max(high, ticket), max(high_work, work)
             deadlines.append(deadline)
-        return cls(tuple(lengths), high, tuple(deadlines), tuple(estimated), high_work)
+        return cls(
+            tuple(lengths), high, tuple(deadlines), tuple(estimated), high_work, tuple(tickets)
+        )
 
 
 def _row_lengths(pb_utils: Any, request: Any, input_name: str, mask_name: str) -> tuple:

@@ -29,7 +29,7 @@ from ..ops.backlog_board import EncoderSlot
 from ..ops.backlog_board import board_path as backlog_path
 from ..ops.priority import lower_priority
 from ..ops.server_exit import exit_with_server, is_stub
-from ..ops.step_times import StepTimes
+from ..ops.step_times import EstimateLog, StepTimes
 from ..text.request_options import request_parameters
 from ..text.tokenizer import TokenizerParams
 from .adapter import config_parameters, embed_requests, input_array
@@ -146,6 +146,7 @@ class EncodeStep:
         if self.encoder.cache_error:  # served all the same, each session with its own weights
             self.logger.log_warn(f"{name}: weight cache not used: {self.encoder.cache_error}")
         self.times = StepTimes.from_env(name)
+        self.estimates = EstimateLog.from_env(name)
         self._late: dict[int, Exception] = {}
         # What the step in front reads to admit requests (embed_runtime.ops.backlog_board);
         # only inside Triton, whose server the board is named by.
@@ -186,7 +187,10 @@ class EncodeStep:
         try:
             with self.backlog.executing(taken.features(), taken.ticket, taken.work_ticket):
                 responses = self._timed_execute(requests)
-            self.backlog.observe(taken.ratios(wall_clock_us()))
+            now = wall_clock_us()
+            self.backlog.observe(taken.ratios(now))
+            if self.estimates is not None:
+                self.estimates.write(_estimate_lines(taken, now))
             return responses
         finally:
             self._late = {}
@@ -213,3 +217,12 @@ class EncodeStep:
         if self.backlog is not None:
             self.backlog.close()
         self.engine = self.encoder = None
+
+
+def _estimate_lines(taken: Taken, now_us: int) -> list[tuple[int, int, int, int]]:
+    """(rows, tokens, estimate µs, actual µs) of each request that came with a ticket."""
+    return [
+        (len(rows), sum(rows), estimate, now_us - admitted)
+        for rows, (admitted, estimate) in zip(taken.lengths, taken.admitted, strict=True)
+        if admitted > 0
+    ]
