@@ -22,6 +22,7 @@ alone (no ``EMBEDDING``) is answered without any encoding: the text splitters' c
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -75,7 +76,9 @@ class ChunksParams(ConfigParams):
 class ChunkedRequest:
     """One valid request: its rows, its chunks and what goes on with them.
 
-    ``vectors``: the chunks' late vectors, already made (late chunking), else ``None``.
+    ``late``: late chunking's arguments (chunk size, prompt, ``dimensions``) and
+    ``late_tokens`` the token counts of the transformer windows it will run, where the
+    request asks for it; its chunks are made with its vectors, in :meth:`ChunksStep._embed`.
     """
 
     texts: list[str]
@@ -83,8 +86,9 @@ class ChunkedRequest:
     options: ChunkOptions
     forward: dict[str, Any]
     timeout_us: int
-    vectors: np.ndarray | None = None
     spans_only: bool = False
+    late: tuple[int, str, int | None] | None = None
+    late_tokens: tuple[int, ...] = ()
 
 
 def token_weighted_mean(
@@ -155,27 +159,18 @@ class ChunksStep:
         rows = input_array(self.pb_utils, request, "TEXT")
         texts = decode_texts(rows, "TEXT", self.tok.max_text_bytes, self.tok.max_request_bytes)
         size = self.chunker.chunk_size(prompt, options)
-        vectors = None
         spans_only = self.params.output_name not in _requested(request)
+        late, late_tokens, chunks = None, (), []
         if options.late and not spans_only:
             if self.late is None:
                 raise InvalidInputError(
                     "late_chunking is not built for this model (manifest: late_chunking = true)"
                 )
-            self._refuse_past_bound(texts, size, options)
-            chunks, vectors = self.late.chunks(
-                texts, size, options.chunk_overlap, prompt, options.join
-            )
-            dimensions = resolve_dimensions(parameters, self.tok.max_dimensions)
-            vectors = truncate(vectors, dimensions, self.params.normalize)
+            late_tokens = self._refuse_past_bound(texts, size, options)
+            late = (size, prompt, resolve_dimensions(parameters, self.tok.max_dimensions))
         else:
             chunks = self.chunker.chunks(texts, size, options.chunk_overlap, prompt)
-        if len(chunks) > self.params.max_chunks:
-            raise InvalidInputError(
-                f"the request's rows make {len(chunks)} chunks of at most {size} tokens, over "
-                f"this model's bound of {self.params.max_chunks} chunks a request "
-                "(max_chunks); send fewer rows a request or larger chunks"
-            )
+            self._refuse_over_max(len(chunks), size)
         # What business logic scripting can carry (bool, int, str); the steps read no other.
         forward = {
             k: v
@@ -187,12 +182,27 @@ class ChunksStep:
         timeout = getattr(request, "timeout", None)
         timeout_us = timeout() if timeout is not None else 0
         return ChunkedRequest(
-            texts, chunks, options, forward, int(timeout_us or 0), vectors, spans_only
+            texts, chunks, options, forward, int(timeout_us or 0), spans_only, late, late_tokens
         )
 
-    def _refuse_past_bound(self, texts: list[str], size: int, options: ChunkOptions) -> None:
-        """Refuse before the transformer runs a request whose chunks would pass the bound."""
-        tokens = sum(self.chunker.token_counts(texts))
+    def _refuse_over_max(self, count: int, size: int) -> None:
+        if count > self.params.max_chunks:
+            raise InvalidInputError(
+                f"the request's rows make {count} chunks of at most {size} tokens, over "
+                f"this model's bound of {self.params.max_chunks} chunks a request "
+                "(max_chunks); send fewer rows a request or larger chunks"
+            )
+
+    def _refuse_past_bound(
+        self, texts: list[str], size: int, options: ChunkOptions
+    ) -> tuple[int, ...]:
+        """Refuse before the transformer runs a request whose chunks would pass the bound.
+
+        Returns the token counts of the transformer windows late chunking will run: what
+        the request is admitted by.
+        """
+        counts = self.chunker.token_counts(texts)
+        tokens = sum(counts)
         step = max(size - options.chunk_overlap, 1)
         least = len(texts) if options.join else -(-max(tokens - size, 0) // step) + len(texts)
         if least > self.params.max_chunks:
@@ -201,12 +211,32 @@ class ChunksStep:
                 f"over this model's bound of {self.params.max_chunks} chunks a request "
                 "(max_chunks); send fewer rows a request or larger chunks"
             )
+        window = max(self.params.late_window, 1)
+        texts_tokens = [tokens] if options.join else counts
+        return tuple(
+            min(window, n - start) for n in texts_tokens for start in range(0, max(n, 1), window)
+        )
+
+    def _late_vectors(self, job: ChunkedRequest) -> tuple[list[Chunk], np.ndarray]:
+        """Late chunking's chunks and vectors of ``job`` (run on a worker thread)."""
+        size, prompt, dimensions = job.late
+        overlap, join = job.options.chunk_overlap, job.options.join
+        chunks, vectors = self.late.chunks(job.texts, size, overlap, prompt, join)
+        self._refuse_over_max(len(chunks), size)
+        return chunks, truncate(vectors, dimensions, self.params.normalize)
 
     async def _embed(self, job: ChunkedRequest) -> list:
-        """The output tensors of one request: its chunks embedded by the target model."""
+        """The output tensors of one request: its chunks embedded by the target model.
+
+        Late chunking's transformer runs on a worker thread: the event loop keeps sending
+        and answering the other requests' chunks meanwhile.
+        """
         pb = self.pb_utils
-        if job.vectors is not None or job.spans_only:
-            return self._outputs(job, job.vectors)
+        if job.late is not None:
+            chunks, vectors = await asyncio.to_thread(self._late_vectors, job)
+            return self._outputs(dataclasses.replace(job, chunks=chunks), vectors)
+        if job.spans_only:
+            return self._outputs(job, None)
         texts = [job.texts[c.row][c.start : c.end].encode() for c in job.chunks]
         calls = []
         bounds = self.params.target_max_batch, self.params.target_max_request_bytes
@@ -261,11 +291,12 @@ class ChunksStep:
             return
         self.gate.begin()
         for i, job in list(jobs.items()):
-            if job.vectors is not None or job.spans_only:
+            if job.spans_only:
                 continue
             parameters = request_parameters(requests[i].parameters())
             deadline = request_deadline_us(requests[i], parameters)
-            refused = self.gate.admit([c.tokens + 2 for c in job.chunks], deadline)
+            lengths = list(job.late_tokens) or [c.tokens + 2 for c in job.chunks]
+            refused = self.gate.admit(lengths, deadline)
             if refused is not None:
                 responses[i] = error_response(self.pb_utils, refused)
                 del jobs[i]
@@ -273,24 +304,41 @@ class ChunksStep:
                 job.forward[GRANT_PARAMETER] = self.gate.grant
 
     async def execute(self, requests: list) -> list:
-        """Cut every request, send all their chunks on at once, answer each request."""
+        """Cut every request, send all their chunks on at once, answer each when it is done.
+
+        Each request is answered through its response sender as soon as its own chunks
+        are embedded, so a short request batched with a long one (late chunking, a book)
+        is not held until the long one ends; ``execute`` returns once all are answered
+        (a request still open after it returns would be nobody's if the stub died).
+        """
         pb, log = self.pb_utils, self.logger.log_error
         responses, jobs = read_requests(pb, requests, self.read)
         self._admit(requests, responses, jobs)
-        embedded = (self._embed(job) for job in jobs.values())
-        done = await asyncio.gather(*embedded, return_exceptions=True)
-        for i, out in zip(jobs, done, strict=True):
-            if isinstance(out, BaseException):
-                responses[i] = error_response(pb, out, log)
-            else:
-                responses[i] = pb.InferenceResponse(output_tensors=out)
-        return responses
+        for i, response in enumerate(responses):
+            if response is not None:
+                _send(pb, requests[i], response)
+
+        async def answer(i: int, job: ChunkedRequest) -> None:
+            try:
+                response = pb.InferenceResponse(output_tensors=await self._embed(job))
+            except Exception as exc:  # noqa: BLE001 - every request gets its response
+                response = error_response(pb, exc, log)
+            _send(pb, requests[i], response)
+
+        await asyncio.gather(*(answer(i, job) for i, job in jobs.items()))
+        return [None] * len(requests)
 
     def finalize(self) -> None:
         """Drop the tokenizer; free this instance's admission slot."""
         self.chunker = None
         if self.gate is not None:
             self.gate.close()
+
+
+def _send(pb_utils: Any, request: Any, response: Any) -> None:
+    """Send ``request``'s one final response now."""
+    sender = request.get_response_sender()
+    sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
 def _requested(request: Any) -> set[str]:
