@@ -237,7 +237,54 @@ def test_joined_rows_are_one_document_pieces(server, reference) -> None:
 
 def test_late_chunking_on_a_model_built_without_it_is_refused(server) -> None:
     with pytest.raises(Exception, match="late_chunking is not built for this model"):
-        infer(server, "http", "minilm-int8_chunks", {"TEXT": ["a text"]}, OUTPUTS,
-              {"late_chunking": True})
+        infer(
+            server,
+            "http",
+            "minilm-int8_chunks",
+            {"TEXT": ["a text"]},
+            OUTPUTS,
+            {"late_chunking": True},
+        )
     with pytest.raises(Exception, match="join_rows applies to late_chunking=true only"):
         infer(server, "http", CHUNKS, {"TEXT": ["a text"]}, OUTPUTS, {"join_rows": True})
+
+
+def test_late_chunking_and_plain_chunks_side_by_side_neither_waits_for_the_other(
+    server, documents
+) -> None:
+    """The late transformer runs off the chunks step's event loop, and each request is
+    answered when its own work is done: short plain chunk requests sent while a long
+    late-chunking one runs are all answered before it (on the old code the late run held
+    the event loop, and every request of its execution waited for it)."""
+    import threading
+
+    book = " ".join(documents * 2)  # many transformer windows
+    finished: list[str] = []
+    lock = threading.Lock()
+
+    def record(name: str, call) -> None:
+        try:
+            call()
+        except Exception as exc:
+            name = f"{name} failed: {exc}"
+        with lock:
+            finished.append(name)
+
+    def late() -> None:
+        parameters = {"late_chunking": True}
+        record(
+            "late", lambda: infer(server, "http", CHUNKS, {"TEXT": [book] * 2}, OUTPUTS, parameters)
+        )
+
+    def plain(k: int) -> None:
+        record("plain", lambda: infer(server, "http", CHUNKS, {"TEXT": [f"short {k}"]}, OUTPUTS))
+
+    long_run = threading.Thread(target=late)
+    long_run.start()
+    shorts = [threading.Thread(target=plain, args=(k,)) for k in range(6)]
+    for thread in shorts:
+        thread.start()
+    for thread in shorts:
+        thread.join()
+    long_run.join()
+    assert finished == ["plain"] * 6 + ["late"]
