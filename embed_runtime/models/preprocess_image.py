@@ -140,7 +140,9 @@ class TritonPythonModel:
         taken = Taken.read(pb_utils, requests, "IMAGE")
         with self.backlog.executing(taken.features(), taken.ticket, taken.work_ticket):
             responses = self._execute(requests)
-        self.backlog.observe(taken.ratios(wall_clock_us()))
+        now = wall_clock_us()
+        self.backlog.observe(taken.ratios(now))
+        self.backlog.observe_fixed(taken.residuals(now))
         return responses
 
     def _execute(self, requests):

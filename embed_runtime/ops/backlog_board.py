@@ -9,21 +9,24 @@ bound the work themselves, here: the step before an encoder (tokenize, image adm
 preprocess) reads the encoder's backlog and admits or refuses each request at once
 (``embed_runtime.serving.admission``).
 
-The backlog is counted in rows by tickets, never by "passed on" alone. The admitting step
-numbers the rows it passes on (:meth:`Admission.issue`: the board's ``issued`` count,
-moved under a lock) and sends each request's ticket, the number of its last row, with
-its tensors (``issued_ticket`` -> the encoder's ``admitted_ticket``). Each encoder
-instance (:class:`EncoderSlot`) records the highest ticket it has taken from its queue.
-Triton's queue is first in, first out, so when an encoder takes ticket ``t`` every row
-numbered up to ``t`` has been taken or will never come: its client cancelled it while it
-queued, a later step refused it, a stub died with it, or someone called the admitting
-step directly. The backlog is ``issued`` minus the highest ticket taken: a request that
-never reaches the encoder leaves the count as soon as any later one is taken, within one
+The backlog is counted in rows, and in nanoseconds of estimated work, by tickets, never by
+"passed on" alone. The admitting step numbers the rows and the work it passes on
+(:meth:`Admission.issue`: the board's ``issued`` counts, moved under a lock) and sends
+each request's tickets, the numbers of its last row and of its last ns of work, with its
+tensors (``issued_ticket`` -> the encoder's ``admitted_ticket``). Each encoder instance
+(:class:`EncoderSlot`) records the highest tickets it has taken from its queue. Triton's
+queue is first in, first out, so when an encoder takes ticket ``t`` every row numbered up
+to ``t`` has been taken or will never come: its client cancelled it while it queued, a
+later step refused it, a stub died with it, or someone called the admitting step
+directly. The backlog is ``issued`` minus the highest ticket taken: a request that never
+reaches the encoder leaves the count as soon as any later one is taken, within one
 execution, whatever the traffic. When nothing later comes and every encoder has been idle
 for :data:`IDLE_NS`, the count is known to be zero and the board's floor makes it so.
 
-Each encoder instance also keeps what a row costs it and how long an execution takes
-(moving averages), from which the admitting step estimates the wait a new request meets.
+Each encoder instance also fits what its work costs, by tokens
+(:mod:`embed_runtime.ops.cost_model`), and shows when its execution under way started and
+what it should cost, from which the admitting step estimates the wait ahead of a new
+request and the request's own time.
 
 Slots are claimed with open-file-description record locks: the operating system frees a
 slot when its process dies, and the next process to claim it carries its figures on.
@@ -55,11 +58,11 @@ _ISSUED_WORK = 24  # uint64: ns of estimated work numbered so far (the last work
 _FLOOR_WORK = 32  # uint64: the work floor, set with the row floor
 _SECRET = 40  # 16 random bytes, made by the first process that opens the board
 _SECRET_SIZE = 16
-# encoder slot i: HIGH, BUSY, LAST_END, BIAS, HIGH_WORK, RUN_START, RUN_WORK (uint64 each),
-# then the instance's learned cost (float64 each, embed_runtime.ops.cost_model.Cost)
+# encoder slot i: HIGH, BUSY, LAST_END, BIAS, HIGH_WORK, RUN_START, RUN_WORK, FIXED
+# (uint64 each), then the instance's learned cost (float64 each, cost_model.Cost)
 _ENCODERS = 64
-_HIGH, _BUSY, _LAST_END, _BIAS, _HIGH_WORK, _RUN_START, _RUN_WORK = range(7)
-_COST = 7
+_HIGH, _BUSY, _LAST_END, _BIAS, _HIGH_WORK, _RUN_START, _RUN_WORK, _FIXED = range(8)
+_COST = 8
 _ENCODER_SIZE = 8 * (_COST + COST_FIELDS)
 # The bias is kept in thousandths: actual time to the answer over the admission's estimate.
 _BIAS_SCALE = 1000
@@ -211,6 +214,24 @@ class EncoderSlot(_Slot):
         old = self._get(_BIAS) / _BIAS_SCALE or 1.0
         self._set(_BIAS, int((old + COST_WEIGHT * (ratio - old)) * _BIAS_SCALE))
 
+    def observe_fixed(self, residuals_us: list[int]) -> None:
+        """Fold the short requests' actual wait less their estimate (µs) in.
+
+        What a short request's estimate leaves out is mostly fixed: the hops between the
+        steps, the batcher, the answer's way back. Measured here, added to every estimate
+        (:attr:`Backlog.fixed_ns`); long requests correct by the bias instead.
+        """
+        if not residuals_us:
+            return
+        mean = max(0.0, sum(residuals_us) / len(residuals_us))
+        old = float(self._get(_FIXED))
+        self._set(_FIXED, int(old + COST_WEIGHT * (mean - old)))
+
+    @property
+    def expectation(self) -> tuple[float, float]:
+        """(bias, fixed µs) of this instance: how an estimate is turned into an expectation."""
+        return (self._get(_BIAS) / _BIAS_SCALE or 1.0), float(self._get(_FIXED))
+
     @contextlib.contextmanager
     def executing(
         self, x: np.ndarray, ticket: int = 0, work_ticket: int = 0
@@ -251,7 +272,7 @@ class Backlog:
     any ran); ``encoders`` the instances that ran (they run side by side); ``running``
     how many execute now and ``remaining_ns`` the estimated rest of their executions;
     ``bias`` how the answers' actual waits compared with the estimates they were admitted
-    on (1.0: as estimated).
+    on (1.0: as estimated), ``fixed_ns`` what short requests' estimates left out.
     """
 
     queued: int
@@ -261,6 +282,7 @@ class Backlog:
     running: int = 0
     remaining_ns: float = 0.0
     bias: float = 1.0
+    fixed_ns: float = 0.0
 
     def ahead_ns(self) -> float:
         """The estimated wait of a request queued now before an instance starts on it.
@@ -362,4 +384,7 @@ class Admission(_Slot):
         biased = [encoders[i][_BIAS] / _BIAS_SCALE for i in ran if encoders[i][_BIAS]]
         bias = sum(biased) / len(biased) if biased else 1.0
         cost = Cost.mean(costs[i] for i in ran)
-        return Backlog(queued, work, cost, len(ran), len(running), float(remaining), bias)
+        fixed = 1000.0 * sum(encoders[i][_FIXED] for i in ran) / len(ran)
+        return Backlog(
+            queued, work, cost, len(ran), len(running), float(remaining), bias, fixed
+        )

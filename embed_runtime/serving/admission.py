@@ -363,7 +363,7 @@ class AdmissionGate:
                 f"its bound is {self.max_rows} ({ADMISSION_ROWS}); retry later with backoff"
             )
         if deadline is not None:
-            expected_ms = self.estimate_us * backlog.bias / 1000
+            expected_ms = (self.estimate_us * backlog.bias + backlog.fixed_ns / 1000) / 1000
             left_ms = (deadline - self.now_us()) / 1000
             if backlog.cost.known and expected_ms > DEADLINE_SHARE * left_ms:
                 return (
@@ -501,6 +501,14 @@ class Taken:
     def ratios(self, now_us: int) -> list[float]:
         """Each estimated request's wait so far over its estimate."""
         return [(now_us - admitted) / estimate for admitted, estimate in self.estimated]
+
+    def residuals(self, now_us: int) -> list[int]:
+        """Each short request's wait so far less its estimate (µs): what it left out."""
+        return [
+            now_us - admitted - estimate
+            for admitted, estimate in self.admitted
+            if admitted > 0 and estimate < OBSERVED_FROM_US
+        ]
 
     @classmethod
     def read(

@@ -148,6 +148,7 @@ class EncodeStep:
         self.times = StepTimes.from_env(name)
         self.estimates = EstimateLog.from_env(name)
         self._late: dict[int, Exception] = {}
+        self._groups: list[list[int]] | None = None
         # What the step in front reads to admit requests (embed_runtime.ops.backlog_board);
         # only inside Triton, whose server the board is named by.
         self.backlog = (
@@ -184,16 +185,18 @@ class EncodeStep:
         taken = Taken.read(self.pb_utils, requests, names[0], mask)
         late = late_refusals(taken, self.backlog.cost)
         self._late = {id(r): e for r, e in zip(requests, late, strict=True) if e is not None}
+        self._groups = _length_groups(taken.lengths)
         try:
             with self.backlog.executing(taken.features(), taken.ticket, taken.work_ticket):
                 responses = self._timed_execute(requests)
             now = wall_clock_us()
-            self.backlog.observe(taken.ratios(now))
             if self.estimates is not None:
-                self.estimates.write(_estimate_lines(taken, now))
+                self.estimates.write(_estimate_lines(taken, now, *self.backlog.expectation))
+            self.backlog.observe(taken.ratios(now))
+            self.backlog.observe_fixed(taken.residuals(now))
             return responses
         finally:
-            self._late = {}
+            self._late, self._groups = {}, None
 
     def _timed_execute(self, requests: list) -> list:
         if self.times is None:
@@ -206,9 +209,26 @@ class EncodeStep:
         return responses
 
     def _execute(self, requests: list, read: Callable, run: Callable) -> list:
-        return embed_requests(
-            self.pb_utils, requests, read, run, self.engine.output_names, self.logger.log_error
-        )
+        """Embed the requests; with groups, the shortest first, each answered when done.
+
+        A one-sentence query batched with rows of hundreds of tokens is answered once its
+        own group has run, not when the whole execution ends; ``execute`` returns when
+        every request is answered (one left open would be nobody's if the stub died).
+        """
+        names, log = self.engine.output_names, self.logger.log_error
+        groups = getattr(self, "_groups", None)
+        if not groups or len(groups) < 2:
+            return embed_requests(self.pb_utils, requests, read, run, names, log)
+        pb = self.pb_utils
+        for group in groups:
+            mine = [requests[i] for i in group]
+            for request, response in zip(
+                mine, embed_requests(pb, mine, read, run, names, log), strict=True
+            ):
+                request.get_response_sender().send(
+                    response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                )
+        return [None] * len(requests)
 
     def finalize(self) -> None:
         """Release the engine, its session(s) and this instance's board slots."""
@@ -219,10 +239,31 @@ class EncodeStep:
         self.engine = self.encoder = None
 
 
-def _estimate_lines(taken: Taken, now_us: int) -> list[tuple[int, int, int, int]]:
-    """(rows, tokens, estimate µs, actual µs) of each request that came with a ticket."""
+# Requests whose longest row has at most this many tokens run, and are answered, before
+# the next class: short queries first, then passages, then long rows.
+LENGTH_CLASSES = (32, 128)
+
+
+def _length_groups(lengths: tuple[tuple[int, ...], ...]) -> list[list[int]]:
+    """Request indices by the length class of their longest row, shortest class first."""
+    groups: dict[int, list[int]] = {}
+    for i, rows in enumerate(lengths):
+        longest = max(rows, default=0)
+        key = next((k for k, bound in enumerate(LENGTH_CLASSES) if longest <= bound), 99)
+        groups.setdefault(key, []).append(i)
+    return [groups[k] for k in sorted(groups)]
+
+
+def _estimate_lines(
+    taken: Taken, now_us: int, bias: float, fixed_us: float
+) -> list[tuple[int, int, int, int]]:
+    """(rows, tokens, expected µs, actual µs) of each request that came with a ticket.
+
+    Expected: the admission's estimate as it weighs it against a deadline (the bias and
+    the fixed part of this instance applied).
+    """
     return [
-        (len(rows), sum(rows), estimate, now_us - admitted)
+        (len(rows), sum(rows), int(estimate * bias + fixed_us), now_us - admitted)
         for rows, (admitted, estimate) in zip(taken.lengths, taken.admitted, strict=True)
         if admitted > 0
     ]

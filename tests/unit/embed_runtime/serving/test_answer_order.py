@@ -1,4 +1,4 @@
-"""A refusal inside the ensemble that ``<name>_chunks`` calls keeps its class (503)."""
+"""Refusals keep their class through the chunks step; an execution answers short work first."""
 
 from __future__ import annotations
 
@@ -36,3 +36,11 @@ def test_a_refusal_relayed_by_an_ensemble_as_internal_stays_unavailable() -> Non
 def test_other_errors_keep_their_own_class() -> None:
     assert target_error(Error("TEXT row 0 is empty", Error.INVALID_ARG)).code == INVALID_ARG
     assert target_error(Error("boom", Error.INTERNAL)).code == INTERNAL
+
+
+def test_an_encoder_execution_answers_short_queries_before_passages_and_long_rows() -> None:
+    from embed_runtime.serving.encode_step import _length_groups
+
+    lengths = ((240, 200), (9,), (100,), (12, 30), (), (256,))
+    assert _length_groups(lengths) == [[1, 3, 4], [2], [0, 5]]
+    assert _length_groups(((0, 0), (0,))) == [[0, 1]]  # rows without tokens: one group
