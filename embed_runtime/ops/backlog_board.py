@@ -58,6 +58,7 @@ _ISSUED_WORK = 24  # uint64: ns of estimated work numbered so far (the last work
 _FLOOR_WORK = 32  # uint64: the work floor, set with the row floor
 _SECRET = 40  # 16 random bytes, made by the first process that opens the board
 _SECRET_SIZE = 16
+_INTERACTIVE = 56  # uint64: when (monotonic ns) a request not of a bulk part was admitted
 # encoder slot i: HIGH, BUSY, LAST_END, BIAS, HIGH_WORK, RUN_START, RUN_WORK, FIXED
 # (uint64 each), then the instance's learned cost (float64 each, cost_model.Cost)
 _ENCODERS = 64
@@ -71,7 +72,8 @@ _BIAS_SCALE = 1000
 BIAS_BOUNDS = (1.0, 4.0)
 _ADMITTERS = _ENCODERS + SLOTS * _ENCODER_SIZE  # admitting slot i: held while it lives
 _ADMITTER_SIZE = 16
-SIZE = _ADMITTERS + SLOTS * _ADMITTER_SIZE
+_BULK = _ADMITTERS + SLOTS * _ADMITTER_SIZE  # bulk slot i: the byte locked while it is held
+SIZE = _BULK + SLOTS
 
 # An encoder that ended its last execution this long ago and is not running is idle;
 # with prefetching, a free instance takes the next queued batch within a millisecond. A
@@ -270,7 +272,8 @@ class Backlog:
     ``queued`` rows and ``work_ns`` of estimated work (ns of one instance) numbered past
     what the encoders took; ``cost`` the encoders' mean learned cost (``Cost()`` before
     any ran); ``encoders`` the instances that ran (they run side by side); ``running``
-    how many execute now and ``remaining_ns`` the estimated rest of their executions;
+    how many execute now and ``remaining_ns`` the estimated rest of the one that ends
+    first;
     ``bias`` how the answers' actual waits compared with the estimates they were admitted
     on (1.0: as estimated), ``fixed_ns`` what short requests' estimates left out.
     """
@@ -288,15 +291,17 @@ class Backlog:
         """The estimated wait of a request queued now before an instance starts on it.
 
         Nothing when nothing waits and an instance is free, whatever the request's size;
-        otherwise the queued work and the rest of the executions under way, shared by the
-        instances, and the fixed cost of the execution the queue runs in.
+        otherwise the rest of the execution that ends first when every instance runs, the
+        queued work shared by the instances, and the fixed cost of the execution the
+        queue runs in.
         """
         if not self.cost.known:
             return 0.0
         free = self.running < max(self.encoders, 1)
         if free and self.queued <= 0 and self.work_ns <= 0:
             return 0.0
-        share = (self.work_ns + self.remaining_ns) / max(self.encoders, 1)
+        first_free = 0.0 if free else self.remaining_ns
+        share = first_free + self.work_ns / max(self.encoders, 1)
         return share + (self.cost.run_ns if self.queued > 0 else 0.0)
 
     def own_ns(self, lengths: list[int]) -> float:
@@ -347,6 +352,10 @@ class Admission(_Slot):
             for i in range(SLOTS)
         ]
 
+    def mark_interactive(self) -> None:
+        """Note that a request other than a bulk part was admitted now (:class:`BulkSlots`)."""
+        struct.pack_into("<Q", self._map, _INTERACTIVE, self._clock())
+
     def idle(self) -> bool:
         """No live encoder is running or ended an execution within :data:`IDLE_NS`."""
         now = self._clock()
@@ -380,7 +389,9 @@ class Admission(_Slot):
             return Backlog(queued, work)
         now = self._clock()
         running = [encoders[i] for i in ran if encoders[i][_BUSY]]
-        remaining = sum(max(0, e[_RUN_WORK] - (now - e[_RUN_START])) for e in running)
+        remaining = min(
+            (max(0, e[_RUN_WORK] - (now - e[_RUN_START])) for e in running), default=0
+        )
         biased = [encoders[i][_BIAS] / _BIAS_SCALE for i in ran if encoders[i][_BIAS]]
         bias = sum(biased) / len(biased) if biased else 1.0
         cost = Cost.mean(costs[i] for i in ran)
@@ -388,3 +399,52 @@ class Admission(_Slot):
         return Backlog(
             queued, work, cost, len(ran), len(running), float(remaining), bias, fixed
         )
+
+
+# Bulk parts leave an encoder instance free for this long after the last interactive
+# request was admitted; in a quiet spell they take every instance.
+INTERACTIVE_NS = 5_000_000_000
+
+
+class BulkSlots:
+    """How many bulk parts (a long document's chunks) may be at the encoder at once.
+
+    ``<name>_chunks`` sends a document's parts through one of these slots each. While
+    interactive requests come (any request admitted that is not a bulk part, within
+    :data:`INTERACTIVE_NS`), bulk work holds at most ``instances - 1`` encoder instances:
+    a query finds an instance that runs no document, whatever the index traffic; in a
+    quiet spell bulk takes them all. A slot is a byte of the encoder's board locked
+    while held (open-file-description locks: a process that dies frees its slots).
+    """
+
+    def __init__(self, path: str, instances: int, clock: Callable[[], int] = time.monotonic_ns):
+        self.path, self.instances = path, max(1, min(instances, SLOTS))
+        self._clock = clock
+        self._fd, self._map = _open(path)
+        self._held: set[int] = set()  # this process's (its lock owns the byte for all)
+
+    def limit(self) -> int:
+        """The parts allowed at the encoder now."""
+        last = struct.unpack_from("<Q", self._map, _INTERACTIVE)[0]
+        interactive = last and self._clock() - last < INTERACTIVE_NS
+        return max(1, self.instances - 1) if interactive else self.instances
+
+    def try_take(self) -> int | None:
+        """A free slot's index, now held, or ``None`` when the parts allowed are out."""
+        for slot in range(self.limit()):
+            if slot not in self._held and _lock(self._fd, _BULK + slot):
+                self._held.add(slot)
+                return slot
+        return None
+
+    def give(self, slot: int) -> None:
+        """Free ``slot``."""
+        self._held.discard(slot)
+        _lock(self._fd, _BULK + slot, fcntl.F_UNLCK)
+
+    def close(self) -> None:
+        """Free every slot and the file (the board's slots remove it when last out)."""
+        if self._fd >= 0:
+            self._map.close()
+            os.close(self._fd)
+            self._fd = -1

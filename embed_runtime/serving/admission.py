@@ -281,6 +281,9 @@ class AdmissionGate:
         self._idle_checked = False
         self.estimate_us = 0  # the estimate the last admitted request was admitted on
         self._grant = board.secret
+        # What it admits is interactive traffic (embed_runtime.ops.backlog_board.BulkSlots);
+        # not so for the chunks step, whose requests are documents.
+        self.interactive = True
 
     @classmethod
     def from_parameters(
@@ -392,6 +395,8 @@ class AdmissionGate:
         A count that would refuse is checked against idle encoders once per execution:
         rows that never reached them cannot be waiting.
         """
+        if not granted and self.interactive:
+            self.board.mark_interactive()
         reason = None if granted else self._over(lengths, deadline)
         if reason is not None and not self._idle_checked and self._read.queued:
             self._idle_checked = True

@@ -34,6 +34,7 @@ from ..config_params import ConfigParams
 from ..engines.late_chunks import LateChunker
 from ..engines.output_precision import resolve_precision
 from ..errors import InvalidInputError, RequestError, UnavailableError
+from ..ops.backlog_board import BulkSlots
 from ..ops.integrity import verify_digests
 from ..ops.server_exit import exit_with_server
 from ..text.chunking import CHUNK_PARAMETERS, Chunk, Chunker, ChunkOptions, chunk_options
@@ -48,6 +49,8 @@ from .adapter import config_parameters, error_response, input_array, read_reques
 from .admission import GRANT_PARAMETER, AdmissionGate, request_deadline_us
 
 CHUNK_ROW, CHUNK_SPAN, TOKEN_COUNT = "CHUNK_ROW", "CHUNK_SPAN", "TOKEN_COUNT"
+# How often a part waiting for a bulk slot looks again (s).
+BULK_POLL_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,9 @@ class ChunksParams(ConfigParams):
     normalize: bool = False
     # Late chunking's transformer window (the model's max_seq_length); 0: not built.
     late_window: int = 0
+    # The encoder's instances, when bulk parts are to leave one free for interactive
+    # requests (embed_runtime.ops.backlog_board.BulkSlots); 0: no bound.
+    bulk_instances: int = 0
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,11 @@ class ChunksStep:
         self.gate = AdmissionGate.from_parameters(
             params, args["model_version"], self.pb_utils, args["model_name"], self.tok.max_length
         )
+        self.bulk = None
+        if self.gate is not None:
+            self.gate.interactive = False
+            if self.params.bulk_instances:
+                self.bulk = BulkSlots(self.gate.board.path, self.params.bulk_instances)
 
     @property
     def late(self) -> LateChunker | None:
@@ -250,7 +261,7 @@ class ChunksStep:
                 parameters=job.forward,
                 **kwargs,
             )
-            calls.append(call.async_exec())
+            calls.append(self._send_part(call))
         vectors = []
         for response in await asyncio.gather(*calls):
             if response.has_error():
@@ -258,6 +269,17 @@ class ChunksStep:
             tensor = pb.get_output_tensor_by_name(response, self.params.output_name)
             vectors.append(tensor.as_numpy())
         return self._outputs(job, np.concatenate(vectors, axis=0))
+
+    async def _send_part(self, call: Any) -> Any:
+        """The part's response; while interactive requests come, through a bulk slot."""
+        if self.bulk is None:
+            return await call.async_exec()
+        while (slot := self.bulk.try_take()) is None:
+            await asyncio.sleep(BULK_POLL_S)
+        try:
+            return await call.async_exec()
+        finally:
+            self.bulk.give(slot)
 
     def _outputs(self, job: ChunkedRequest, embeddings: np.ndarray | None) -> list:
         """The request's output tensors; ``embeddings`` None: the spans alone were asked."""
@@ -331,6 +353,8 @@ class ChunksStep:
     def finalize(self) -> None:
         """Drop the tokenizer; free this instance's admission slot."""
         self.chunker = None
+        if self.bulk is not None:
+            self.bulk.close()
         if self.gate is not None:
             self.gate.close()
 

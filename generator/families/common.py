@@ -492,6 +492,7 @@ def chunks_dir(entry: ModelEntry, graph: TextGraph, dim: int, late=None) -> Mode
         max_chunks=MAX_CHUNKS,
         normalize=_resolved_normalize(entry),
         late_window=late.window if late else 0,
+        bulk_instances=_bulk_instances(entry),
     )
     outputs = [
         IOSpec("EMBEDDING", "TYPE_FP32", (dim,)),
@@ -520,6 +521,11 @@ def chunks_dir(entry: ModelEntry, graph: TextGraph, dim: int, late=None) -> Mode
     if late is not None:
         files.update({late.tokens.name: late.tokens, late.head.name: late.head})
     return ModelDir(f"{entry.name}_chunks", config, Adapter.CHUNKS, files)
+
+
+def _bulk_instances(entry: ModelEntry) -> int:
+    """The encoder's instances, where documents leave one free for queries (two or more)."""
+    return entry.encoder_instances if admits(entry) and entry.encoder_instances > 1 else 0
 
 
 def chunk_admission(entry: ModelEntry) -> dict[str, str]:

@@ -362,3 +362,39 @@ def test_no_gate_without_an_encoder_or_a_bound(tmp_path) -> None:
     assert AdmissionGate.from_parameters({}, "1") is None
     params = {"admission_encoder": "m_encode", ADMISSION_WAIT: "0", ADMISSION_ROWS: "0"}
     assert AdmissionGate.from_parameters(params, "1") is None
+
+
+def test_bulk_parts_leave_an_instance_free_while_queries_come(board) -> None:
+    from embed_runtime.ops.backlog_board import INTERACTIVE_NS, BulkSlots
+
+    clock = Clock()
+    admission = Admission(board, clock)
+    chunks_a, chunks_b = BulkSlots(board, 2, clock), BulkSlots(board, 2, clock)
+    # a quiet spell: documents take both instances
+    first, second = chunks_a.try_take(), chunks_b.try_take()
+    assert {first, second} == {0, 1} and chunks_a.try_take() is None
+    chunks_a.give(first)
+    chunks_b.give(second)
+    admission.mark_interactive()  # a query was admitted
+    taken = chunks_a.try_take()
+    assert taken == 0 and chunks_a.try_take() is None and chunks_b.try_take() is None
+    chunks_a.give(taken)
+    assert chunks_b.try_take() == 0  # freed for another process
+    clock.ns += INTERACTIVE_NS
+    assert chunks_a.try_take() == 1  # quiet again: the second instance too
+
+
+def test_only_requests_that_are_not_bulk_parts_mark_interactive_traffic(board) -> None:
+    from embed_runtime.ops.backlog_board import BulkSlots
+
+    clock = Clock()
+    gate = _gate(board, clock)
+    slots = BulkSlots(board, 2, clock)
+    gate.interactive = False  # the chunks step's own gate: documents
+    gate.begin()
+    assert gate.admit([128] * 40) is None
+    assert gate.admit([8], granted=True) is None
+    assert slots.limit() == 2
+    gate.interactive = True
+    gate.admit([8])
+    assert slots.limit() == 1
