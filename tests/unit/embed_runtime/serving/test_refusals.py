@@ -9,12 +9,8 @@ import pytest
 
 from embed_runtime.ops.backlog_board import Admission, EncoderSlot
 from embed_runtime.ops.cost_model import features
-from embed_runtime.serving.admission import (
-    REFUSAL_LOG_EVERY_S,
-    REFUSED_METRIC,
-    AdmissionGate,
-    Refusals,
-)
+from embed_runtime.serving.admission import AdmissionGate
+from embed_runtime.serving.refusals import REFUSAL_LOG_EVERY_S, REFUSED_METRIC, Refusals
 from tests.unit import fake_pb_utils as pb
 from tests.unit.embed_runtime.ops.test_backlog_board import MS, Clock
 
