@@ -302,9 +302,8 @@ class AdmissionGate:
         """``None`` to admit a request of rows with these token counts, else its refusal.
 
         ``deadline``: when it must be answered by (µs since the epoch), ``None`` if never;
-        ``granted``: a step in front admitted it already (counted, never refused). A count
-        that would refuse is checked against idle encoders once per execution:
-        rows that never reached them cannot be waiting.
+        ``granted``: a step in front admitted it already (counted, never refused). A refusal
+        is checked against idle encoders once per execution (rows never taken don't wait).
         """
         if not granted and self.interactive:
             self.board.mark_interactive()
