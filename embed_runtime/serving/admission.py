@@ -123,13 +123,11 @@ ADMISSION_PEEK = "admission_peek"
 ISSUED_TICKET = "issued_ticket"
 ADMITTED_TICKET = "admitted_ticket"
 TICKET_WIDTH = 5
-# A request parameter: the parts of one request that a step in front already admitted
-# as one unit (``<name>_chunks``) carry the encoder board's key in it, so the admitting
-# step counts them without weighing each behind the others. Nobody outside the server
-# knows the key; a wrong one is weighed as usual.
+# A request parameter: parts a step in front admitted as one unit (``<name>_chunks``) carry
+# the encoder board's key in it, so the admitting step counts them without weighing each
+# behind the others. Nobody outside the server knows the key; a wrong one is weighed.
 GRANT_PARAMETER = "admission_grant"
-# Before a step has tokenized anything, a row of text is priced at this many tokens a
-# byte (then at what it has seen), and never past its model's window.
+# A row of text is priced at this many tokens a byte until its step learns its own.
 TOKENS_PER_BYTE = 0.3
 # A request with a deadline is admitted while the estimated time to its answer is within
 # this share of the time it has left: the estimate is a moving mean, a request admitted
@@ -418,11 +416,13 @@ class Taken:
         return [(now_us - admitted) / estimate for admitted, estimate in self.estimated]
 
     def residuals(self, now_us: int) -> list[int]:
-        """Each short request's wait so far less its estimate (µs): what it left out."""
+        """Each short request's wait less its (known-cost) estimate, µs, at most 50 ms:
+        what it left out; a wait no estimate foresaw cannot lengthen every later one.
+        """
         return [
-            now_us - admitted - estimate
+            min(now_us - admitted - estimate, OBSERVED_FROM_US)
             for admitted, estimate in self.admitted
-            if admitted > 0 and estimate < OBSERVED_FROM_US
+            if admitted > 0 and 0 < estimate < OBSERVED_FROM_US
         ]
 
     @classmethod
