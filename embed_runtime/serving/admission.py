@@ -416,9 +416,7 @@ class Taken:
         return [(now_us - admitted) / estimate for admitted, estimate in self.estimated]
 
     def residuals(self, now_us: int) -> list[int]:
-        """Each short request's wait less its (known-cost) estimate, µs, at most 50 ms:
-        what it left out; a wait no estimate foresaw cannot lengthen every later one.
-        """
+        """What each short request's known-cost estimate left out, µs, at most 50 ms."""
         return [
             min(now_us - admitted - estimate, OBSERVED_FROM_US)
             for admitted, estimate in self.admitted
