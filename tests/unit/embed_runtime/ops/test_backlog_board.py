@@ -240,7 +240,8 @@ def test_a_running_encoder_is_never_idle_and_its_rest_is_counted(board) -> None:
         backlog = gate.board.read()
         assert backlog.running == 1
         want = MODEL.alone_ns([256] * 64) - 100 * MS
-        assert backlog.remaining_ns == pytest.approx(want, rel=1e-3)
+        (busy,) = backlog.busy_ns
+        assert busy == pytest.approx(want, rel=1e-3)
         gate.begin()
         assert gate.admit([8]) is not None
 
@@ -398,3 +399,17 @@ def test_only_requests_that_are_not_bulk_parts_mark_interactive_traffic(board) -
     gate.interactive = True
     gate.admit([8])
     assert slots.limit() == 1
+
+
+def test_a_documents_part_holds_one_instance_not_half_of_two() -> None:
+    """Two instances, one running a query (5 ms left), one free; a 64-row part of 3 s
+    queued: the next query starts when the first instance is free again, not after half
+    the part (before: 1.6 s estimated, refused with a 2 s deadline)."""
+    from embed_runtime.ops.backlog_board import Backlog
+
+    backlog = Backlog(64, 3000 * MS, MODEL, encoders=2, running=1, busy_ns=(5 * MS,))
+    assert backlog.ahead_ns() == pytest.approx(5 * MS + MODEL.run_ns)
+    queries = Backlog(100, 500 * MS, MODEL, encoders=2)  # 100 queued queries: two executions
+    assert queries.ahead_ns() == pytest.approx(250 * MS + MODEL.run_ns)
+    both = Backlog(0, 0.0, MODEL, encoders=2, running=2, busy_ns=(9 * MS, 4 * MS))
+    assert both.ahead_ns() == 4 * MS
