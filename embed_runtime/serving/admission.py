@@ -129,12 +129,11 @@ TICKET_WIDTH = 5
 GRANT_PARAMETER = "admission_grant"
 # A row of text is priced at this many tokens a byte until its step learns its own.
 TOKENS_PER_BYTE = 0.3
-# A request with a deadline is admitted while the estimated time to its answer is within
-# this share of the time it has left: the estimate is a moving mean, a request admitted
-# just after a batch formed waits for two executions, and the answer still has to travel
-# back. One-sentence spikes with a 1 s deadline on the 2-core host (bench.faults.overload,
-# 2026-12-05): 0.8 answered 90 / 344 requests late at 2 x / 3 x, 0.6 24 / 16, 0.5 0 / 2,
-# at the same goodput (docs/benchmarks.md, "Deadlines under spikes").
+# A request with a deadline is admitted while the wait ahead of it is within this share of
+# the time it has left after its own work (twice its own time admits a long request): one
+# admitted just after a batch formed waits for two executions. Spikes of one-sentence
+# requests, 1 s deadline, 2-core host (bench.faults.overload, 2026-12-05, the old rule):
+# 0.8 answered 90 / 344 late at 2 x / 3 x, 0.6 24 / 16, 0.5 0 / 2, the same goodput.
 DEADLINE_SHARE = 0.5
 # Estimates shorter than this are not compared with what happened: a lone request's wait
 # is mostly fixed costs the estimate leaves out, and a deadline that short is rare.
@@ -275,15 +274,17 @@ class AdmissionGate:
                 f"its bound is {self.max_rows} ({ADMISSION_ROWS}); retry later with backoff"
             )
         if deadline is not None:
-            expected_ms = (self.estimate_us * backlog.bias + backlog.fixed_ns / 1000) / 1000
+            wait_ms = ahead_ms + backlog.fixed_ns / 1e6
+            own_ms = backlog.own_ns(lengths) * backlog.bias / 1e6
             left_ms = (deadline - self.now_us()) / 1000
-            if backlog.cost.known and expected_ms > DEADLINE_SHARE * left_ms:
+            if backlog.cost.known and wait_ms > DEADLINE_SHARE * (left_ms - own_ms):
                 return (
-                    f"server overloaded: about {expected_ms:.0f} ms until {self.encoder} "
-                    f"could answer ({ahead_ms:.0f} ms of work ahead of this request's "
-                    f"{len(lengths)} row(s)), more than {DEADLINE_SHARE:g} of the "
-                    f"{max(left_ms, 0):.0f} ms left before the request's deadline; retry "
-                    "later with backoff or a later deadline"
+                    f"server overloaded: about {wait_ms + own_ms:.0f} ms until {self.encoder} "
+                    f"could answer ({wait_ms:.0f} ms of wait ahead of this request's "
+                    f"{len(lengths)} row(s), {own_ms:.0f} ms its own), more than its own "
+                    f"and {DEADLINE_SHARE:g} of the rest of the {max(left_ms, 0):.0f} ms "
+                    "left before the request's deadline; retry later with backoff or a "
+                    "later deadline"
                 )
             return None
         if self.wait_us and ahead_ms * 1000 > self.wait_us:
