@@ -138,7 +138,11 @@ clean:
 # all-MiniLM-L6-v2 at 2 x and 3 x its sustainable rate, the default queue, shorter ones and
 # none (bench.faults.overload, about 12 min; the load generator on its own cores from 4 cores
 # up), 10 min of mixed load after the largest requests, the server's memory sampled
-# (bench.faults.soak, docs/bench-soak.png).
+# (bench.faults.soak, docs/bench-soak.png), then admission's estimate against what happens
+# (bench.admission_estimate: actual / expected p10-p90 within 0.5-2 for queries, chunks,
+# long rows and the mix; ADMISSION_ARGS="--quick") and queries stating 500 ms beside the
+# indexer (bench.queries_beside_index: >= 99 % in time, the indexer >= 0.8x its rate
+# alone; BESIDE_ARGS="--quick"), both in docs/operations.md.
 .PHONY: bench
 bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK) .build/gateway-venv/.installed
 	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[bench]"
@@ -150,6 +154,8 @@ bench: $(STAMP) $(TINY_CLIP) $(TINY_RERANK) .build/gateway-venv/.installed
 	$(PY) -m bench.studies.model_kinds $(KINDS_ARGS)
 	$(PY) -m bench.open_clip_speed $(CLIP_SPEED_ARGS)
 	$(PY) -m bench.faults.overload $(OVERLOAD_ARGS)
+	$(PY) -m bench.admission_estimate $(ADMISSION_ARGS)
+	$(PY) -m bench.queries_beside_index $(BESIDE_ARGS)
 	$(PY) -m bench.faults.soak $(SOAK_ARGS)
 	$(PY) -m bench.page
 

@@ -34,6 +34,7 @@ log = logger("bench.admission_estimate")
 SHAPES = {"short": (6, 1, 6), "chunks-128": (2, 16, 84), "rows-256": (2, 16, 400)}
 LOADS = {**{name: (name,) for name in SHAPES}, "mix": tuple(SHAPES)}
 MIN_ESTIMATE_US = 1000
+GATE = (0.5, 2.0)  # p10 and p90 of actual / expected, every load (make bench fails past)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -134,11 +135,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = {"answered": counts, **ratios(read_estimates(folder))}
             results["loads"][name] = summary
             log(f"{name}: {json.dumps(summary)}")
+    failed = [
+        name
+        for name, load in results["loads"].items()
+        if not load.get("n") or load["p10"] < GATE[0] or load["p90"] > GATE[1]
+    ]
+    results["gate"] = {"bounds": GATE, "failed": failed}
     out = write_results(
         results, f"admission-estimate-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}", args.quick
     )
     log(f"wrote {out}")
-    return 0
+    if failed:
+        log(f"gate: actual / expected p10-p90 outside {GATE} for {failed}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from generator.admin import KEY_ENV
 
 log = logger("bench.queries_beside_index")
 DEADLINE_S = 0.5
+IN_TIME_GATE, RATE_GATE = 0.99, 0.8  # make bench fails below either
 QUERY = "how does the server keep queries prompt beside an index job"
 
 
@@ -140,9 +141,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["queries_beside_index"] = summary(beside)
         results["index"] = {"alone_s": alone_s, "beside_s": both_s, "rate_ratio": alone_s / both_s}
         log(f"beside: {results['queries_beside_index']}; indexer {both_s:.1f} s")
+    in_time = results["queries_beside_index"]["in_time_share"]
+    ratio = results["index"]["rate_ratio"]
+    results["gate"] = {
+        "in_time_share": IN_TIME_GATE,
+        "rate_ratio": RATE_GATE,
+        "met": in_time >= IN_TIME_GATE and ratio >= RATE_GATE,
+    }
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     log(f"wrote {write_results(results, f'queries-beside-index-{stamp}', args.quick)}")
-    return 0
+    if not results["gate"]["met"]:
+        log(
+            f"gate: {in_time:.3f} of queries in time (>= {IN_TIME_GATE}), "
+            f"indexer at {ratio:.2f}x (>= {RATE_GATE})"
+        )
+    return 0 if results["gate"]["met"] else 1
 
 
 if __name__ == "__main__":
