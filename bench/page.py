@@ -210,6 +210,36 @@ def _ratios(page: Page, found: dict[str, tuple[str, dict]]) -> None:
                      [table(["kind", "images ÷ open_clip", "texts ÷ open_clip"], rows), *how])
 
 
+def _admission(page: Page, found: dict[str, tuple[str, dict]]) -> None:
+    """Admission's estimate against what happened; queries beside the indexer."""
+    if "admission-estimate" in found:
+        source, run = found["admission-estimate"]
+        loads = run["loads"]
+        rows = [[name, str(r["n"]), f"{r['p10']:.2f}", f"{r['p50']:.2f}", f"{r['p90']:.2f}"]
+                for name, r in loads.items()]
+        worst = (min(r["p10"] for r in loads.values()), max(r["p90"] for r in loads.values()))
+        page.target("admission", "actual / expected wait p10-p90 within 0.5-2, every load",
+                    f"{worst[0]:.2f}-{worst[1]:.2f}", worst[0] >= 0.5 and worst[1] <= 2, source)
+        page.section("Admission's estimate (`bench.admission_estimate`)", source,
+                     Path(source).stem[-16:],
+                     [table(["load", "requests", "p10", "p50", "p90"], rows)])
+    if "queries-beside-index" in found:
+        source, run = found["queries-beside-index"]
+        beside, ratio = run["queries_beside_index"], run["index"]["rate_ratio"]
+        page.target("admission", "queries stating 500 ms beside the indexer: >= 99 % in time",
+                    f"{beside['in_time_share']:.1%}", beside["in_time_share"] >= 0.99, source)
+        page.target("admission", "the indexer beside the queries >= 0.8 x alone", times(ratio),
+                    ratio >= 0.8, source)
+        alone = run["queries_alone"]
+        page.section("Queries beside the indexer (`bench.queries_beside_index`)", source,
+                     Path(source).stem[-16:],
+                     [f"Queries in time alone {alone['in_time']} / {alone['sent']} (p99 "
+                      f"{alone['p99_ms']:.0f} ms), beside the indexer {beside['in_time']} / "
+                      f"{beside['sent']} (p99 {beside['p99_ms']:.0f} ms); the indexer "
+                      f"{run['index']['alone_s']:.1f} s alone, {run['index']['beside_s']:.1f} s "
+                      f"beside them ({times(ratio)})."])
+
+
 def _lateness(cancels: dict) -> str:
     """How late the latest answer came, where the run file says."""
     minutes = cancels["per_minute"]
@@ -290,14 +320,16 @@ def build(previous: str = "", results: Path = RESULTS) -> str:
         return newest(prefix, results)
 
     page = Page()
-    found = {p: f for p in ("seed", "cancels", "overload-cpu", "soak-cpu",
-                            "index-rate", "long-documents", "clip-speed")
+    found = {p: f for p in ("seed", "cancels", "overload-cpu", "soak-cpu", "index-rate",
+                            "long-documents", "clip-speed", "admission-estimate",
+                            "queries-beside-index")
              if (f := one(p))}
     summary = _text_and_images(page, *f) if (f := one("cpu-full")) else None
     if (f := one("rerank-cpu-full")):
         _rerank(page, *f)
     _overload(page, found)
     _ratios(page, found)
+    _admission(page, found)
     _soak(page, found)
     if (f := one("gateway")) and "gates" in f[1]:
         _gateway(page, *f)
