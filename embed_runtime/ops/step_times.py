@@ -20,26 +20,37 @@ ENV = "EMBED_STEP_TIMES"
 COLUMNS = ("requests", "rows", "read_us", "ort_us", "embed_other_us", "respond_us", "total_us")
 
 
+def _opened(path: str, columns: tuple[str, ...]) -> str:
+    """``path``, its header line written if the file is new."""
+    with open(path, "a", encoding="utf-8") as out:
+        if out.tell() == 0:
+            out.write("\t".join(columns) + "\n")
+    return path
+
+
+def _env_path(env: str, model_name: str, suffix: str) -> str | None:
+    """``<$env>/<model>.<pid><suffix>`` (the folder made), ``None`` when ``env`` is unset."""
+    folder = os.environ.get(env, "")
+    if not folder:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, f"{model_name}.{os.getpid()}{suffix}")
+
+
 class StepTimes:
     """Phase durations of one execution, summed as the phases run, written at its end."""
 
     def __init__(self, path: str, clock: Callable[[], int] = time.perf_counter_ns):
         self.clock = clock
-        self.path = path
+        self.path = _opened(path, COLUMNS)
         self.phases: dict[str, int] = {}
         self.rows = 0  # rows answered in the execution under way
-        with open(path, "a", encoding="utf-8") as out:
-            if out.tell() == 0:
-                out.write("\t".join(COLUMNS) + "\n")
 
     @classmethod
     def from_env(cls, model_name: str) -> StepTimes | None:
         """The recorder of this process, or ``None`` when ``EMBED_STEP_TIMES`` is unset."""
-        folder = os.environ.get(ENV, "")
-        if not folder:
-            return None
-        os.makedirs(folder, exist_ok=True)
-        return cls(os.path.join(folder, f"{model_name}.{os.getpid()}.tsv"))
+        path = _env_path(ENV, model_name, ".tsv")
+        return None if path is None else cls(path)
 
     def timed(self, phase: str, fn: Callable) -> Callable:
         """``fn`` with its duration added to ``phase`` at every call."""
@@ -79,19 +90,13 @@ class EstimateLog:
     """
 
     def __init__(self, path: str):
-        self.path = path
-        with open(path, "a", encoding="utf-8") as out:
-            if out.tell() == 0:
-                out.write("\t".join(ESTIMATE_COLUMNS) + "\n")
+        self.path = _opened(path, ESTIMATE_COLUMNS)
 
     @classmethod
     def from_env(cls, model_name: str) -> EstimateLog | None:
         """The recorder of this process, or ``None`` when ``EMBED_ADMISSION_TIMES`` is unset."""
-        folder = os.environ.get(ESTIMATES_ENV, "")
-        if not folder:
-            return None
-        os.makedirs(folder, exist_ok=True)
-        return cls(os.path.join(folder, f"{model_name}.{os.getpid()}.estimates.tsv"))
+        path = _env_path(ESTIMATES_ENV, model_name, ".estimates.tsv")
+        return None if path is None else cls(path)
 
     def write(self, rows: list[tuple[int, int, int, int]]) -> None:
         """Lines of (rows, tokens, estimate µs, actual µs)."""

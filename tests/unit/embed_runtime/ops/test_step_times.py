@@ -64,3 +64,17 @@ def test_off_unless_the_environment_names_a_folder(monkeypatch, tmp_path: Path) 
     times = StepTimes.from_env("m")
     assert times is not None and Path(times.path).parent == tmp_path / "times"
     assert Path(times.path).read_text().startswith("requests\t")
+
+
+def test_admission_estimates_are_recorded_only_when_asked(tmp_path, monkeypatch) -> None:
+    from embed_runtime.ops.step_times import ESTIMATES_ENV, EstimateLog
+
+    monkeypatch.delenv(ESTIMATES_ENV, raising=False)
+    assert EstimateLog.from_env("m_encode") is None
+    monkeypatch.setenv(ESTIMATES_ENV, str(tmp_path / "estimates"))
+    log = EstimateLog.from_env("m_encode")
+    log.write([(1, 9, 5000, 6100), (16, 2048, 90_000, 88_000)])
+    log.write([])
+    lines = open(log.path).read().splitlines()
+    assert lines == ["rows\ttokens\testimate_us\tactual_us", "1\t9\t5000\t6100",
+                     "16\t2048\t90000\t88000"]
