@@ -57,6 +57,7 @@ def ports(tmp_path_factory):
                     "max_batch_size": 64,
                     "encoder_instances": 1,
                     "admission_wait_us": BOUND_US,
+                    "litellm": True,  # <name>_openai and <name>_litellm too
                 },
             ]
         },
@@ -173,3 +174,21 @@ def test_queries_with_deadlines_are_answered_while_documents_stream_through_chun
     refused = [a for a in answers if a[0] != 200]
     assert not refused, (len(refused), len(answers), refused[0][2]["error"])
     assert max(a[1] for a in answers) < 2.0
+
+
+@pytest.mark.parametrize(
+    ("suffix", "name", "shape"), [("_openai", "TEXT", [64, 1]), ("_litellm", "input_text", [64])]
+)
+def test_a_refusal_keeps_its_class_through_the_gateways_ensembles(ports, suffix, name, shape):
+    _post(ports.http, MODEL, [LONG] * 64)  # the cost of long rows is known
+    time.sleep(0.2)
+    body = {
+        "inputs": [{"name": name, "datatype": "BYTES", "shape": shape, "data": [LONG] * 64}],
+        "parameters": _deadline(0.03),  # seconds of work, 30 ms left
+    }
+    url = f"http://127.0.0.1:{ports.http}/v2/models/{MODEL}{suffix}/infer"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, json.dumps(body).encode(), timeout=300)
+    assert refused.value.code == 503
+    error = json.loads(refused.value.read())["error"]
+    assert "server overloaded" in error or "deadline passed" in error
