@@ -14,9 +14,9 @@ from ..text.tokenizer import split_rows
 from .admission import (
     ISSUED_TICKET,
     AdmissionGate,
-    _row_bytes,
     gone_reason,
     request_deadline_us,
+    row_bytes,
 )
 
 
@@ -69,11 +69,10 @@ class Gathered:
     counts: list[int] = field(default_factory=list)
     items: list = field(default_factory=list)
     # Each valid request's deadline (µs since the epoch) or None, the estimate of its
-    # wait (µs) it was admitted on and the token counts its rows were priced at, where a
-    # gate read them.
+    # wait (µs) it was admitted on and its text's bytes, where a gate read them.
     deadlines: list[int | None] = field(default_factory=list)
     estimates: list[int] = field(default_factory=list)
-    weights: list[list[int]] = field(default_factory=list)
+    text_bytes: list[int] = field(default_factory=list)
 
     def slices(self) -> Iterator[tuple[int, int, int]]:
         """``(request index, start, stop)`` of each valid request's rows in ``items``."""
@@ -114,11 +113,12 @@ def gather_rows(
         gate.begin()
     for i, request in enumerate(requests):
         gone = gone_reason(request, _parameters)
-        deadline, estimate, weights = None, 0, []
+        deadline, estimate, weights, sizes = None, 0, [], []
         if gone is None and gate is not None:
             parameters = _parameters(request)
             deadline = request_deadline_us(request, parameters)
-            weights = gate.weigh(request)
+            sizes = row_bytes(request)
+            weights = gate.price(sizes)
             gone = gate.admit(weights, deadline, gate.granted(parameters))
             estimate = gate.estimate_us
         if gone is not None:
@@ -136,7 +136,7 @@ def gather_rows(
         gathered.items.extend(rows)
         gathered.deadlines.append(deadline)
         gathered.estimates.append(estimate)
-        gathered.weights.append(weights)
+        gathered.text_bytes.append(sum(sizes))
     return gathered
 
 
@@ -176,10 +176,10 @@ def token_lengths(arrays: dict[str, Any]) -> list[int]:
     return [int(v) for v in mask.sum(axis=1)]
 
 
-def learn_tokens(gate: AdmissionGate, requests: Sequence[Any], lengths: dict[int, list[int]]):
+def learn_tokens(gate: AdmissionGate, batch: Gathered, lengths: dict[int, list[int]]) -> None:
     """Teach ``gate`` the tokens a byte of text makes, from the requests just tokenized."""
     tokens = sum(sum(rows) for rows in lengths.values())
-    text_bytes = sum(sum(_row_bytes(requests[i])) for i in lengths)
+    text_bytes = sum(b for i, b in zip(batch.valid, batch.text_bytes, strict=True) if i in lengths)
     gate.learn(text_bytes, tokens)
 
 
@@ -238,7 +238,7 @@ def tokenize_requests(
         outputs[i] = [pb_utils.Tensor(n, arrays[n]) for n in output_names]
         lengths[i] = token_lengths(arrays)
     if gate is not None:
-        learn_tokens(gate, requests, lengths)
+        learn_tokens(gate, batch, lengths)
     for i, tensors in with_tickets(pb_utils, gate, batch, outputs, lengths).items():
         batch.responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
     return batch.responses

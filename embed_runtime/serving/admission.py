@@ -228,11 +228,13 @@ class AdmissionGate:
     def weigh(self, request: Any) -> list[int]:
         """The token counts the rows of ``request`` are priced at before it is tokenized.
 
-        A text step prices each row of its ``BYTES`` inputs by its bytes at the tokens a
-        byte it has seen (:meth:`learn`), within the model's window; an image step counts
-        rows alone (0 tokens each).
+        A text step prices each row by its bytes at the tokens a byte it has seen
+        (:meth:`learn`), within the window; an image step counts rows alone (0 tokens).
         """
-        sizes = _row_bytes(request)
+        return self.price(row_bytes(request))
+
+    def price(self, sizes: list[int]) -> list[int]:
+        """The token counts rows of these byte sizes are priced at (:meth:`weigh`)."""
         if not self.max_tokens:
             return [0] * len(sizes)
         return [min(self.max_tokens, 2 + int(size * self.tokens_per_byte)) for size in sizes]
@@ -328,15 +330,12 @@ class AdmissionGate:
         self._work = max(0.0, self._work - self._read.cost.work_ns(lengths))
 
     def tickets(
-        self,
-        lengths: list[list[int]],
-        deadlines: list[int | None],
-        estimates: list[int],
+        self, lengths: list[list[int]], deadlines: list[int | None], estimates: list[int]
     ) -> list[np.ndarray]:
         """The :data:`ISSUED_TICKET` tensor of each request passed on, numbered now.
 
         ``lengths``: each request's rows' token counts as tokenized (0 for an image);
-        ``deadlines`` and ``estimates`` (µs) each request's, as it was admitted.
+        ``deadlines``, ``estimates`` (µs): each request's as admitted.
         """
         work = [self._read.cost.work_ns(rows) for rows in lengths]
         numbered = self.board.issue([len(rows) for rows in lengths], work)
@@ -359,7 +358,7 @@ class AdmissionGate:
             self.refusals.close()
 
 
-def _row_bytes(request: Any) -> list[int]:
+def row_bytes(request: Any) -> list[int]:
     """The bytes of each row of ``request``'s ``BYTES`` inputs (rows of other inputs: 0)."""
     try:
         arrays = [tensor.as_numpy() for tensor in request.inputs()]
