@@ -164,15 +164,15 @@ def test_queries_with_deadlines_are_answered_while_documents_stream_through_chun
     answers = []
     while any(thread.is_alive() for thread in streams):
         start = time.monotonic()
-        status, body = _post(ports.http, TWO, [QUERY], _deadline(2.0))
+        status, body = _post(ports.http, TWO, [QUERY], _deadline(4.0))
         answers.append((status, time.monotonic() - start, body))
         time.sleep(0.1)
     for thread in streams:
         thread.join()
     assert done == [200] * 6
     assert len(answers) >= 5  # queries were sent while the documents ran
-    # the goal: >= 99 % in time (a 2 s deadline: margins of seconds on a busy host)
-    missed = [a for a in answers if a[0] != 200 or a[1] >= 2.0]
+    # the goal: >= 99 % in time (a 4 s deadline: margins of seconds on a busy host)
+    missed = [a for a in answers if a[0] != 200 or a[1] >= 4.0]
     assert len(missed) <= len(answers) // 100, (len(missed), len(answers), missed[0][2])
 
 
